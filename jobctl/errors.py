@@ -1,0 +1,62 @@
+"""One exception hierarchy for jobctl, mapped to exit codes in one place (cli.main)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Documented exit codes (README "Exit codes"):
+EXIT_OK = 0  # success; for plan/memory: it fits
+EXIT_INTERNAL = 1  # a bug in jobctl: the traceback is kept
+EXIT_USAGE = 2  # bad input: a recipe, an inventory, a flag
+EXIT_NO_FIT = 3  # the request is valid but cannot fit / a pinned layout is impossible
+EXIT_SCHEDULER = 4  # the scheduler or the transport refused or could not be reached
+
+
+class JobctlError(Exception):
+    """Base class of the errors a user can act on. Printed without a traceback."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(JobctlError):
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in a YAML file: where it is, what was wrong, what is allowed."""
+
+    file: str
+    line: int | None
+    key: str
+    problem: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.key}: {self.problem}" if self.key else f"{where}: {self.problem}"
+
+
+class ConfigError(JobctlError):
+    """All problems found in a recipe or inventory, reported together."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, issues: list[ConfigIssue], hint: str | None = None):
+        self.issues = list(issues)
+        text = "\n".join(str(i) for i in self.issues)
+        super().__init__(text, hint)
+
+
+class InfeasibleError(JobctlError):
+    """A valid request that cannot run: a pinned layout that is impossible, nothing fits."""
+
+    exit_code = EXIT_NO_FIT
+
+
+class SchedulerError(JobctlError):
+    exit_code = EXIT_SCHEDULER

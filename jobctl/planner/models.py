@@ -1,0 +1,115 @@
+"""Model architectures and their exact parameter counts (memory-model.md section 1)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, enough of it to count parameters and activations.
+
+    family "llama": SwiGLU MLP (gate, up, down), RMSNorm, GQA, RoPE, no biases.
+    family "gpt": GELU MLP (2 matrices), LayerNorm with bias, biases on every linear,
+    learned position embeddings (GPT-2/GPT-3 style).
+    """
+
+    name: str
+    family: str
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied_embeddings: bool = False
+    max_seq_len: int = 0  # learned position embeddings (gpt); 0 = rotary, no parameters
+    dropout: float = 0.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    # --- parameter counts -------------------------------------------------------------
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer.
+
+        llama: 2·h·a·d (Q, O) + 2·h·g·d (K, V) + 3·h·f (gate, up, down) + 2·h (two RMSNorms)
+        gpt:   4·h² + 4·h (QKV and output with biases) + 2·h·f + f + h (MLP with biases)
+               + 4·h (two LayerNorms, weight and bias)
+        """
+        h, f, a, g, d = self.hidden, self.ffn_hidden, self.heads, self.kv_heads, self.head_dim
+        if self.family == "llama":
+            return 2 * h * a * d + 2 * h * g * d + 3 * h * f + 2 * h
+        qkv = h * (a + 2 * g) * d + (a + 2 * g) * d
+        out = a * d * h + h
+        return qkv + out + (2 * h * f + f + h) + 4 * h
+
+    def embedding_params(self, vocab: int | None = None) -> int:
+        v = self.vocab if vocab is None else vocab
+        return v * self.hidden + self.max_seq_len * self.hidden
+
+    def output_params(self, vocab: int | None = None) -> int:
+        """The output layer: V·h unless tied to the embedding."""
+        v = self.vocab if vocab is None else vocab
+        return 0 if self.tied_embeddings else v * self.hidden
+
+    def final_norm_params(self) -> int:
+        return self.hidden if self.family == "llama" else 2 * self.hidden
+
+    def params(self, vocab: int | None = None) -> int:
+        """Exact parameter count, equal to sum(p.numel()) of the same model in PyTorch."""
+        return (
+            self.layers * self.layer_params()
+            + self.embedding_params(vocab)
+            + self.output_params(vocab)
+            + self.final_norm_params()
+        )
+
+    def layer_matrices(self) -> list[tuple[int, int]]:
+        """(rows, cols) of every weight matrix of one layer; vectors as (n, 1).
+
+        Used by optimizers whose state depends on shapes (Adafactor, Adam-mini) and by LoRA.
+        """
+        h, f, a, g, d = self.hidden, self.ffn_hidden, self.heads, self.kv_heads, self.head_dim
+        if self.family == "llama":
+            return [(a * d, h), (g * d, h), (g * d, h), (h, a * d), (f, h), (f, h), (h, f), (h, 1), (h, 1)]
+        return [
+            ((a + 2 * g) * d, h), ((a + 2 * g) * d, 1), (h, a * d), (h, 1),
+            (f, h), (f, 1), (h, f), (h, 1), (h, 1), (h, 1), (h, 1), (h, 1),
+        ]
+
+
+def padded_vocab(vocab: int, multiple: int) -> int:
+    """Round the vocabulary up to a multiple (Megatron-LM --make-vocab-size-divisible-by · tp)."""
+    return int(math.ceil(vocab / multiple) * multiple) if multiple > 1 else vocab
+
+
+def _llama(name, layers, hidden, ffn, heads, kv, vocab, tied=False):
+    return ModelSpec(name, "llama", layers, hidden, ffn, heads, kv, vocab, tied)
+
+
+# Llama 2 (Touvron et al. 2023, Table 1 and the released configs), Llama 3.1 (Llama 3 paper,
+# Table 3; vocabulary 128256), Llama 3.2 1B/3B (released configs: tied embeddings).
+# GPT-2 small (Radford et al. 2019; 124M with tied head) and GPT-3 175B (Brown et al. 2020,
+# Table 2.1), used by Korthikanti et al. 2022.
+PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000),
+        _llama("llama2-13b", 40, 5120, 13824, 40, 40, 32000),
+        _llama("llama2-70b", 80, 8192, 28672, 64, 8, 32000),
+        _llama("llama3.1-8b", 32, 4096, 14336, 32, 8, 128256),
+        _llama("llama3.1-70b", 80, 8192, 28672, 64, 8, 128256),
+        _llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 128256),
+        _llama("llama3.2-1b", 16, 2048, 8192, 32, 8, 128256, tied=True),
+        _llama("llama3.2-3b", 28, 3072, 8192, 24, 8, 128256, tied=True),
+        ModelSpec("gpt2", "gpt", 12, 768, 3072, 12, 12, 50257, True, 1024, 0.1),
+        ModelSpec("gpt3-175b", "gpt", 96, 12288, 49152, 96, 96, 51200, True, 2048, 0.1),
+    )
+}
+
+
+def with_name(spec: ModelSpec, name: str) -> ModelSpec:
+    return replace(spec, name=name)
