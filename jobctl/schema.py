@@ -1,0 +1,176 @@
+"""Pydantic models of recipes and inventories: the boundary where YAML becomes typed values.
+
+Every model forbids unknown keys (a typo is an error with a "did you mean"). Inside the
+planner, plain frozen dataclasses are used instead (see planner/).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Union
+
+# pydantic scans every installed distribution's entry points for plugins on first use
+# (~10 ms here); jobctl uses none. Set the variable yourself to keep plugins enabled.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Auto = Literal["auto"]
+Optimizer = Literal["adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum"]
+Precision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"]
+Method = Literal["full", "lora", "qlora"]
+Attention = Literal["flash", "sdpa", "eager"]
+Framework = Literal["generic", "megatron", "torchtitan", "deepspeed", "fsdp"]
+Sharding = Literal["none", "zero1", "zero2", "zero3", "hsdp"]
+Recompute = Literal["none", "selective", "full"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+
+# Sanity bounds: larger values are typos, not models (the largest dense models published
+# have ~1e5 hidden; a cluster of 1e6 GPUs does not exist yet).
+MAX_DIM = 1 << 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Dim = int  # validated by field constraints below
+
+
+class ModelArch(_Strict):
+    """An explicit architecture, instead of a preset name."""
+
+    name: str = "custom"
+    family: Literal["llama", "gpt"]
+    layers: int = Field(gt=0, le=10_000)
+    hidden: int = Field(gt=0, le=MAX_DIM)
+    ffn_hidden: int = Field(gt=0, le=8 * MAX_DIM)
+    heads: int = Field(gt=0, le=MAX_DIM)
+    kv_heads: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    vocab: int = Field(gt=0, le=16 * MAX_DIM)
+    tied_embeddings: bool = False
+    max_seq_len: int = Field(default=0, ge=0, le=16 * MAX_DIM)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        g = self.kv_heads or self.heads
+        if self.heads % g:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({g})")
+        return self
+
+
+class Train(_Strict):
+    seq_len: int = Field(gt=0, le=16 * MAX_DIM)
+    global_batch_size: int = Field(gt=0, le=1 << 24, description="sequences per optimizer step")
+    optimizer: Optimizer = "adamw"
+    precision: Precision = "bf16-mixed"
+    method: Method = "full"
+    lora_rank: int = Field(default=16, gt=0, le=65536)
+    lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "fc1", "fc2", "qkv"]] = Field(
+        default_factory=lambda: ["q", "k", "v", "o", "gate", "up", "down"]
+    )
+    attention: Attention = "flash"
+    fused_cross_entropy: bool = False  # chunked/fused CE kernels keep no full fp32 logits
+    steps: int | None = Field(default=None, gt=0)
+    tokens: int | None = Field(default=None, gt=0)
+    lr: float | None = Field(default=None, gt=0)
+
+
+class Parallelism(_Strict):
+    tp: Union[int, Auto] = "auto"
+    pp: Union[int, Auto] = "auto"
+    dp: Union[int, Auto] = "auto"
+    cp: Union[int, Auto] = "auto"
+    sharding: Union[Sharding, Auto] = "auto"
+    micro_batch_size: Union[int, Auto] = "auto"
+    recompute: Union[Recompute, Auto] = "auto"
+    offload: Union[Offload, Auto] = "auto"
+    sequence_parallel: Union[bool, Auto] = "auto"
+    virtual_stages: int = Field(default=1, gt=0, le=128, description="interleaved pipeline chunks per rank")
+
+    @field_validator("tp", "pp", "dp", "cp", "micro_batch_size")
+    @classmethod
+    def _positive(cls, v):
+        if isinstance(v, int) and not 0 < v <= MAX_DIM:
+            raise ValueError(f"must be a positive integer up to {MAX_DIM} or 'auto', got {v}")
+        return v
+
+
+class MemoryKnobs(_Strict):
+    """Overrides of the memory model's named overhead terms (see planner/memory.py)."""
+
+    cuda_context_gib: float | None = Field(default=None, ge=0, le=64)
+    nccl_gib: float | None = Field(default=None, ge=0, le=64)
+    safety_margin_gib: float | None = Field(default=None, ge=0, le=512)
+    allocator_reserve_fraction: float | None = Field(default=None, ge=0, lt=1)
+    expandable_segments: bool | None = None
+    host_reserve_gib: float | None = Field(default=None, ge=0, le=1 << 16)
+
+
+class Resources(_Strict):
+    time: str | None = None  # Slurm time limit, e.g. "04:00:00" or "2-00:00:00"
+    max_nodes: int | None = Field(default=None, gt=0)
+    partition: str | None = None
+
+
+class Launch(_Strict):
+    command: Union[str, list[str], None] = None
+    launcher: Literal["torchrun", "none"] = "torchrun"
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class Recipe(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    model: Union[str, ModelArch]
+    train: Train
+    framework: Framework = "generic"
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    memory: MemoryKnobs = Field(default_factory=MemoryKnobs)
+    resources: Resources = Field(default_factory=Resources)
+    launch: Launch = Field(default_factory=Launch)
+    description: str = ""
+
+
+class Partition(_Strict):
+    name: str = Field(min_length=1)
+    gpu: str
+    gpus_per_node: int = Field(gt=0, le=64)
+    nodes: int = Field(gt=0, le=1 << 17)
+    cpus_per_node: int = Field(default=1, gt=0, le=1 << 14)
+    mem_gib: float = Field(gt=0, le=1 << 16, description="host RAM per node")
+    gpu_memory_gib: float | None = Field(default=None, gt=0, le=4096, description="override the catalog")
+    intra_node_gbs: float | None = Field(default=None, gt=0)
+    inter_node_gbit: float | None = Field(default=None, gt=0, description="per GPU")
+    inter_node_gbit_per_node: float | None = Field(default=None, gt=0)
+    pcie_gbs: float | None = Field(default=None, gt=0)
+    time_limit: str | None = None
+
+
+class SlurmOptions(_Strict):
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    gres: str | None = None  # default: gpu:<gpus_per_node>
+    additional: dict[str, Union[str, int, bool]] = Field(default_factory=dict)
+    setup: list[str] = Field(default_factory=list)
+
+
+class Inventory(_Strict):
+    name: str = Field(min_length=1)
+    scheduler: Literal["slurm", "local"] = "slurm"
+    description: str = ""
+    partitions: list[Partition] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions)
+    memory: MemoryKnobs = Field(default_factory=MemoryKnobs)
+
+    @model_validator(mode="after")
+    def _unique(self):
+        names = [p.name for p in self.partitions]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"partition names must be unique, repeated: {', '.join(dup)}")
+        return self
