@@ -1,0 +1,161 @@
+"""The quick memory calculator behind `jobctl memory`: states per GPU from a parameter count.
+
+It answers the question the memory guides answer by hand, with the same model as the
+planner (planner/memory.py), and says which rules of thumb hold for the chosen recipe.
+"""
+
+from __future__ import annotations
+
+from jobctl.catalog import GIB, unknown_message
+from jobctl.errors import UsageError
+
+OPTIMIZERS = ("adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum")
+PRECISIONS = ("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32")
+FRAMEWORKS = ("generic", "megatron", "torchtitan", "deepspeed", "fsdp")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+RECOMPUTES = ("none", "selective", "full")
+
+
+def _choice(flag: str, value: str, allowed: tuple) -> None:
+    if value not in allowed:
+        raise UsageError(f"{flag}: " + unknown_message("value", value, list(allowed)))
+
+
+def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0, num_gpus=1, optimizer="adamw",
+              precision="bf16-mixed", zero_stage=0, framework="generic", offload="none", seq_len=None,
+              micro_batch_size=1, recompute="none") -> dict:
+    from jobctl.planner.memory import Overheads, Workload, estimate, state_bytes
+    from jobctl.planner.models import PRESETS, ModelSpec
+    from jobctl.planner.plan import Plan
+
+    _choice("--optimizer", optimizer, OPTIMIZERS)
+    _choice("--precision", precision, PRECISIONS)
+    _choice("--framework", framework, FRAMEWORKS)
+    _choice("--offload", offload, OFFLOADS)
+    _choice("--recompute", recompute, RECOMPUTES)
+    if zero_stage not in (0, 1, 2, 3):
+        raise UsageError(f"--zero-stage: expected 0, 1, 2 or 3, got {zero_stage}")
+    if num_gpus < 1 or num_gpus > 1 << 20:
+        raise UsageError(f"--num-gpus: expected a positive number of GPUs, got {num_gpus}")
+    if not 0 < gpu_memory_gb <= 4096:
+        raise UsageError(f"--gpu-memory-gb: expected a size in GB between 0 and 4096, got {gpu_memory_gb}")
+    given = [x for x in (params, model_size_gb, model) if x is not None]
+    if len(given) != 1:
+        raise UsageError("give exactly one of --params, --model-size-gb or --model",
+                         hint="e.g. jobctl memory --model-size-gb 14 --gpu-memory-gb 80")
+    notes: list[str] = []
+    if model is not None:
+        if model not in PRESETS:
+            raise UsageError("--model: " + unknown_message("model preset", model, sorted(PRESETS)))
+        spec = PRESETS[model]
+        n = spec.params()
+        notes.append(f"{model} has {n:,} parameters: {n * 2 / 1e9:.2f} GB in 16-bit ({n * 2 / GIB:.2f} GiB)")
+    else:
+        if params is not None:
+            if not 0 < params < 1e14:
+                raise UsageError(f"--params: expected a parameter count such as 7.5e9, got {params:g}")
+            n = int(params)
+        else:
+            if not 0 < model_size_gb < 1e6:
+                raise UsageError(f"--model-size-gb: expected a positive size in GB, got {model_size_gb:g}")
+            n = int(model_size_gb * 1e9 / 2)
+            notes.append(f"--model-size-gb {model_size_gb:g} read as 16-bit weights: {n / 1e9:.2f}e9 parameters "
+                         "(an 8B Llama is 16 GB in bf16, not 14)")
+        if optimizer == "adafactor":
+            raise UsageError("--optimizer adafactor: its state depends on the matrix shapes",
+                             hint="give --model PRESET instead of a parameter count")
+        # One "layer" of n vectors: the states per parameter do not depend on shapes here.
+        spec = ModelSpec("params", "llama", 1, 1, 1, 1, 1, 1)
+    if seq_len is not None and model is None:
+        raise UsageError("--seq-len needs --model (activations depend on the architecture)")
+    sharding = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[zero_stage]
+    if offload != "none" and zero_stage == 0:
+        notes.append("offload is a ZeRO feature: states are offloaded unsharded")
+    plan = Plan(1, num_gpus, 1, 1, num_gpus, 1, sharding, micro_batch_size, 1, micro_batch_size * num_gpus,
+                recompute, offload, False)
+    w = Workload(spec, seq_len or 1, micro_batch_size * num_gpus, optimizer, precision, framework=framework,
+                 overheads=Overheads())
+    mem = estimate(w, int(gpu_memory_gb * GIB), plan).to_dict()
+    if model is None:
+        # Only the model states of n parameters: replace the fake 1-parameter model's states.
+        sb = state_bytes(framework, precision, optimizer)
+        mem = _states_only(mem, n, sb, optimizer, sharding, num_gpus, offload, precision)
+    if seq_len is None:
+        mem = _drop_groups(mem, ("activations", "logits"))
+        notes.append("activations are not included: give --model and --seq-len (or use `jobctl plan` with a recipe)")
+    sb = state_bytes(framework, precision, optimizer)
+    per_param_opt = sb.master + (2 if optimizer in ("adamw", "adam8bit") else 1 if optimizer in ("lion", "sgd-momentum", "adam-mini") else 0) * sb.state_elem
+    if optimizer in ("adamw", "adam8bit"):
+        notes.append(f"{optimizer} under {precision} ({framework}) keeps {per_param_opt:g} B/parameter of optimizer state "
+                     f"= {per_param_opt / 2:g}x the 16-bit model size; 'Adam needs 2x the model' holds only when "
+                     "the states are kept in 16-bit with no fp32 master copy (bf16-pure)")
+    total, usable = mem["total_bytes"], mem["gpu_usable_bytes"]
+    fits = total <= usable
+    left = usable - total
+    verdict = (f"fits: {total / GIB:.2f} GiB of {usable / GIB:.2f} GiB usable, {left / GIB:.2f} GiB left for activations"
+               if fits else f"does not fit: needs {total / GIB:.2f} GiB, {usable / GIB:.2f} GiB usable "
+               f"({-left / GIB:.2f} GiB short); try --zero-stage 3 with more GPUs, --offload optimizer, or LoRA")
+    headline = (f"{n / 1e9:.2f}B parameters, {precision}, {optimizer}, ZeRO stage {zero_stage} over {num_gpus} GPU(s), "
+                f"{framework}")
+    return {"fits": fits, "params": n, "memory": mem, "notes": notes, "verdict": verdict, "headline": headline,
+            "assumptions": {"gpu_memory_gib": gpu_memory_gb, "num_gpus": num_gpus, "optimizer": optimizer,
+                            "precision": precision, "zero_stage": zero_stage, "framework": framework, "offload": offload}}
+
+
+def _states_only(mem: dict, n: int, sb, optimizer: str, sharding: str, num_gpus: int, offload: str, precision: str) -> dict:
+    """Model states of n parameters with the planner's rules (memory.py `_estimate_stage`)."""
+    from jobctl.planner.memory import BNB_BLOCK, optimizer_state_elements
+
+    shard_w = num_gpus if sharding == "zero3" else 1
+    shard_g = num_gpus if sharding in ("zero2", "zero3") else 1
+    shard_o = num_gpus if sharding != "none" else 1
+    weights = n * sb.weight / shard_w
+    grads = n * sb.grad / shard_g
+    states = optimizer_state_elements(optimizer, [(n, 1, 1)]) * sb.state_elem
+    if optimizer == "adam8bit":
+        states += 2 * n / BNB_BLOCK * 4
+    opt = (n * sb.master + states) / shard_o
+    host = 0.0
+    if offload != "none":
+        host = opt + n * 4 / shard_g
+        opt = 0.0
+        grads = min(grads, 5e8 * (4 if precision == "fp32" else 2))
+        if offload == "optimizer+params":
+            host += weights
+            weights = 0.0
+    keep = [t for t in mem["terms"] if t["group"] not in ("weights", "grads", "optimizer", "buffers")]
+    terms = [
+        {"name": "weights", "group": "weights", "bytes": int(weights), "formula": f"{n:.4g} x {sb.weight:g} B" + (f" / {shard_w}" if shard_w > 1 else "")},
+        {"name": "gradients", "group": "grads", "bytes": int(grads), "formula": f"{n:.4g} x {sb.grad:g} B" + (f" / {shard_g}" if shard_g > 1 else "")},
+        {"name": "optimizer states", "group": "optimizer", "bytes": int(opt), "formula": sb.label + (f" / {shard_o}" if shard_o > 1 else "")},
+    ]
+    if sharding == "zero3":
+        terms.append({"name": "gathered weights", "group": "buffers", "bytes": 0,
+                      "formula": "not known without the architecture (give --model)"})
+    out = dict(mem)
+    out["terms"] = terms + keep
+    out["weights_bytes"], out["grads_bytes"], out["optimizer_bytes"] = int(weights), int(grads), int(opt)
+    out["buffers_bytes"] = 0
+    out["host_bytes_per_node"] = int(host * num_gpus)
+    return _retotal(out)
+
+
+def _drop_groups(mem: dict, groups: tuple) -> dict:
+    out = dict(mem)
+    out["terms"] = [t for t in mem["terms"] if t["group"] not in groups]
+    for g in groups:
+        out[f"{g}_bytes"] = 0
+    return _retotal(out)
+
+
+def _retotal(mem: dict) -> dict:
+    groups = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
+    trans = sum(t["bytes"] for t in mem["terms"] if t["group"] in ("activations", "logits", "buffers"))
+    for t in mem["terms"]:
+        if t["name"] == "allocator reserve":
+            frac = float(t["formula"].split("%")[0]) / 100
+            t["bytes"] = int(trans * frac)
+    for g in groups:
+        mem[f"{g}_bytes"] = int(sum(t["bytes"] for t in mem["terms"] if t["group"] == g))
+    mem["total_bytes"] = int(sum(mem[f"{g}_bytes"] for g in groups))
+    return mem

@@ -1,0 +1,64 @@
+"""When nothing fits: the smallest changes that would make it fit (pure, search-based)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from jobctl.catalog import gpu_names, lookup_gpu
+from jobctl.planner.memory import Workload
+from jobctl.planner.search import Constraints, SearchResult, Target, search
+
+
+def suggestions(w: Workload, t: Target, c: Constraints, result: SearchResult, limit: int = 4) -> list[str]:
+    """Try, in order of how small a change each is: relaxing pinned knobs (recompute,
+    offload, sharding, micro-batch), more nodes, LoRA/QLoRA, a bigger GPU. Each suggestion
+    is verified by running the search with the change."""
+    out: list[str] = []
+
+    def fits(w2=w, t2=t, c2=c):
+        r = search(w2, t2, c2)
+        return r.best
+
+    relax = [
+        ("recompute", "full", "recompute=full (store only each layer's input)"),
+        ("offload", "optimizer", "offload=optimizer (optimizer states and gradients in host RAM)"),
+        ("sharding", "zero3", "sharding=zero3 (shard weights, gradients and optimizer states)"),
+        ("micro_batch_size", None, "micro_batch_size=auto"),
+    ]
+    for key, value, text in relax:
+        if getattr(c, key) is not None and getattr(c, key) != value:
+            best = fits(c2=replace(c, **{key: value}))
+            if best:
+                out.append(f"set parallelism.{text}: fits with {best.plan.summary()} "
+                           f"({best.memory.total_bytes / 2**30:.1f} GiB)")
+    for pinned in ("tp", "pp", "cp", "dp"):
+        if getattr(c, pinned) is not None:
+            best = fits(c2=replace(c, **{pinned: None}))
+            if best:
+                out.append(f"set parallelism.{pinned}=auto: fits with {best.plan.summary()}")
+    max_nodes = c.max_nodes or t.nodes
+    for factor in (2, 4, 8, 16, 32, 64):
+        nodes = max_nodes * factor
+        best = fits(t2=replace(t, nodes=max(nodes, t.nodes)), c2=replace(c, max_nodes=nodes))
+        if best:
+            out.append(f"more GPUs: fits on {best.plan.nodes} nodes x {best.plan.gpus_per_node} "
+                       f"{t.gpu.key} ({t.cluster}/{t.partition} offers {max_nodes}) with {best.plan.summary()}")
+            break
+    if w.method == "full":
+        for method in ("lora", "qlora"):
+            best = fits(w2=replace(w, method=method))
+            if best:
+                out.append(f"train.method={method}: fits with {best.plan.summary()} "
+                           f"({best.memory.total_bytes / 2**30:.1f} GiB)")
+                break
+    if not t.gpu.is_cpu:
+        bigger = sorted((lookup_gpu(k) for k in gpu_names()), key=lambda g: g.memory_bytes)
+        for g in bigger:
+            if g.is_cpu or g.memory_bytes <= t.gpu_memory_bytes:
+                continue
+            best = fits(t2=replace(t, gpu=g, gpu_memory_bytes=g.memory_bytes))
+            if best:
+                out.append(f"a bigger GPU: fits on {t.nodes} x {t.gpus_per_node} {g.key} "
+                           f"({g.memory_gib:.0f} GiB) with {best.plan.summary()}")
+                break
+    return out[:limit]

@@ -1,0 +1,75 @@
+"""Turn validated recipe and inventory values into the planner's plain dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from jobctl.catalog import GIB, lookup_gpu
+from jobctl.planner.memory import Overheads, Workload
+from jobctl.planner.models import PRESETS, ModelSpec
+from jobctl.planner.search import Constraints, Target
+
+
+def model_spec(model) -> ModelSpec:
+    """A preset name or an explicit architecture (schema.ModelArch) as a ModelSpec."""
+    if isinstance(model, str):
+        return PRESETS[model]
+    return ModelSpec(
+        name=model.name, family=model.family, layers=model.layers, hidden=model.hidden,
+        ffn_hidden=model.ffn_hidden, heads=model.heads, kv_heads=model.kv_heads or model.heads,
+        vocab=model.vocab, tied_embeddings=model.tied_embeddings, max_seq_len=model.max_seq_len,
+        dropout=model.dropout,
+    )
+
+
+def overheads(*knob_blocks, cpu: bool = False) -> Overheads:
+    """Defaults, then each `memory:` block in order (inventory first, recipe last, so it wins)."""
+    o = Overheads()
+    if cpu:  # no CUDA context, gloo instead of NCCL
+        o = replace(o, cuda_context_gib=0.0, nccl_gib=0.0)
+    names = {f.name for f in fields(Overheads)}
+    for block in knob_blocks:
+        if block is None:
+            continue
+        changes = {k: v for k, v in block.model_dump().items() if v is not None and k in names}
+        o = replace(o, **changes)
+    return o
+
+
+def workload(recipe, inventory=None, cpu: bool = False) -> Workload:
+    t = recipe.train
+    return Workload(
+        model=model_spec(recipe.model), seq_len=t.seq_len, global_batch_size=t.global_batch_size,
+        optimizer=t.optimizer, precision=t.precision, method=t.method, lora_rank=t.lora_rank,
+        lora_targets=tuple(t.lora_targets), attention=t.attention, fused_cross_entropy=t.fused_cross_entropy,
+        framework=recipe.framework,
+        overheads=overheads(inventory.memory if inventory is not None else None, recipe.memory, cpu=cpu),
+    )
+
+
+def target(inventory, partition) -> Target:
+    gpu = lookup_gpu(partition.gpu)
+    if partition.gpu_memory_gib:
+        mem = int(partition.gpu_memory_gib * GIB)
+    elif gpu.is_cpu:
+        mem = int(partition.mem_gib * GIB)  # a CPU "device" uses the node's RAM
+    else:
+        mem = gpu.memory_bytes
+    return Target(
+        cluster=inventory.name, partition=partition.name, gpu=gpu, gpus_per_node=partition.gpus_per_node,
+        nodes=partition.nodes, host_mem_bytes=int(partition.mem_gib * GIB), gpu_memory_bytes=mem,
+    )
+
+
+def constraints(recipe) -> Constraints:
+    p = recipe.parallelism
+
+    def pin(v):
+        return None if v == "auto" else v
+
+    return Constraints(
+        tp=pin(p.tp), pp=pin(p.pp), dp=pin(p.dp), cp=pin(p.cp), sharding=pin(p.sharding),
+        micro_batch_size=pin(p.micro_batch_size), recompute=pin(p.recompute), offload=pin(p.offload),
+        sequence_parallel=pin(p.sequence_parallel), virtual_stages=p.virtual_stages,
+        max_nodes=recipe.resources.max_nodes,
+    )

@@ -1,0 +1,495 @@
+"""The memory model: bytes on the most loaded rank, term by term, each with its source.
+
+See ../shared/design/memory-model.md. Notation: s sequence, b micro-batch, h hidden,
+a heads, g KV heads, f FFN hidden, L layers, V vocabulary, t tp, p pp, c cp, N shard group.
+Every term is a named field of `MemoryBreakdown`; nothing is multiplied by an unnamed
+factor. Defaults of the overhead terms live in `Overheads` and can be overridden by a
+recipe or an inventory (`memory:` block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jobctl.planner.models import ModelSpec, padded_vocab
+from jobctl.planner.plan import Plan
+
+GIB = 1 << 30
+
+# Frameworks that keep the activations a fused-kernel implementation keeps (fused RMSNorm
+# saving only input + rstd, native GQA in the attention kernel, no layout copies):
+# Megatron-LM with Transformer Engine, torchtitan. The others run eager PyTorch/HF layers.
+FUSED_FRAMEWORKS = frozenset({"megatron", "torchtitan"})
+FSDP_FRAMEWORKS = frozenset({"fsdp", "torchtitan"})
+
+# Sharding a framework can do. Megatron's distributed optimizer is ZeRO-1; FSDP has no
+# stage 1; FSDP's SHARD_GRAD_OP keeps full weights between forward and backward, so it is
+# not offered (zero3/hsdp are).
+SHARDINGS = {
+    "generic": ("none", "zero1", "zero2", "zero3", "hsdp"),
+    "deepspeed": ("none", "zero1", "zero2", "zero3"),
+    "megatron": ("none", "zero1"),
+    "fsdp": ("none", "zero3", "hsdp"),
+    "torchtitan": ("none", "zero3", "hsdp"),
+}
+
+# DeepSpeed defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size 5e8 elements.
+DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
+# bitsandbytes 8-bit blockwise optimizers: 2048-element blocks, one fp32 absmax per block.
+BNB_BLOCK = 2048
+# QLoRA (Dettmers et al. 2023): NF4 weights (0.5 byte) with double-quantised constants:
+# 8-bit absmax per 64 weights plus one fp32 per 256 such blocks = 0.5 + 1/64 + 4/(64·256).
+QLORA_WEIGHT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Named, configurable terms for what the GPU holds besides tensors (memory-model.md §4)."""
+
+    # CUDA context, kernels and cuBLAS workspace per process: typically 0.5-1 GiB on
+    # Hopper with CUDA 12 lazy loading; measure as nvidia-smi used minus memory_reserved().
+    cuda_context_gib: float = 0.75
+    # NCCL buffers per communicator of size > 1 (NCCL_BUFFSIZE 4 MiB x channels x peers).
+    nccl_gib: float = 0.25
+    # Kept free under the GPU total so that a small misprediction is not an OOM.
+    safety_margin_gib: float = 1.0
+    # Caching-allocator fragmentation, as a fraction of the transient tensors (activations,
+    # logits, buffers). expandable_segments:True (which jobctl sets) maps pages into one
+    # segment and leaves far less slack than the default segment-per-size-class allocator.
+    allocator_reserve_fraction: float | None = None
+    expandable_segments: bool = True
+    # Host side, per node: OS and page cache kept free; each rank's process (Python, CUDA
+    # host allocations, dataloader workers).
+    host_reserve_gib: float = 8.0
+    host_per_process_gib: float = 3.0
+
+    @property
+    def reserve_fraction(self) -> float:
+        if self.allocator_reserve_fraction is not None:
+            return self.allocator_reserve_fraction
+        return 0.05 if self.expandable_segments else 0.15
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained, independent of where: the planner's view of a recipe."""
+
+    model: ModelSpec
+    seq_len: int
+    global_batch_size: int
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    method: str = "full"
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+    attention: str = "flash"
+    fused_cross_entropy: bool = False
+    framework: str = "generic"
+    overheads: Overheads = field(default_factory=Overheads)
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per activation element: 16-bit under every recipe but fp32."""
+        return 4 if self.precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: float
+    group: str  # weights | grads | optimizer | activations | logits | buffers | overhead
+    formula: str
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on the most loaded rank, by group, plus every term with its formula."""
+
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    logits_bytes: int
+    buffers_bytes: int
+    overhead_bytes: int
+    total_bytes: int
+    gpu_usable_bytes: int
+    host_bytes_per_node: int
+    host_usable_bytes: int
+    stage: str  # which pipeline stage is the most loaded: "first", "last" or "only"
+    terms: tuple[Term, ...] = ()
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.total_bytes <= self.gpu_usable_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_bytes_per_node <= self.host_usable_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+    def to_dict(self) -> dict:
+        keys = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
+                "buffers_bytes", "overhead_bytes", "total_bytes", "gpu_usable_bytes", "host_bytes_per_node")
+        out = {k: int(getattr(self, k)) for k in keys}
+        out["host_usable_bytes"] = int(self.host_usable_bytes)
+        out["stage"] = self.stage
+        out["terms"] = [{"name": t.name, "group": t.group, "bytes": int(t.bytes), "formula": t.formula}
+                        for t in self.terms]
+        return out
+
+
+# --- model states ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model state under a precision recipe (memory-model.md §2)."""
+
+    weight: float
+    grad: float
+    master: float  # fp32 master copy kept by the optimizer (0 when params are fp32 already)
+    state_elem: float  # bytes of one optimizer-state element
+    label: str
+
+
+def state_bytes(framework: str, precision: str, optimizer: str) -> StateBytes:
+    """The precision recipe of a framework.
+
+    mixed (bf16/fp16), ZeRO paper & DeepSpeed: 2 (16-bit weights) + 2 (16-bit grads) + 4 (fp32
+      master) + fp32 states: 16 bytes with Adam (Rajbhandari et al. 2020, §3.1, K = 12).
+    mixed, Megatron-LM: fp32 main grads (accumulate_allreduce_grads_in_fp32): 2 + 4 + 4 + states.
+    mixed, FSDP/torchtitan: fp32 sharded parameters are the master copy; 16-bit copies exist only
+      for gathered layers (counted as buffers); fp32 gradients (reduce_dtype float32): 4 + 4 + states.
+    pure bf16: 2 + 2 + 16-bit states; fp32: 4 + 4 + fp32 states.
+    """
+    st = 1.0 if optimizer == "adam8bit" else None
+    if precision == "fp32":
+        return StateBytes(4, 4, 0, st or 4, "fp32: 4 B weights + 4 B grads + fp32 optimizer states")
+    if precision == "bf16-pure":
+        return StateBytes(2, 2, 0, st or 2, "pure bf16: 2 B weights + 2 B grads + bf16 optimizer states")
+    if framework in FSDP_FRAMEWORKS:
+        return StateBytes(4, 4, 0, st or 4, "FSDP mixed: fp32 sharded params + fp32 grads + fp32 states")
+    if framework == "megatron":
+        return StateBytes(2, 4, 4, st or 4, "Megatron mixed: 2 B weights + 4 B fp32 main grads + 4 B master + fp32 states")
+    return StateBytes(2, 2, 4, st or 4, "mixed: 2 B weights + 2 B grads + 4 B fp32 master + fp32 states (ZeRO paper)")
+
+
+def optimizer_state_elements(optimizer: str, matrices: list[tuple[float, float, float]]) -> float:
+    """Optimizer-state elements for parameters given as (rows, cols, count) matrices.
+
+    Vectors are (n, 1). AdamW: m and v. Lion (Chen et al. 2023) and SGD with momentum: one
+    buffer. Adam-mini (Zhang et al. 2024): m plus one v per block; we take one v per output
+    row, an upper bound. Adafactor (Shazeer & Stern 2018; torch.optim.Adafactor): no first
+    moment, the second moment factored into rows + cols per matrix, full for vectors.
+    """
+    n = sum(r * c * k for r, c, k in matrices)
+    if optimizer in ("adamw", "adam8bit"):
+        return 2.0 * n
+    if optimizer in ("lion", "sgd-momentum"):
+        return float(n)
+    if optimizer == "sgd":
+        return 0.0
+    if optimizer == "adam-mini":
+        return n + sum(r * k for r, c, k in matrices)
+    if optimizer == "adafactor":
+        return float(sum(((r + c) if c > 1 else r) * k for r, c, k in matrices))
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def lora_params_per_layer(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
+    """Trainable LoRA parameters of one layer: r·(in + out) per targeted matrix (Hu et al. 2021)."""
+    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    shapes = {
+        "q": (h, model.heads * d), "k": (h, model.kv_heads * d), "v": (h, model.kv_heads * d),
+        "o": (model.heads * d, h), "gate": (h, f), "up": (h, f), "down": (f, h),
+        "fc1": (h, f), "fc2": (f, h), "qkv": (h, (model.heads + 2 * model.kv_heads) * d),
+    }
+    return sum(rank * (i + o) for t, (i, o) in shapes.items() if t in targets and _has(model, t))
+
+
+def _has(model: ModelSpec, target: str) -> bool:
+    if model.family == "llama":
+        return target in ("q", "k", "v", "o", "gate", "up", "down")
+    return target in ("qkv", "o", "fc1", "fc2")
+
+
+# --- activations ------------------------------------------------------------------------------
+
+def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str]]:
+    """Bytes one transformer layer saves for backward, per term, for micro-batch b on one rank.
+
+    GPT layers follow Korthikanti et al. 2022 (§4.1): s·b·h·(34 + 5·a·s/h) with 16-bit
+    activations and dropout; tensor parallelism divides the 24·sbh and 5·as²b parts by t,
+    sequence parallelism also the remaining 10·sbh. Llama layers are derived the same way
+    from what their backward keeps (see tests/torch_reference.py for the measurement):
+    RMSNorm inputs (+ fp32 copies in eager PyTorch), the QKV input, Q/K/V after RoPE,
+    the attention output and its fp32 log-sum-exp, the SwiGLU gate, SiLU, up and product.
+    FlashAttention/SDPA keep O(s) state instead of the a·s² scores. Totals (16-bit, t = 1):
+      llama, eager (HF-style):  24·sbh + 8·sbf + 8·sb + 4·asb
+      llama, fused kernels:     (12 + 4g/a)·sbh + 8·sbf + 8·sb + 4·asb
+      gpt, eager with dropout:  34·sbh + 5·as²b (+ LayerNorm statistics)
+    """
+    m = w.model
+    t, c = plan.tp, plan.cp
+    sp = plan.sequence_parallel and t > 1
+    s = w.seq_len / c  # context parallelism splits the sequence (Megatron-LM CP)
+    h, f, a, g = m.hidden, m.ffn_hidden, m.heads, m.kv_heads
+    e = w.act_bytes
+    sbh = s * b * h
+    rep = t if sp else 1  # divisor of the parts that TP alone leaves replicated
+    eager_attn = w.attention == "eager"
+    core_recomputed = plan.recompute == "selective"  # Korthikanti: recompute the attention core
+    dropout = m.dropout > 0
+    terms: list[tuple[str, float, str]] = []
+
+    def add(name, value, formula):
+        terms.append((name, value, formula))
+
+    if m.family == "gpt":
+        add("layernorm inputs", 2 * e * sbh / rep + 2 * 8 * s * b / rep, "2 LayerNorms: 2·sbh (16-bit) + fp32 mean/rstd 8·sb each")
+        add("qkv input", e * sbh / rep, "LayerNorm output kept by the QKV matmul: 2·sbh")
+        add("q, k, v", e * sbh * (a + 2 * g) / a / t, "Q, K, V: 2·sbh·(a+2g)/a /t")
+        if eager_attn and not core_recomputed:
+            probs = e * a * s * s * b / t
+            add("attention scores", probs + (a * s * s * b / t) * (1 if dropout else 0) + (probs if dropout else 0),
+                "softmax output 2·as²b, dropout mask as²b and output 2·as²b (with dropout) /t")
+        elif not eager_attn:
+            add("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t")
+        add("attention output", e * sbh / t, "context kept by the output projection: 2·sbh /t")
+        if dropout:
+            add("dropout masks", 2 * sbh / rep, "masks after attention and MLP: 1 byte each, 2·sbh")
+        add("mlp input", e * sbh / rep, "LayerNorm output kept by fc1: 2·sbh")
+        add("mlp intermediates", 2 * e * s * b * f / t, "GELU input and output: 2 · 2·sbf /t (f=4h: 16·sbh)")
+        return terms
+
+    fused = w.framework in FUSED_FRAMEWORKS
+    if fused:
+        add("rmsnorm inputs", 2 * e * sbh / rep + 2 * 4 * s * b / rep, "fused RMSNorm keeps input + fp32 rstd: 2 · (2·sbh + 4·sb)")
+    else:
+        add("rmsnorm inputs", 2 * (4 * sbh + e * sbh) / rep + 2 * 4 * s * b / rep,
+            "eager (HF-style) RMSNorm keeps an fp32 copy (4·sbh), the normalised 16-bit tensor (2·sbh) and rstd (4·sb), twice")
+    add("qkv input", e * sbh / rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh")
+    kv = (2 * g / a) if fused else 2.0  # eager repeat_kv copies K and V up to a heads
+    add("q, k, v", e * sbh * (1 + kv) / t,
+        "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if fused else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t")
+    if eager_attn and not core_recomputed:
+        add("attention scores", (4 + e) * a * s * s * b / t, "eager softmax in fp32 (4·as²b) and its 16-bit copy (2·as²b) /t")
+    elif not eager_attn:
+        add("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t")
+    # SDPA/flash return a transposed view of a [b, s, a, d] buffer, so o_proj keeps the same
+    # storage (measured: no copy even after .contiguous() on the transposed view).
+    add("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t")
+    add("mlp input", e * sbh / rep, "RMSNorm output kept by gate/up: 2·sbh")
+    add("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t")
+    return terms
+
+
+def layer_activation_bytes(w: Workload, plan: Plan, b: int) -> float:
+    return sum(v for _, v, _ in layer_activation_terms(w, plan, b))
+
+
+def stored_layer_bytes(w: Workload, plan: Plan, b: int) -> float:
+    """What one layer keeps between forward and backward under the recompute policy."""
+    if plan.recompute == "full":
+        # Only the layer input is checkpointed (Korthikanti §4.2: 2·sbh, /t with SP).
+        rep = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
+        return w.act_bytes * (w.seq_len / plan.cp) * b * w.model.hidden / rep
+    return layer_activation_bytes(w, plan, b)
+
+
+def logits_bytes_per_elem(w: Workload) -> float:
+    """Peak bytes per logit element around the loss (memory-model.md §3).
+
+    Unfused: the 16-bit logits (2), their fp32 log-softmax kept for backward (4), and in
+    backward the incoming fp32 gradient (4) and the produced one (4): 14 bytes.
+    Fused/chunked cross-entropy computes the gradient in place: the 16-bit logits only.
+    fp32 training: 4 + 4 + 4 + 4.
+    """
+    if w.fused_cross_entropy:
+        return float(w.act_bytes)
+    return w.act_bytes + 12.0
+
+
+# --- the breakdown ------------------------------------------------------------------------------
+
+def _stage_params(w: Workload, plan: Plan, stage: str) -> tuple[float, float, float]:
+    """(layer params, embedding+output params, layers) held by one rank of `stage`, after TP."""
+    m = w.model
+    vocab = padded_vocab(m.vocab, 128 * plan.tp) if w.framework == "megatron" else m.vocab
+    layers = m.layers / plan.pp
+    layer_p = layers * m.layer_params() / plan.tp
+    emb = vocab * m.hidden / plan.tp + m.max_seq_len * m.hidden
+    out = vocab * m.hidden / plan.tp
+    if stage == "only":
+        extra = emb + (0 if m.tied_embeddings else out) + m.final_norm_params()
+    elif stage == "first":
+        extra = emb
+    else:  # last: the output layer (a copy of the embedding when tied, as Megatron-LM does)
+        extra = out + m.final_norm_params()
+    return layer_p, extra, layers
+
+
+def _stage_matrices(w: Workload, plan: Plan, stage: str) -> list[tuple[float, float, float]]:
+    """(rows, cols, count) of the weights one rank of `stage` holds (rows split by TP)."""
+    m = w.model
+    vocab = padded_vocab(m.vocab, 128 * plan.tp) if w.framework == "megatron" else m.vocab
+    out = [(r / plan.tp if c > 1 else r, c, m.layers / plan.pp) for r, c in m.layer_matrices()]
+    if stage in ("first", "only"):
+        out.append((vocab / plan.tp, m.hidden, 1))
+        if m.max_seq_len:
+            out.append((m.max_seq_len, m.hidden, 1))
+    if stage == "last" or (stage == "only" and not m.tied_embeddings):
+        out.append((vocab / plan.tp, m.hidden, 1))
+    if stage in ("last", "only"):
+        out.append((m.hidden, 1, m.final_norm_params() // m.hidden))
+    return out
+
+
+def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int | None = None,
+             detail: bool = True) -> MemoryBreakdown:
+    """Memory of the most loaded rank of `plan` (the max over first and last pipeline stage).
+
+    detail=False skips formatting the formulas (the search evaluates many layouts)."""
+    stages = ("only",) if plan.pp == 1 else ("first", "last")
+    best = None
+    for st in stages:
+        bd = _estimate_stage(w, gpu_memory_bytes, plan, st, host_mem_bytes, detail)
+        if best is None or bd.total_bytes > best.total_bytes:
+            best = bd
+    return best
+
+
+def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, host_mem_bytes, detail: bool = True) -> MemoryBreakdown:
+    m, o = w.model, w.overheads
+    sb = state_bytes(w.framework, w.precision, w.optimizer)
+    layer_p, extra_p, layers = _stage_params(w, plan, stage)
+    rank_params = layer_p + extra_p
+    n = plan.shard_group
+    terms: list[Term] = []
+    host = 0.0
+
+    def add(name, value, group, formula):  # formula: a callable, formatted only when detail
+        terms.append(Term(name, float(value), group, formula() if detail else ""))
+
+    compute_b = 4 if w.precision == "fp32" else 2
+    # --- trainable parameters and their states
+    if w.method == "full":
+        trainable = rank_params
+        w_bytes = sb.weight
+        shard_w = n if plan.sharding in ("zero3", "hsdp") else 1
+        weights = rank_params * w_bytes / shard_w
+        offloaded = plan.offload == "optimizer+params"
+        if offloaded:
+            host += weights
+            weights = 0.0
+        add("weights", weights, "weights", lambda: f"{rank_params:.4g} params x {w_bytes:g} B"
+            + (f" / {shard_w} (sharded)" if shard_w > 1 else "") + ("; offloaded to CPU" if offloaded else ""))
+    else:
+        base_b = float(compute_b)
+        frozen_layers = layer_p * (QLORA_WEIGHT_BYTES if w.method == "qlora" else base_b)
+        add("frozen base weights", frozen_layers + extra_p * base_b, "weights", lambda:
+            f"{layer_p:.4g} layer params x {QLORA_WEIGHT_BYTES if w.method == 'qlora' else base_b:.4g} B "
+            f"({'NF4, QLoRA' if w.method == 'qlora' else 'frozen 16-bit'}) + {extra_p:.4g} embedding/output x {base_b:g} B")
+        trainable = layers * lora_params_per_layer(m, w.lora_rank, w.lora_targets) / plan.tp
+        add("lora adapters", trainable * sb.weight, "weights", lambda: f"{trainable:.4g} LoRA params x {sb.weight:g} B")
+        w_bytes = sb.weight
+
+    shard_g = n if plan.sharding in ("zero2", "zero3", "hsdp") else 1
+    shard_o = n if plan.sharding != "none" else 1
+    grads = trainable * sb.grad / shard_g
+    master = trainable * sb.master / shard_o
+    if w.method == "full":
+        state_elems = optimizer_state_elements(w.optimizer, _stage_matrices(w, plan, stage))
+    else:  # LoRA adapters: two thin matrices per target; treat as vectors for factored optimizers
+        state_elems = optimizer_state_elements(w.optimizer, [(trainable, 1, 1)])
+    states = state_elems * sb.state_elem / shard_o
+    if w.optimizer == "adam8bit":
+        states += 2 * (trainable / BNB_BLOCK) * 4 / shard_o
+    def opt_formula():
+        return (f"{sb.label}; {state_elems / max(trainable, 1):.3g} state elements/param x {sb.state_elem:g} B"
+                + (f" + master {sb.master:g} B" if sb.master else "") + (f" / {shard_o} (sharded)" if shard_o > 1 else ""))
+
+    if plan.offload in ("optimizer", "optimizer+params"):
+        # ZeRO-Offload (Ren et al. 2021): fp32 master, optimizer states and fp32 gradients
+        # live in host RAM; the GPU keeps 16-bit gradients only in reduce buckets.
+        host += master + states + trainable * 4 / shard_g
+        bucket = min(grads, DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b)
+        add("gradients", bucket, "grads", lambda: f"offloaded; GPU keeps a reduce bucket of min(grads, 5e8 elements x {compute_b} B)")
+        add("optimizer states", 0, "optimizer", lambda: opt_formula() + "; offloaded to CPU")
+    else:
+        add("gradients", grads, "grads", lambda: f"{trainable:.4g} params x {sb.grad:g} B" + (f" / {shard_g} (sharded)" if shard_g > 1 else ""))
+        add("optimizer states", master + states, "optimizer", opt_formula)
+
+    # --- buffers that depend on the framework
+    if plan.sharding in ("zero3", "hsdp") or plan.offload == "optimizer+params":
+        unit = max(m.layer_params(), m.vocab * m.hidden) / plan.tp
+        add("gathered weights", unit * (2 * compute_b + compute_b + sb.grad), "buffers", lambda:
+            "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in 16-bit, "
+            "plus its unsharded gradient before reduce-scatter")
+    elif plan.dp * plan.cp > 1 and w.method == "full" and plan.offload == "none":
+        if w.framework in ("generic", "fsdp", "torchtitan") and plan.sharding == "none":
+            add("ddp buckets", trainable * sb.grad, "buffers", lambda:
+                "DDP copies gradients into flat buckets (gradient_as_bucket_view=False, the default)")
+        elif w.framework == "deepspeed" or (w.framework == "generic" and plan.sharding != "none"):
+            add("reduce bucket", min(trainable, DEEPSPEED_REDUCE_BUCKET_ELEMS) * sb.grad, "buffers", lambda:
+                "DeepSpeed reduce_bucket_size: min(params, 5e8 elements) x grad bytes")
+
+    # --- activations
+    b = plan.micro_batch_size
+    in_flight = 1
+    if plan.pp > 1 and stage == "first":
+        # 1F1B: the first stage holds min(m, p) micro-batches; interleaving (v chunks)
+        # multiplies by 1 + (p-1)/(p·v) (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2.3).
+        in_flight = min(plan.grad_accum_steps, plan.pp)
+        if plan.virtual_stages > 1:
+            in_flight *= 1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages)
+    per_layer = stored_layer_bytes(w, plan, b)
+    acts = per_layer * layers * in_flight
+
+    def label():
+        if plan.recompute == "full":
+            return "full recompute keeps each layer's input (2·sbh)"
+        return "; ".join(f"{n_} {v / GIB:.3g}" for n_, v, _ in layer_activation_terms(w, plan, b))
+    add("layer activations", acts, "activations", lambda:
+        f"{per_layer / GIB:.3g} GiB/layer x {layers:g} layers x {in_flight:g} micro-batch(es) in flight [{label()}]")
+    if plan.recompute == "full":
+        add("recompute working set", layer_activation_bytes(w, plan, b), "activations", lambda:
+            "one layer's activations rematerialised during its backward")
+    if m.family == "gpt" and m.dropout > 0 and stage in ("first", "only"):
+        add("embedding dropout mask", (w.seq_len / plan.cp) * b * m.hidden * in_flight / (plan.tp if plan.sequence_parallel else 1),
+            "activations", lambda: "dropout mask on the embeddings: sbh bytes")
+    if stage in ("last", "only"):
+        vocab = padded_vocab(m.vocab, 128 * plan.tp) if w.framework == "megatron" else m.vocab
+        elems = (w.seq_len / plan.cp) * b * vocab / plan.tp
+        per = logits_bytes_per_elem(w)
+        add("logits and loss", elems * per, "logits", lambda:
+            f"s·b·V/t = {elems:.4g} logits x {per:g} B (16-bit logits, fp32 log-probs and gradients)"
+            if not w.fused_cross_entropy else f"s·b·V/t = {elems:.4g} logits x {per:g} B (fused cross-entropy)")
+
+    transient = sum(t.bytes for t in terms if t.group in ("activations", "logits", "buffers"))
+    add("cuda context", o.cuda_context_gib * GIB, "overhead", lambda: "CUDA context, kernels, cuBLAS workspace")
+    comms = sum(1 for k in (plan.tp, plan.pp, plan.dp * plan.cp) if k > 1)
+    if comms:
+        add("nccl buffers", comms * o.nccl_gib * GIB, "overhead", lambda: f"{comms} communicator(s) x {o.nccl_gib:g} GiB")
+    add("allocator reserve", transient * o.reserve_fraction, "overhead", lambda:
+        f"{o.reserve_fraction:.0%} of transient tensors ({'expandable_segments' if o.expandable_segments else 'default allocator'})")
+
+    groups = {g: 0.0 for g in ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead")}
+    for t_ in terms:
+        groups[t_.group] += t_.bytes
+    total = sum(groups.values())
+    usable = gpu_memory_bytes - o.safety_margin_gib * GIB
+    ranks_per_node = plan.gpus_per_node
+    host_node = (host + o.host_per_process_gib * GIB) * ranks_per_node
+    host_usable = (host_mem_bytes - o.host_reserve_gib * GIB) if host_mem_bytes else float("inf")
+    return MemoryBreakdown(
+        weights_bytes=int(groups["weights"]), grads_bytes=int(groups["grads"]),
+        optimizer_bytes=int(groups["optimizer"]), activations_bytes=int(groups["activations"]),
+        logits_bytes=int(groups["logits"]), buffers_bytes=int(groups["buffers"]),
+        overhead_bytes=int(groups["overhead"]), total_bytes=int(total), gpu_usable_bytes=int(usable),
+        host_bytes_per_node=int(host_node), host_usable_bytes=int(min(host_usable, 1 << 62)),
+        stage=stage, terms=tuple(terms),
+    )
