@@ -103,39 +103,20 @@ def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0
 
 
 def _states_only(mem: dict, n: int, sb, optimizer: str, sharding: str, num_gpus: int, offload: str, precision: str) -> dict:
-    """Model states of n parameters with the planner's rules (memory.py `_estimate_stage`)."""
-    from jobctl.planner.memory import BNB_BLOCK, optimizer_state_elements
+    """Replace the placeholder model's states with those of n parameters (same rules as the planner)."""
+    from jobctl.planner.memory import model_state_terms, optimizer_state_elements
 
-    shard_w = num_gpus if sharding == "zero3" else 1
-    shard_g = num_gpus if sharding in ("zero2", "zero3") else 1
-    shard_o = num_gpus if sharding != "none" else 1
-    weights = n * sb.weight / shard_w
-    grads = n * sb.grad / shard_g
-    states = optimizer_state_elements(optimizer, [(n, 1, 1)]) * sb.state_elem
-    if optimizer == "adam8bit":
-        states += 2 * n / BNB_BLOCK * 4
-    opt = (n * sb.master + states) / shard_o
-    host = 0.0
-    if offload != "none":
-        host = opt + n * 4 / shard_g
-        opt = 0.0
-        grads = min(grads, 5e8 * (4 if precision == "fp32" else 2))
-        if offload == "optimizer+params":
-            host += weights
-            weights = 0.0
+    state_elems = optimizer_state_elements(optimizer, [(n, 1, 1)])
+    compute_b = 4 if precision == "fp32" else 2
+    new = model_state_terms(n, state_elems, sb, optimizer, sharding, num_gpus, offload, compute_b)
+    host = sum(t.bytes for t in new if t.group == "host")
     keep = [t for t in mem["terms"] if t["group"] not in ("weights", "grads", "optimizer", "buffers")]
-    terms = [
-        {"name": "weights", "group": "weights", "bytes": int(weights), "formula": f"{n:.4g} x {sb.weight:g} B" + (f" / {shard_w}" if shard_w > 1 else "")},
-        {"name": "gradients", "group": "grads", "bytes": int(grads), "formula": f"{n:.4g} x {sb.grad:g} B" + (f" / {shard_g}" if shard_g > 1 else "")},
-        {"name": "optimizer states", "group": "optimizer", "bytes": int(opt), "formula": sb.label + (f" / {shard_o}" if shard_o > 1 else "")},
-    ]
+    terms = [{"name": t.name, "group": t.group, "bytes": int(t.bytes), "formula": t.formula} for t in new if t.group != "host"]
     if sharding == "zero3":
         terms.append({"name": "gathered weights", "group": "buffers", "bytes": 0,
-                      "formula": "not known without the architecture (give --model)"})
+                      "formula": "unknown without the architecture (give --model)"})
     out = dict(mem)
     out["terms"] = terms + keep
-    out["weights_bytes"], out["grads_bytes"], out["optimizer_bytes"] = int(weights), int(grads), int(opt)
-    out["buffers_bytes"] = 0
     out["host_bytes_per_node"] = int(host * num_gpus)
     return _retotal(out)
 
@@ -151,10 +132,11 @@ def _drop_groups(mem: dict, groups: tuple) -> dict:
 def _retotal(mem: dict) -> dict:
     groups = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
     trans = sum(t["bytes"] for t in mem["terms"] if t["group"] in ("activations", "logits", "buffers"))
+    from jobctl.planner.memory import Overheads
+
     for t in mem["terms"]:
-        if t["name"] == "allocator reserve":
-            frac = float(t["formula"].split("%")[0]) / 100
-            t["bytes"] = int(trans * frac)
+        if t["name"] == "allocator reserve":  # a share of the transient tensors, which changed
+            t["bytes"] = int(trans * Overheads().reserve_fraction)
     for g in groups:
         mem[f"{g}_bytes"] = int(sum(t["bytes"] for t in mem["terms"] if t["group"] == g))
     mem["total_bytes"] = int(sum(mem[f"{g}_bytes"] for g in groups))

@@ -199,6 +199,55 @@ def optimizer_state_elements(optimizer: str, matrices: list[tuple[float, float, 
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
+def model_state_terms(params: float, state_elems: float, sb: StateBytes, optimizer: str, sharding: str, n: int,
+                      offload: str, compute_b: int, weight_name: str = "weights", detail: bool = True) -> list[Term]:
+    """Weights, gradients and optimizer states of `params` trainable parameters on one rank.
+
+    ZeRO (Rajbhandari et al. 2020, §5) over a shard group of n ranks: stage 1 divides the
+    optimizer states (and fp32 master) by n, stage 2 also the gradients, stage 3 / FSDP
+    also the weights. Offload (ZeRO-Offload, Ren et al. 2021): the fp32 master, optimizer
+    states and fp32 gradients live in host RAM, the GPU keeps 16-bit gradients only in a
+    reduce bucket; with parameters offloaded too (ZeRO-Infinity) the weights also move.
+    Host bytes come back as terms of group "host".
+    """
+    shard_w = n if sharding in ("zero3", "hsdp") else 1
+    shard_g = n if sharding in ("zero2", "zero3", "hsdp") else 1
+    shard_o = n if sharding != "none" else 1
+    weights = params * sb.weight / shard_w
+    grads = params * sb.grad / shard_g
+    master = params * sb.master / shard_o
+    states = state_elems * sb.state_elem / shard_o
+    if optimizer == "adam8bit":  # one fp32 absmax per 2048-element block, for m and for v
+        states += 2 * (params / BNB_BLOCK) * 4 / shard_o
+    out: list[Term] = []
+
+    def add(name, value, group, formula):
+        out.append(Term(name, float(value), group, formula() if detail else ""))
+
+    def sharded(k):
+        return f" / {k} (sharded)" if k > 1 else ""
+
+    def opt_formula():
+        return (f"{sb.label}; {state_elems / max(params, 1):.3g} state elements/param x {sb.state_elem:g} B"
+                + (f" + master {sb.master:g} B" if sb.master else "") + sharded(shard_o))
+
+    params_off = offload == "optimizer+params"
+    add(weight_name, 0.0 if params_off else weights, "weights",
+        lambda: f"{params:.4g} params x {sb.weight:g} B" + sharded(shard_w) + ("; offloaded to CPU" if params_off else ""))
+    if params_off:
+        add("offloaded weights", weights, "host", lambda: "")
+    if offload in ("optimizer", "optimizer+params"):
+        bucket = min(grads, DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b)
+        add("gradients", bucket, "grads",
+            lambda: f"offloaded; GPU keeps a reduce bucket of min(grads, 5e8 elements x {compute_b} B)")
+        add("optimizer states", 0, "optimizer", lambda: opt_formula() + "; offloaded to CPU")
+        add("offloaded states", master + states + params * 4 / shard_g, "host", lambda: "")
+    else:
+        add("gradients", grads, "grads", lambda: f"{params:.4g} params x {sb.grad:g} B" + sharded(shard_g))
+        add("optimizer states", master + states, "optimizer", opt_formula)
+    return out
+
+
 def lora_params_per_layer(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
     """Trainable LoRA parameters of one layer: r·(in + out) per targeted matrix (Hu et al. 2021)."""
     h, f, d = model.hidden, model.ffn_hidden, model.head_dim
@@ -378,15 +427,8 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
     # --- trainable parameters and their states
     if w.method == "full":
         trainable = rank_params
-        w_bytes = sb.weight
-        shard_w = n if plan.sharding in ("zero3", "hsdp") else 1
-        weights = rank_params * w_bytes / shard_w
-        offloaded = plan.offload == "optimizer+params"
-        if offloaded:
-            host += weights
-            weights = 0.0
-        add("weights", weights, "weights", lambda: f"{rank_params:.4g} params x {w_bytes:g} B"
-            + (f" / {shard_w} (sharded)" if shard_w > 1 else "") + ("; offloaded to CPU" if offloaded else ""))
+        state_elems = optimizer_state_elements(w.optimizer, _stage_matrices(w, plan, stage))
+        weight_name = "weights"
     else:
         base_b = float(compute_b)
         frozen_layers = layer_p * (QLORA_WEIGHT_BYTES if w.method == "qlora" else base_b)
@@ -394,34 +436,15 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
             f"{layer_p:.4g} layer params x {QLORA_WEIGHT_BYTES if w.method == 'qlora' else base_b:.4g} B "
             f"({'NF4, QLoRA' if w.method == 'qlora' else 'frozen 16-bit'}) + {extra_p:.4g} embedding/output x {base_b:g} B")
         trainable = layers * lora_params_per_layer(m, w.lora_rank, w.lora_targets) / plan.tp
-        add("lora adapters", trainable * sb.weight, "weights", lambda: f"{trainable:.4g} LoRA params x {sb.weight:g} B")
-        w_bytes = sb.weight
-
-    shard_g = n if plan.sharding in ("zero2", "zero3", "hsdp") else 1
-    shard_o = n if plan.sharding != "none" else 1
-    grads = trainable * sb.grad / shard_g
-    master = trainable * sb.master / shard_o
-    if w.method == "full":
-        state_elems = optimizer_state_elements(w.optimizer, _stage_matrices(w, plan, stage))
-    else:  # LoRA adapters: two thin matrices per target; treat as vectors for factored optimizers
+        # LoRA adapters are thin matrices; factored optimizers gain nothing: count as vectors.
         state_elems = optimizer_state_elements(w.optimizer, [(trainable, 1, 1)])
-    states = state_elems * sb.state_elem / shard_o
-    if w.optimizer == "adam8bit":
-        states += 2 * (trainable / BNB_BLOCK) * 4 / shard_o
-    def opt_formula():
-        return (f"{sb.label}; {state_elems / max(trainable, 1):.3g} state elements/param x {sb.state_elem:g} B"
-                + (f" + master {sb.master:g} B" if sb.master else "") + (f" / {shard_o} (sharded)" if shard_o > 1 else ""))
-
-    if plan.offload in ("optimizer", "optimizer+params"):
-        # ZeRO-Offload (Ren et al. 2021): fp32 master, optimizer states and fp32 gradients
-        # live in host RAM; the GPU keeps 16-bit gradients only in reduce buckets.
-        host += master + states + trainable * 4 / shard_g
-        bucket = min(grads, DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b)
-        add("gradients", bucket, "grads", lambda: f"offloaded; GPU keeps a reduce bucket of min(grads, 5e8 elements x {compute_b} B)")
-        add("optimizer states", 0, "optimizer", lambda: opt_formula() + "; offloaded to CPU")
-    else:
-        add("gradients", grads, "grads", lambda: f"{trainable:.4g} params x {sb.grad:g} B" + (f" / {shard_g} (sharded)" if shard_g > 1 else ""))
-        add("optimizer states", master + states, "optimizer", opt_formula)
+        weight_name = "lora adapters"
+    for t_ in model_state_terms(trainable, state_elems, sb, w.optimizer, plan.sharding, n, plan.offload,
+                                compute_b, weight_name, detail):
+        if t_.group == "host":
+            host += t_.bytes
+        else:
+            terms.append(t_)
 
     # --- buffers that depend on the framework
     if plan.sharding in ("zero3", "hsdp") or plan.offload == "optimizer+params":
