@@ -7,6 +7,7 @@ from dataclasses import fields, replace
 from jobctl.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
+from jobctl.planner.perf import Links
 from jobctl.planner.search import Constraints, Target
 
 
@@ -47,7 +48,22 @@ def workload(recipe, inventory=None, cpu: bool = False) -> Workload:
     )
 
 
-def target(inventory, partition) -> Target:
+def links(partition, gpu, precision: str) -> Links:
+    """Link bandwidths: the partition's fields where given, else the catalog's defaults."""
+    if partition.inter_node_gbit is not None:
+        inter = partition.inter_node_gbit / 8
+    elif partition.inter_node_gbit_per_node is not None:
+        inter = partition.inter_node_gbit_per_node / 8 / partition.gpus_per_node
+    else:
+        inter = gpu.inter_node_gbit / 8
+    return Links(
+        intra_node_gbs=partition.intra_node_gbs or gpu.intra_node_gbs, inter_node_gbs=inter,
+        pcie_gbs=partition.pcie_gbs or gpu.pcie_gbs, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs,
+        peak_tflops=gpu.peak_tflops(precision),
+    )
+
+
+def target(inventory, partition, precision: str = "bf16-mixed") -> Target:
     gpu = lookup_gpu(partition.gpu)
     if partition.gpu_memory_gib:
         mem = int(partition.gpu_memory_gib * GIB)
@@ -58,6 +74,7 @@ def target(inventory, partition) -> Target:
     return Target(
         cluster=inventory.name, partition=partition.name, gpu=gpu, gpus_per_node=partition.gpus_per_node,
         nodes=partition.nodes, host_mem_bytes=int(partition.mem_gib * GIB), gpu_memory_bytes=mem,
+        links=links(partition, gpu, precision),
     )
 
 

@@ -10,6 +10,8 @@ recipe or an inventory (`memory:` block).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
 
 from jobctl.planner.models import ModelSpec, padded_vocab
 from jobctl.planner.plan import Plan
@@ -87,17 +89,23 @@ class Workload:
     framework: str = "generic"
     overheads: Overheads = field(default_factory=Overheads)
 
+    def __hash__(self) -> int:  # hashed on every cache lookup of the search: compute once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def act_bytes(self) -> int:
         """Bytes per activation element: 16-bit under every recipe but fp32."""
         return 4 if self.precision == "fp32" else 2
 
 
-@dataclass(frozen=True)
-class Term:
+class Term(NamedTuple):
     name: str
     bytes: float
-    group: str  # weights | grads | optimizer | activations | logits | buffers | overhead
+    group: str  # weights | grads | optimizer | activations | logits | buffers | overhead | host
     formula: str
 
 
@@ -155,6 +163,7 @@ class StateBytes:
     label: str
 
 
+@lru_cache(maxsize=None)
 def state_bytes(framework: str, precision: str, optimizer: str) -> StateBytes:
     """The precision recipe of a framework.
 
@@ -325,7 +334,9 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     add("q, k, v", e * sbh * (1 + kv) / t,
         "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if fused else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t")
     if eager_attn and not core_recomputed:
-        add("attention scores", (4 + e) * a * s * s * b / t, "eager softmax in fp32 (4·as²b) and its 16-bit copy (2·as²b) /t")
+        # softmax(dtype=float32).to(q.dtype): a copy only when training in 16-bit
+        add("attention scores", (4 + (e if e != 4 else 0)) * a * s * s * b / t,
+            "eager softmax in fp32 (4·as²b) and its 16-bit copy (2·as²b) /t")
     elif not eager_attn:
         add("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t")
     # SDPA/flash return a transposed view of a [b, s, a, d] buffer, so o_proj keeps the same
@@ -337,6 +348,13 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
 
 
 def layer_activation_bytes(w: Workload, plan: Plan, b: int) -> float:
+    return _layer_bytes(w, plan.tp, plan.cp, plan.sequence_parallel, plan.recompute, b)
+
+
+@lru_cache(maxsize=4096)
+def _layer_bytes(w: Workload, tp: int, cp: int, sp: bool, recompute: str, b: int) -> float:
+    """Cached sum of layer_activation_terms (the search asks for the same layer many times)."""
+    plan = Plan(1, 1, tp, 1, 1, cp, "none", b, 1, b, recompute, "none", sp)
     return sum(v for _, v, _ in layer_activation_terms(w, plan, b))
 
 
@@ -347,6 +365,16 @@ def stored_layer_bytes(w: Workload, plan: Plan, b: int) -> float:
         rep = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
         return w.act_bytes * (w.seq_len / plan.cp) * b * w.model.hidden / rep
     return layer_activation_bytes(w, plan, b)
+
+
+def recomputed_layers(plan: Plan, layers: float) -> float:
+    """Layers of a stage whose forward is recomputed: all under full recompute unless
+    plan.recompute_layers limits it (block recompute); none otherwise."""
+    if plan.recompute != "full":
+        return 0
+    if plan.recompute_layers and plan.recompute_layers < layers:
+        return plan.recompute_layers
+    return layers
 
 
 def logits_bytes_per_elem(w: Workload) -> float:
@@ -364,18 +392,49 @@ def logits_bytes_per_elem(w: Workload) -> float:
 
 # --- the breakdown ------------------------------------------------------------------------------
 
+def stage_layers(layers: int, pp: int) -> tuple[int, int, int] | None:
+    """Layers on the (first, a middle, the last) pipeline stage, or None if pp cannot split them.
+
+    Even splits, or the first and/or last stage one layer short to make room for the
+    embedding and the output layer (Megatron-LM --decoder-first/last-pipeline-num-layers;
+    the Llama 3 paper §3.3.2 does this for 126 layers on 16 stages).
+    """
+    if pp == 1:
+        return layers, layers, layers
+    if pp > layers:
+        return None
+    if layers % pp == 0:
+        k = layers // pp
+        return k, k, k
+    if (layers + 1) % pp == 0:
+        k = (layers + 1) // pp
+        return k, k, k - 1
+    if (layers + 2) % pp == 0 and pp > 2:
+        k = (layers + 2) // pp
+        return k - 1, k, k - 1
+    return None
+
+
 def _stage_params(w: Workload, plan: Plan, stage: str) -> tuple[float, float, float]:
     """(layer params, embedding+output params, layers) held by one rank of `stage`, after TP."""
+    return _stage_params_cached(w, plan.tp, plan.pp, stage)
+
+
+@lru_cache(maxsize=4096)
+def _stage_params_cached(w: Workload, tp: int, pp: int, stage: str) -> tuple[float, float, float]:
     m = w.model
-    vocab = padded_vocab(m.vocab, 128 * plan.tp) if w.framework == "megatron" else m.vocab
-    layers = m.layers / plan.pp
-    layer_p = layers * m.layer_params() / plan.tp
-    emb = vocab * m.hidden / plan.tp + m.max_seq_len * m.hidden
-    out = vocab * m.hidden / plan.tp
+    vocab = padded_vocab(m.vocab, 128 * tp) if w.framework == "megatron" else m.vocab
+    first, middle, last = stage_layers(m.layers, pp)
+    layers = {"only": m.layers, "first": first, "middle": middle, "last": last}[stage]
+    layer_p = layers * m.layer_params() / tp
+    emb = vocab * m.hidden / tp + m.max_seq_len * m.hidden
+    out = vocab * m.hidden / tp
     if stage == "only":
         extra = emb + (0 if m.tied_embeddings else out) + m.final_norm_params()
     elif stage == "first":
         extra = emb
+    elif stage == "middle":
+        extra = 0.0
     else:  # last: the output layer (a copy of the embedding when tied, as Megatron-LM does)
         extra = out + m.final_norm_params()
     return layer_p, extra, layers
@@ -385,7 +444,8 @@ def _stage_matrices(w: Workload, plan: Plan, stage: str) -> list[tuple[float, fl
     """(rows, cols, count) of the weights one rank of `stage` holds (rows split by TP)."""
     m = w.model
     vocab = padded_vocab(m.vocab, 128 * plan.tp) if w.framework == "megatron" else m.vocab
-    out = [(r / plan.tp if c > 1 else r, c, m.layers / plan.pp) for r, c in m.layer_matrices()]
+    _, _, layers = _stage_params(w, plan, stage)
+    out = [(r / plan.tp if c > 1 else r, c, layers) for r, c in m.layer_matrices()]
     if stage in ("first", "only"):
         out.append((vocab / plan.tp, m.hidden, 1))
         if m.max_seq_len:
@@ -397,12 +457,18 @@ def _stage_matrices(w: Workload, plan: Plan, stage: str) -> list[tuple[float, fl
     return out
 
 
+@lru_cache(maxsize=4096)
+def _stage_state_elements(w: Workload, tp: int, pp: int, stage: str) -> float:
+    plan = Plan(1, 1, tp, pp, 1, 1, "none", 1, 1, 1, "none", "none", False)
+    return optimizer_state_elements(w.optimizer, _stage_matrices(w, plan, stage))
+
+
 def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int | None = None,
              detail: bool = True) -> MemoryBreakdown:
     """Memory of the most loaded rank of `plan` (the max over first and last pipeline stage).
 
     detail=False skips formatting the formulas (the search evaluates many layouts)."""
-    stages = ("only",) if plan.pp == 1 else ("first", "last")
+    stages = ("only",) if plan.pp == 1 else ("first", "middle", "last") if plan.pp > 2 else ("first", "last")
     best = None
     for st in stages:
         bd = _estimate_stage(w, gpu_memory_bytes, plan, st, host_mem_bytes, detail)
@@ -418,16 +484,18 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
     rank_params = layer_p + extra_p
     n = plan.shard_group
     terms: list[Term] = []
-    host = 0.0
+    groups = dict.fromkeys(("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead", "host"), 0.0)
 
     def add(name, value, group, formula):  # formula: a callable, formatted only when detail
-        terms.append(Term(name, float(value), group, formula() if detail else ""))
+        groups[group] += value
+        if detail:
+            terms.append(Term(name, float(value), group, formula()))
 
     compute_b = 4 if w.precision == "fp32" else 2
     # --- trainable parameters and their states
     if w.method == "full":
         trainable = rank_params
-        state_elems = optimizer_state_elements(w.optimizer, _stage_matrices(w, plan, stage))
+        state_elems = _stage_state_elements(w, plan.tp, plan.pp, stage)
         weight_name = "weights"
     else:
         base_b = float(compute_b)
@@ -441,9 +509,8 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         weight_name = "lora adapters"
     for t_ in model_state_terms(trainable, state_elems, sb, w.optimizer, plan.sharding, n, plan.offload,
                                 compute_b, weight_name, detail):
-        if t_.group == "host":
-            host += t_.bytes
-        else:
+        groups[t_.group] += t_.bytes
+        if detail and t_.group != "host":
             terms.append(t_)
 
     # --- buffers that depend on the framework
@@ -462,19 +529,29 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
 
     # --- activations
     b = plan.micro_batch_size
-    in_flight = 1
-    if plan.pp > 1 and stage == "first":
-        # 1F1B: the first stage holds min(m, p) micro-batches; interleaving (v chunks)
-        # multiplies by 1 + (p-1)/(p·v) (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2.3).
-        in_flight = min(plan.grad_accum_steps, plan.pp)
+    in_flight = 1.0
+    if plan.pp > 1 and stage in ("first", "middle"):
+        # 1F1B: stage i holds min(m, p − i) micro-batches (the first p, the second p − 1);
+        # interleaving (v chunks) multiplies by 1 + (p−1)/(p·v) (Narayanan et al. 2021;
+        # Korthikanti et al. 2022 §4.2.3).
+        in_flight = min(plan.grad_accum_steps, plan.pp - (0 if stage == "first" else 1))
         if plan.virtual_stages > 1:
             in_flight *= 1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages)
+    # Megatron-LM --recompute-method block --recompute-num-layers N: only N layers of each
+    # stage are recomputed (plan.recompute_layers; 0 = all of them).
     per_layer = stored_layer_bytes(w, plan, b)
-    acts = per_layer * layers * in_flight
+    n_rc = recomputed_layers(plan, layers)
+    if plan.recompute == "full" and n_rc < layers:
+        kept = layer_activation_bytes(w, plan, b)
+        acts = (per_layer * n_rc + kept * (layers - n_rc)) * in_flight
+    else:
+        kept = per_layer
+        acts = per_layer * layers * in_flight
 
     def label():
         if plan.recompute == "full":
-            return "full recompute keeps each layer's input (2·sbh)"
+            return (f"{n_rc:g} of {layers:g} layers recomputed keep only their input (2·sbh), the others "
+                    f"{kept / GIB:.3g} GiB each")
         return "; ".join(f"{n_} {v / GIB:.3g}" for n_, v, _ in layer_activation_terms(w, plan, b))
     add("layer activations", acts, "activations", lambda:
         f"{per_layer / GIB:.3g} GiB/layer x {layers:g} layers x {in_flight:g} micro-batch(es) in flight [{label()}]")
@@ -488,11 +565,17 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         vocab = padded_vocab(m.vocab, 128 * plan.tp) if w.framework == "megatron" else m.vocab
         elems = (w.seq_len / plan.cp) * b * vocab / plan.tp
         per = logits_bytes_per_elem(w)
+        # The final norm keeps what a layer's norm keeps and the output layer its input:
+        # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (tests/torch_reference.py).
+        rep = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
+        head_in = (w.seq_len / plan.cp) * b * m.hidden * (4 if (m.family == "gpt" or w.framework in FUSED_FRAMEWORKS) else 8)
+        add("final norm and output input", head_in * w.act_bytes / 2 / rep, "activations",
+            lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")
         add("logits and loss", elems * per, "logits", lambda:
             f"s·b·V/t = {elems:.4g} logits x {per:g} B (16-bit logits, fp32 log-probs and gradients)"
             if not w.fused_cross_entropy else f"s·b·V/t = {elems:.4g} logits x {per:g} B (fused cross-entropy)")
 
-    transient = sum(t.bytes for t in terms if t.group in ("activations", "logits", "buffers"))
+    transient = groups["activations"] + groups["logits"] + groups["buffers"]
     add("cuda context", o.cuda_context_gib * GIB, "overhead", lambda: "CUDA context, kernels, cuBLAS workspace")
     comms = sum(1 for k in (plan.tp, plan.pp, plan.dp * plan.cp) if k > 1)
     if comms:
@@ -500,9 +583,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
     add("allocator reserve", transient * o.reserve_fraction, "overhead", lambda:
         f"{o.reserve_fraction:.0%} of transient tensors ({'expandable_segments' if o.expandable_segments else 'default allocator'})")
 
-    groups = {g: 0.0 for g in ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead")}
-    for t_ in terms:
-        groups[t_.group] += t_.bytes
+    host = groups.pop("host")
     total = sum(groups.values())
     usable = gpu_memory_bytes - o.safety_margin_gib * GIB
     ranks_per_node = plan.gpus_per_node

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class ModelSpec:
 
     # --- parameter counts -------------------------------------------------------------
     def layer_params(self) -> int:
+        return self._layer_params
+
+    @cached_property
+    def _layer_params(self) -> int:
         """Parameters of one transformer layer.
 
         llama: 2·h·a·d (Q, O) + 2·h·g·d (K, V) + 3·h·f (gate, up, down) + 2·h (two RMSNorms)

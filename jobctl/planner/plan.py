@@ -28,6 +28,7 @@ class Plan:
     sequence_parallel: bool
     virtual_stages: int = 1
     hsdp_shard: int = 0  # ranks that shard the states together (hsdp); 0 = all dp·cp ranks
+    recompute_layers: int = 0  # with recompute=full: layers per stage recomputed (0 = all)
 
     @property
     def world_size(self) -> int:
@@ -69,8 +70,11 @@ class Plan:
         return problems
 
     def summary(self) -> str:
+        rc = self.recompute + (f"({self.recompute_layers}/stage)" if self.recompute_layers else "")
         parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"cp={self.cp}", self.sharding,
-                 f"mbs={self.micro_batch_size}x{self.grad_accum_steps}", f"recompute={self.recompute}"]
+                 f"mbs={self.micro_batch_size}x{self.grad_accum_steps}", f"recompute={rc}"]
+        if self.virtual_stages > 1:
+            parts.insert(2, f"v={self.virtual_stages}")
         if self.offload != "none":
             parts.append(f"offload={self.offload}")
         return " ".join(parts)

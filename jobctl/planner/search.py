@@ -1,9 +1,9 @@
-"""Enumerate layouts (TP x PP x CP x DP x sharding x micro-batch x recompute x offload), keep
-those that fit, and pick one by a simple documented rule.
+"""Enumerate layouts (TP x PP x CP x DP x interleaving x sharding x micro-batch x recompute x
+offload), keep those that fit, estimate each one's step time, and rank them by an objective.
 
-The rule (until the performance model ranks plans): fewest GPUs, then least model
-parallelism (tp·pp·cp), then the cheapest memory knobs (sharding, recompute, offload, in
-the order of `KNOB_COST`), then the largest micro-batch.
+Objectives (see `rank`): "throughput" (tokens/s per GPU at the smallest node count within
+THROUGHPUT_TOLERANCE of the best), "time" (fastest wall time), "gpus" (fewest GPUs that fit,
+then fastest).
 """
 
 from __future__ import annotations
@@ -12,8 +12,14 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from jobctl.catalog import GIB, GPUSpec
-from jobctl.planner.memory import SHARDINGS, MemoryBreakdown, Workload, estimate
+from jobctl.planner.memory import SHARDINGS, MemoryBreakdown, Workload, estimate, stage_layers
+from jobctl.planner.perf import Links, StepEstimate, estimate_step
 from jobctl.planner.plan import Plan
+
+OBJECTIVES = ("throughput", "time", "gpus")
+# "throughput": among plans within this fraction of the best tokens/s per GPU, the fewest nodes.
+THROUGHPUT_TOLERANCE = 0.03
+MAX_VIRTUAL_STAGES = 8
 
 AUTO = "auto"
 CP_FRAMEWORKS = frozenset({"megatron", "torchtitan"})
@@ -44,6 +50,7 @@ class Target:
     nodes: int
     host_mem_bytes: int
     gpu_memory_bytes: int
+    links: Links | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -71,6 +78,15 @@ class Constraints:
 class Candidate:
     plan: Plan
     memory: MemoryBreakdown
+    estimate: StepEstimate | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.estimate.tokens_per_s if self.estimate else 0.0
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.estimate.tokens_per_s_per_gpu if self.estimate else 0.0
 
 
 @dataclass
@@ -79,9 +95,13 @@ class SearchResult:
     best: Candidate | None
     feasible: list[Candidate] = field(default_factory=list)
     considered: int = 0
+    feasible_count: int = 0
     rejected: Counter = field(default_factory=Counter)
     reasons: list[str] = field(default_factory=list)  # why nothing fits / why a pin is impossible
     closest: Candidate | None = None  # the smallest-memory layout that did not fit
+    objective: str = "throughput"
+    ranked: list[Candidate] = field(default_factory=list)  # best first, one per layout
+    smallest: dict = field(default_factory=dict)  # (dimension, value) -> least memory seen (bytes)
 
     @property
     def feasible_ok(self) -> bool:
@@ -105,8 +125,9 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         if c.tp > t.gpus_per_node:
             out.append(f"tp={c.tp} crosses the node boundary: a node of {t.partition} has {t.gpus_per_node} GPUs; "
                        "tensor parallelism must stay inside a node")
-    if c.pp is not None and m.layers % c.pp:
-        out.append(f"pp={c.pp} does not divide the layers: {m.layers} % {c.pp} = {m.layers % c.pp}")
+    if c.pp is not None and not stage_layers(m.layers, c.pp):
+        out.append(f"pp={c.pp} cannot split {m.layers} layers: {m.layers} % {c.pp} = {m.layers % c.pp}, and "
+                   "shortening the first and last stage by one layer does not make it even either")
     if c.cp is not None and c.cp > 1:
         if w.framework not in CP_FRAMEWORKS:
             out.append(f"cp={c.cp}: context parallelism needs framework megatron or torchtitan, not {w.framework}")
@@ -141,7 +162,7 @@ def layouts(w: Workload, t: Target, c: Constraints):
     """Yield (tp, pp, cp, dp, nodes, gpus_per_node) for every valid parallel layout."""
     m = w.model
     tps = [c.tp] if c.tp else [d for d in divisors(t.gpus_per_node) if m.heads % d == 0 and m.kv_heads % d == 0]
-    pps = [c.pp] if c.pp else divisors(m.layers)
+    pps = [c.pp] if c.pp else [p for p in range(1, m.layers + 1) if stage_layers(m.layers, p)]
     if c.cp:
         cps = [c.cp]
     elif w.framework in CP_FRAMEWORKS:
@@ -171,6 +192,11 @@ def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn:
     if not c.sharding:
         if shard_group == 1:
             shardings = ["none"]  # nothing to shard over
+        else:
+            # ZeRO-1/2 move the same bytes as DDP's all-reduce (a reduce-scatter plus an
+            # all-gather) and hold less: of none/zero1/zero2 only the most sharded is worth trying.
+            plain = [x for x in ("zero2", "zero1", "none") if x in shardings]
+            shardings = plain[:1] + [x for x in shardings if x in ("hsdp", "zero3")]
         if nodes == 1 or "hsdp" not in shardings:
             shardings = [s for s in shardings if s != "hsdp"]
     recomputes = [c.recompute] if c.recompute else ["none", "selective", "full"]
@@ -196,78 +222,204 @@ def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn:
     return [x[1:] for x in out]
 
 
-def search(w: Workload, t: Target, c: Constraints, keep_all: bool = False) -> SearchResult:
-    """Find the plans that fit on `t`, and pick one by the documented rule."""
-    result = SearchResult(target=t, best=None)
+def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput", steps: int | None = None,
+           keep_all: bool = False) -> SearchResult:
+    """Find the plans that fit on `t`, estimate their step time, rank them by `objective`."""
+    result = SearchResult(target=t, best=None, objective=objective)
     problems = pinned_problems(w, t, c)
     if problems:
         result.reasons = problems
         return result
+    links = t.links
     gbs = w.global_batch_size
-    ordered = sorted(layouts(w, t, c), key=lambda x: (x[0] * x[1] * x[2] * x[3], x[0] * x[1] * x[2], x[1], x[2]))
     closest: Candidate | None = None
-    best_world = None
-    for tp, pp, cp, dp, nodes, gpn in ordered:
-        world = tp * pp * cp * dp
-        if best_world is not None and world > best_world and not keep_all:
-            break
+    per_layout: list[Candidate] = []
+    smallest: dict = {}
+
+    def note_smallest(plan: Plan, total: int):
+        for dim in ("tp", "pp", "cp", "dp", "sharding", "recompute", "offload"):
+            key = (dim, getattr(plan, dim))
+            if key not in smallest or total < smallest[key]:
+                smallest[key] = total
+
+    def check(plan: Plan) -> MemoryBreakdown:
+        nonlocal closest
+        result.considered += 1
+        mem = estimate(w, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False)
+        note_smallest(plan, mem.total_bytes)
+        if not mem.fits:
+            result.rejected["host memory" if mem.fits_gpu else "GPU memory"] += 1
+            if closest is None or mem.total_bytes < closest.memory.total_bytes:
+                closest = Candidate(plan, mem)
+        return mem
+
+    def timed(plan: Plan, mem: MemoryBreakdown) -> Candidate:
+        est = estimate_step(w, plan, links, t.gpus_per_node, steps) if links else None
+        return Candidate(plan, mem, est)
+
+    # Each layout gets an optimistic bound first: its step time with no recomputation, no
+    # offload and the cheapest sharding is a lower bound on what any knob setting gives
+    # (recomputation, offload and ZeRO-3 only add work). Layouts are visited best bound
+    # first, and a layout whose bound cannot come within the objective's tolerance of the
+    # best plan found so far is skipped without a memory check.
+    prepared = []
+    for tp, pp, cp, dp, nodes, gpn in layouts(w, t, c):
         per_dp = gbs // dp
         mbss = [c.micro_batch_size] if c.micro_batch_size else sorted(divisors(per_dp), reverse=True)
-        if per_dp % mbss[-1]:
-            continue
         sp = (tp > 1 and w.framework in SP_FRAMEWORKS) if c.sequence_parallel is None else c.sequence_parallel
+        layers_max = stage_layers(w.model.layers, pp)[1]
+        vs = [c.virtual_stages] if c.virtual_stages > 1 else (
+            [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if layers_max % v == 0] if pp > 1 and w.framework == "megatron" else [1])
         knobs = knob_options(w, c, dp * cp, nodes, gpn, tp)
+        bound = _bound(w, t, c, steps, objective, (tp, pp, cp, dp, nodes, gpn), mbss, vs, knobs[0], sp)
+        prepared.append((bound, tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, layers_max, vs, knobs))
+    prepared.sort(key=lambda x: -x[0])
+    best_metric = None
+    tolerance = THROUGHPUT_TOLERANCE if objective == "throughput" else 0.0
 
-        def make(mbs, sh, rc, of, hs):
-            return Plan(nodes, gpn, tp, pp, dp, cp, sh, mbs, per_dp // mbs, gbs, rc, of, sp, c.virtual_stages, hs)
+    for bound, tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, layers_max, vs, knobs in prepared:
+        if best_metric is not None and not keep_all and bound < best_metric * (1 - tolerance):
+            result.rejected["slower than the best (bound)"] += 1
+            continue
 
-        def check(plan):
-            nonlocal closest
-            result.considered += 1
-            mem = estimate(w, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False)
-            if not mem.fits:
-                result.rejected["host memory" if mem.fits_gpu else "GPU memory"] += 1
-                if closest is None or mem.total_bytes < closest.memory.total_bytes:
-                    closest = Candidate(plan, mem)
-            return mem
+        def make(mbs, v, sh, rc, of, hs, n_rc=0):
+            return Plan(nodes, gpn, tp, pp, dp, cp, sh, mbs, per_dp // mbs, gbs, rc, of, sp, v, hs, n_rc)
 
-        # Memory grows with the micro-batch (with 1F1B, b·min(m, p) grows too), so the
-        # smallest micro-batch decides whether a knob setting can fit at all, and a binary
-        # search finds the largest that does.
-        for sh, rc, of, hs in knobs:
-            mem = check(make(mbss[-1], sh, rc, of, hs))
-            if not mem.fits:
-                continue
-            lo, hi = len(mbss) - 1, 0  # indices: mbss is descending; lo fits
-            best = Candidate(make(mbss[lo], sh, rc, of, hs), mem)
-            while hi < lo:
-                mid = (lo + hi) // 2
-                plan = make(mbss[mid], sh, rc, of, hs)
-                mem_mid = check(plan)
-                if mem_mid.fits:
-                    best, lo = Candidate(plan, mem_mid), mid
-                else:
-                    hi = mid + 1
-            result.feasible.append(best)
-            if not keep_all:
-                break  # the cheapest knobs that fit for this layout
-        if result.feasible and best_world is None:
-            best_world = world
+        # Cheapest test first: the least memory this layout can reach (the last knob setting,
+        # micro-batch 1, no interleaving). If that does not fit, nothing here will.
+        floor = knobs[-1]
+        if not check(make(mbss[-1], vs[0], *floor)).fits:
+            continue
+        best: Candidate | None = None
+        for v in vs:
+            fits_without_offload = False
+            roomy = set()  # (sharding, offload) settings where no recompute fits the largest micro-batch
+            for sh, rc, of, hs in knobs:
+                if of != "none" and fits_without_offload and not c.offload:
+                    continue  # offload only when nothing else fits: it is always slower
+                if rc != "none" and (sh, of) in roomy and not c.recompute:
+                    continue  # recomputation only when the activations do not fit otherwise
+                for mbs, n_rc, mem in _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c):
+                    if of == "none":
+                        fits_without_offload = True
+                    if rc == "none" and mbs == mbss[0]:
+                        roomy.add((sh, of))
+                    if v > 1 and (per_dp // mbs) % pp:
+                        continue  # Megatron's interleaved schedule needs micro-batches divisible by pp
+                    cand = timed(make(mbs, v, sh, rc, of, hs, n_rc), mem)
+                    result.feasible_count += 1
+                    if best is None or _faster(cand, best):
+                        best = cand
+                    if keep_all:
+                        per_layout.append(cand)
+        if best is not None and not keep_all:
+            per_layout.append(best)
+            metric = _metric(best, objective)
+            if best_metric is None or metric > best_metric:
+                best_metric = metric
+
     if closest is not None:
         closest = Candidate(closest.plan, estimate(w, t.gpu_memory_bytes, closest.plan, t.host_mem_bytes))
     result.closest = closest
-    if result.feasible:
-        best = min(result.feasible, key=lambda x: rule_key(x))
-        result.best = Candidate(best.plan, estimate(w, t.gpu_memory_bytes, best.plan, t.host_mem_bytes))
+    result.smallest = smallest
+    if per_layout:
+        ranked = rank(per_layout, objective)
+        result.ranked = ranked
+        result.feasible = ranked
+        top = ranked[0]
+        result.best = Candidate(top.plan, estimate(w, t.gpu_memory_bytes, top.plan, t.host_mem_bytes), top.estimate)
     else:
         result.reasons = no_fit_reasons(w, t, c, closest, result)
     return result
 
 
-def rule_key(cand: Candidate) -> tuple:
-    p = cand.plan
-    cost = KNOB_COST[("sharding", p.sharding)] + KNOB_COST[("recompute", p.recompute)] + KNOB_COST[("offload", p.offload)]
-    return (p.world_size, p.tp * p.pp * p.cp, cost, -p.micro_batch_size)
+def _metric(cand: Candidate, objective: str) -> float:
+    """Bigger is better: tokens/s per GPU (throughput), tokens/s (time), −GPUs (gpus)."""
+    if objective == "gpus":
+        return -float(cand.plan.world_size)
+    if cand.estimate is None:
+        return 0.0
+    return cand.tokens_per_s_per_gpu if objective == "throughput" else cand.tokens_per_s
+
+
+def _bound(w, t, c, steps, objective, layout, mbss, vs, cheapest_knob, sp) -> float:
+    """An upper bound of a layout's metric (see search): no recompute, no offload."""
+    tp, pp, cp, dp, nodes, gpn = layout
+    if objective == "gpus" or t.links is None:
+        return -float(tp * pp * cp * dp)
+    sh, _, _, hs = cheapest_knob
+    best = 0.0
+    per_dp = w.global_batch_size // dp
+    for v in {vs[0], vs[-1]}:
+        for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
+            plan = Plan(nodes, gpn, tp, pp, dp, cp, sh, mbs, per_dp // mbs, w.global_batch_size, "none", "none", sp, v, hs)
+            est = estimate_step(w, plan, t.links, t.gpus_per_node, steps)
+            best = max(best, est.tokens_per_s_per_gpu if objective == "throughput" else est.tokens_per_s)
+    return best
+
+
+def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c):
+    """Yield (micro_batch_size, recompute_layers, memory) for the micro-batches that fit with
+    these knobs, largest first, each with the fewest recomputed layers that fit.
+
+    Memory grows with the micro-batch (with 1F1B, b·min(m, p) grows too) and with the number
+    of layers that keep their activations, so both are found by bisection."""
+    if not check(make(mbss[-1], v, sh, rc, of, hs)).fits:
+        return
+    lo, hi = len(mbss) - 1, 0  # mbss is descending; index lo fits
+    while hi < lo:
+        mid = (lo + hi) // 2
+        if check(make(mbss[mid], v, sh, rc, of, hs)).fits:
+            lo = mid
+        else:
+            hi = mid + 1
+    # the largest fitting and a few smaller ones (more micro-batches shrink the pipeline bubble)
+    picks = sorted({lo, min(lo + 1, len(mbss) - 1), min(lo + 2, len(mbss) - 1)})
+    for i in picks:
+        mbs = mbss[i]
+        n_rc = 0
+        if rc == "full" and layers_max > 1 and not c.recompute:
+            # fewest recomputed layers per stage that fit (block recompute)
+            a, b = 1, int(layers_max)
+            while a < b:
+                mid = (a + b) // 2
+                if check(make(mbs, v, sh, rc, of, hs, mid)).fits:
+                    b = mid
+                else:
+                    a = mid + 1
+            n_rc = a if a < layers_max else 0
+        mem = check(make(mbs, v, sh, rc, of, hs, n_rc))
+        if mem.fits:
+            yield mbs, n_rc, mem
+
+
+def _faster(a: Candidate, b: Candidate) -> bool:
+    """Higher tokens/s; ties (or no estimate) go to the cheaper memory knobs, then larger micro-batch."""
+    if a.estimate and b.estimate and abs(a.tokens_per_s - b.tokens_per_s) > 1e-9 * b.tokens_per_s:
+        return a.tokens_per_s > b.tokens_per_s
+    return knob_cost(a.plan) < knob_cost(b.plan) or (
+        knob_cost(a.plan) == knob_cost(b.plan) and a.plan.micro_batch_size > b.plan.micro_batch_size)
+
+
+def knob_cost(p: Plan) -> float:
+    return KNOB_COST[("sharding", p.sharding)] + KNOB_COST[("recompute", p.recompute)] + KNOB_COST[("offload", p.offload)]
+
+
+def rank(cands: list[Candidate], objective: str) -> list[Candidate]:
+    """Order candidates best first by the objective."""
+    if not cands:
+        return []
+    if objective == "gpus":
+        return sorted(cands, key=lambda x: (x.plan.world_size, -x.tokens_per_s, knob_cost(x.plan)))
+    if objective == "time":
+        return sorted(cands, key=lambda x: (-x.tokens_per_s, x.plan.world_size, knob_cost(x.plan)))
+    # throughput: the best tokens/s per GPU, then prefer fewer nodes among near-equals
+    top = max(x.tokens_per_s_per_gpu for x in cands)
+    near = [x for x in cands if x.tokens_per_s_per_gpu >= top * (1 - THROUGHPUT_TOLERANCE)]
+    rest = [x for x in cands if x.tokens_per_s_per_gpu < top * (1 - THROUGHPUT_TOLERANCE)]
+    near.sort(key=lambda x: (x.plan.nodes, -x.tokens_per_s_per_gpu, knob_cost(x.plan)))
+    rest.sort(key=lambda x: -x.tokens_per_s_per_gpu)
+    return near + rest
 
 
 def no_fit_reasons(w: Workload, t: Target, c: Constraints, closest: Candidate | None, r: SearchResult) -> list[str]:

@@ -1,0 +1,236 @@
+"""The performance model: the time of one optimizer step and its parts (memory-model.md §5).
+
+An analytical model in the Megatron-LM/Calculon family: compute at an achievable fraction
+of the GPU's peak, tensor-parallel collectives on the intra-node link, the pipeline bubble
+(p−1)/(m·v + p−1), data-parallel gradient reduce-scatter and parameter all-gather on the
+network (with what overlaps with compute), context-parallel K/V exchange, offload traffic
+over PCIe and the CPU optimizer step. Every efficiency constant is named below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
+from jobctl.planner.plan import Plan
+
+# --- efficiency constants -----------------------------------------------------------------------
+# Fraction of the dense peak that a training step's matrix multiplications reach when they
+# are large. Calibrated once on Megatron-Core's published GPT-3 175B run (H100, TP 4, PP 8,
+# 47% MFU, "Performance Benchmarks" in the Megatron-LM docs); Llama 3 405B (Llama 3 paper,
+# Table 4) is then a check, not a fit (tests/test_perf.py). A large bf16 GEMM alone reaches
+# ~0.8 of peak on an H200 here; training GEMMs are smaller, have epilogues and wait on
+# layer-boundary kernels.
+GEMM_EFFICIENCY = 0.67
+# Small GEMMs cannot fill the GPU: efficiency x/(x + x0) with x = tokens·hidden/tp of the
+# activation tile (one saturation constant; 2^20 elements halves efficiency at ~1M).
+GEMM_SATURATION_ELEMS = 1 << 20
+# FlashAttention-2 forward+backward reaches 35-50% of H100 peak (Dao 2023, FlashAttention-2
+# paper, Fig. 7: ~330-340 TFLOP/s fwd+bwd at head dim 128 on H100 = ~0.35).
+ATTENTION_EFFICIENCY = 0.35
+# Memory-bound kernels (norms, SwiGLU, RoPE, residual adds, optimizer step) reach this
+# fraction of the HBM bandwidth.
+MEMORY_EFFICIENCY = 0.80
+# NCCL collectives reach this fraction of the nominal per-direction link bandwidth as "bus
+# bandwidth" (nccl-tests all-reduce on 8x H100 NVLink: ~360-480 GB/s of 450 nominal).
+INTRA_NODE_EFFICIENCY = 0.80
+NETWORK_EFFICIENCY = 0.80
+PCIE_EFFICIENCY = 0.75
+# Share of the data-parallel gradient reduction hidden behind the last micro-batch's
+# backward (Megatron --overlap-grad-reduce, DDP buckets, FSDP): all but the last bucket.
+DP_OVERLAP = 0.90
+# Host memory bandwidth per node available to a CPU optimizer (DeepSpeed CPU-Adam is
+# memory-bound: it reads and writes fp32 master, m, v and reads the gradient: 28 B/param).
+HOST_MEMORY_GBS = 100.0
+CPU_ADAM_BYTES_PER_PARAM = 28
+# Bytes moved per token per layer by memory-bound kernels, forward + backward, in units of
+# h and f (16-bit): 2 RMSNorms, 2 residual adds, RoPE and SwiGLU read and write their
+# tensors; backward moves about twice the forward.
+MEMBOUND_BYTES_H = 72
+MEMBOUND_BYTES_F = 18
+
+
+@dataclass(frozen=True)
+class Links:
+    """Bandwidths, GB/s per direction per GPU."""
+
+    intra_node_gbs: float
+    inter_node_gbs: float
+    pcie_gbs: float
+    mem_bandwidth_gbs: float
+    peak_tflops: float
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    step_time_s: float
+    compute_s: float
+    tp_comm_s: float
+    pp_bubble_s: float
+    pp_p2p_s: float
+    dp_comm_s: float
+    cp_comm_s: float
+    offload_s: float
+    optimizer_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    model_flops_per_step: float
+    steps: int | None
+    time_to_train_s: float | None
+    gpu_hours: float | None
+
+    def to_dict(self) -> dict:
+        keys = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "time_to_train_s", "gpu_hours")
+        out = {k: getattr(self, k) for k in keys}
+        out["parts"] = {k: getattr(self, k) for k in ("compute_s", "tp_comm_s", "pp_bubble_s", "pp_p2p_s",
+                                                        "dp_comm_s", "cp_comm_s", "offload_s", "optimizer_s")}
+        out["steps"] = self.steps
+        out["model_flops_per_step"] = self.model_flops_per_step
+        return out
+
+
+def model_flops_per_token(w: Workload) -> float:
+    """Model FLOPs per token, forward + backward, without recomputation (the MFU numerator).
+
+    6·Ψ for the weight matmuls (embedding lookups excluded; the output layer included),
+    plus attention scores and values: 12·L·h·s per token (fwd+bwd), halved by causal masking
+    (Narayanan et al. 2021, appendix; Llama 3 paper MFU convention).
+    """
+    m = w.model
+    matmul_params = m.layers * m.layer_params() + m.vocab * m.hidden
+    return 6 * matmul_params + 6 * m.layers * m.hidden * w.seq_len
+
+
+def gemm_efficiency(tile_elems: float) -> float:
+    return GEMM_EFFICIENCY * tile_elems / (tile_elems + GEMM_SATURATION_ELEMS)
+
+
+def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float) -> float:
+    """Ring collective time: factor·(n−1)/n·bytes over the link (factor 2 = all-reduce,
+    1 = reduce-scatter or all-gather)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return factor * (n - 1) / n * nbytes / (gbs * 1e9 * efficiency)
+
+
+def tp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
+    return links.intra_node_gbs if plan.tp <= gpus_per_node else links.inter_node_gbs
+
+
+def dp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
+    """Megatron rank order tp-cp-dp-pp: the data-parallel group stays in a node only if
+    tp·cp·dp fits in one."""
+    return links.intra_node_gbs if plan.tp * plan.cp * plan.dp <= gpus_per_node else links.inter_node_gbs
+
+
+def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, steps: int | None = None) -> StepEstimate:
+    """Time of one optimizer step of `plan` and its parts."""
+    m = w.model
+    t, p, c, v = plan.tp, plan.pp, plan.cp, max(plan.virtual_stages, 1)
+    b, micro = plan.micro_batch_size, plan.grad_accum_steps
+    s = w.seq_len
+    peak = links.peak_tflops * 1e12
+    sp = plan.sequence_parallel and t > 1
+    tokens_rank = b * s / c  # tokens of one micro-batch on one rank
+    h, f = m.hidden, m.ffn_hidden
+
+    # Per layer, per micro-batch, on one rank.
+    matrix_params = m.layer_params() - (2 * h if m.family == "llama" else 4 * h)
+    fwd_gemm = 2 * matrix_params / t * tokens_rank
+    fwd_attn = 2 * b * (s / c) * s * h / t  # causal: half of 4·b·s²·h, split over t and c
+    layers_max = stage_layers(m.layers, p)[1]
+    rc = recomputed_layers(plan, layers_max) / layers_max  # share of layers whose forward reruns
+    passes_gemm = 3 + rc
+    passes_attn = 3 + (1 if plan.recompute == "selective" else rc)
+    eff = gemm_efficiency(tokens_rank * h / t)
+    layer_compute = fwd_gemm * passes_gemm / (peak * eff) + fwd_attn * passes_attn / (peak * ATTENTION_EFFICIENCY)
+    membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank
+    layer_compute += membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
+    # Tensor parallelism: 2 collectives forward, 2 backward (+2 when the forward is recomputed),
+    # each an all-reduce (or reduce-scatter + all-gather with SP: the same bytes).
+    msg = w.act_bytes * tokens_rank * h
+    n_coll = 4 + 2 * rc
+    layer_tp = n_coll * _ring(t, msg, tp_link_gbs(plan, links, gpus_per_node), INTRA_NODE_EFFICIENCY
+                              if t <= gpus_per_node else NETWORK_EFFICIENCY, 2)
+    # Context parallelism: each rank passes its K and V chunk around the ring (c−1 hops) in
+    # forward and again in backward, overlapped with the attention it feeds.
+    kv = 2 * w.act_bytes * tokens_rank * h * m.kv_heads / m.heads / t
+    cp_link = links.intra_node_gbs if t * c <= gpus_per_node else links.inter_node_gbs
+    cp_time = 3 * (c - 1) * kv / (cp_link * 1e9 * NETWORK_EFFICIENCY) if c > 1 else 0.0
+    layer_cp = max(0.0, cp_time - fwd_attn * passes_attn / (peak * ATTENTION_EFFICIENCY))
+
+    stage_mb = layers_max * (layer_compute + layer_tp + layer_cp)
+    # The last stage also runs the output layer and the loss (vocabulary-parallel over t).
+    out_flops = 2 * tokens_rank * h * m.vocab / t * 3
+    head = out_flops / (peak * gemm_efficiency(tokens_rank * h / t)) + \
+        14 * tokens_rank * m.vocab / t / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
+    if p == 1:
+        stage_mb += head
+    else:
+        stage_mb = max(stage_mb, stage_layers(m.layers, p)[2] * (layer_compute + layer_tp + layer_cp) + head)
+    # Pipeline point-to-point: activations forward and gradients backward per micro-batch and chunk.
+    p2p = 0.0
+    if p > 1:
+        link = links.intra_node_gbs if t * c * plan.dp * p <= gpus_per_node else links.inter_node_gbs
+        p2p = 2 * v * msg / (t if sp else 1) / (link * 1e9 * NETWORK_EFFICIENCY)
+    pipeline = micro * (stage_mb + p2p)
+    bubble = (p - 1) / v * stage_mb if p > 1 else 0.0
+
+    # Data parallelism over the shard group (dp·cp ranks hold replicas of the same weights).
+    rank_params = stage_params_per_rank(w, plan)
+    n = plan.dp * plan.cp
+    grad_b = 4 if w.framework in ("megatron", "fsdp", "torchtitan") or w.precision == "fp32" else 2
+    param_b = 4 if w.precision == "fp32" else 2
+    dp_gbs = dp_link_gbs(plan, links, gpus_per_node)
+    trainable = rank_params if w.method == "full" else rank_params * 0.01
+    backward_last = stage_mb * 2 / 3
+    if plan.sharding in ("zero3", "hsdp"):
+        shard = plan.hsdp_shard or n
+        gbs_shard = links.intra_node_gbs if plan.sharding == "hsdp" else dp_gbs
+        per_mb = _ring(shard, trainable * param_b, gbs_shard, NETWORK_EFFICIENCY, 2) + \
+            _ring(shard, trainable * grad_b, gbs_shard, NETWORK_EFFICIENCY, 1)
+        dp = micro * max(0.0, per_mb - stage_mb)  # prefetching overlaps it with the layers' compute
+        if plan.sharding == "hsdp" and n > shard:
+            dp += (1 - DP_OVERLAP) * _ring(n // shard, trainable * grad_b / shard, dp_gbs, NETWORK_EFFICIENCY, 2)
+    else:
+        factor = 2 if plan.sharding == "none" else 1
+        reduce = _ring(n, trainable * grad_b, dp_gbs, NETWORK_EFFICIENCY, factor)
+        gather = _ring(n, trainable * param_b, dp_gbs, NETWORK_EFFICIENCY, 1) if plan.sharding != "none" else 0.0
+        dp = max(reduce * (1 - DP_OVERLAP), reduce - backward_last) + max(0.0, gather - stage_mb / 3)
+
+    # Optimizer step and offload.
+    shard_o = n if plan.sharding != "none" else 1
+    opt_params = trainable / shard_o
+    offload = 0.0
+    if plan.offload == "none":
+        optimizer = opt_params * CPU_ADAM_BYTES_PER_PARAM / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
+    else:
+        ranks = plan.gpus_per_node
+        optimizer = opt_params * CPU_ADAM_BYTES_PER_PARAM * ranks / (HOST_MEMORY_GBS * 1e9)
+        offload = 2 * opt_params * param_b / (links.pcie_gbs * 1e9 * PCIE_EFFICIENCY)
+        if plan.offload == "optimizer+params":  # weights stream in for forward and backward
+            offload += micro * 2 * trainable / (plan.hsdp_shard or n) * param_b / (links.pcie_gbs * 1e9 * PCIE_EFFICIENCY)
+
+    step = pipeline + bubble + dp + optimizer + offload
+    tokens = w.global_batch_size * s
+    world = plan.world_size
+    flops = model_flops_per_token(w) * tokens
+    mfu = flops / (step * world * peak) if step > 0 else 0.0
+    ttt = steps * step if steps else None
+    return StepEstimate(
+        step_time_s=step, compute_s=micro * stage_mb - micro * layers_max * (layer_tp + layer_cp),
+        tp_comm_s=micro * layers_max * layer_tp, pp_bubble_s=bubble, pp_p2p_s=micro * p2p, dp_comm_s=dp,
+        cp_comm_s=micro * layers_max * layer_cp, offload_s=offload, optimizer_s=optimizer,
+        tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, mfu=mfu,
+        model_flops_per_step=flops, steps=steps, time_to_train_s=ttt,
+        gpu_hours=ttt * world / 3600 if ttt else None,
+    )
+
+
+def stage_params_per_rank(w: Workload, plan: Plan) -> float:
+    """Parameters one rank of the largest pipeline stage holds after TP (for DP traffic)."""
+    m = w.model
+    layers = stage_layers(m.layers, plan.pp)[1]
+    extra = m.vocab * m.hidden / plan.tp if plan.pp == 1 else 0.0
+    return layers * m.layer_params() / plan.tp + extra
