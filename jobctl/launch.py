@@ -1,0 +1,405 @@
+"""Plan → Slurm parameters, job environment and launcher argv: pure functions, values in and out.
+
+Nothing here reads files, the clock or the environment, or prints. The argv lists built here
+are executed without a shell (``subprocess`` with a list, ``os.execvpe``), so every element
+reaches the program byte for byte: quotes, ``$(...)``, backticks, ``;`` and newlines are
+data, never evaluated. The same holds for environment values. The one place a shell does
+read our values is submitit's sbatch script: there every value is quoted by submitit
+(``shlex.quote``), and values that could still break a ``#SBATCH`` line (newlines, NUL)
+are refused here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shlex
+from typing import Any, Mapping
+
+from .errors import UsageError
+
+DEFAULT_TIME_MIN = 60
+DEFAULT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+RDZV_PORT_MIN, RDZV_PORT_MAX = 20000, 29999
+LAUNCHERS = ("torchrun", "none")
+
+# ZeRO stage of each sharding mode: zero1 shards optimizer states, zero2 adds gradients,
+# zero3 adds parameters (Rajbhandari et al. 2020, "ZeRO", §5); HSDP shards all three inside
+# a group and replicates across groups, so within the group it is stage 3.
+ZERO_STAGE = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
+
+# Names submitit sets itself or jobctl derives from the plan; overriding them through
+# slurm.additional would make the job disagree with its plan or lose its logs.
+_RESERVED_SBATCH = {
+    "job_name": "the recipe's name",
+    "partition": "the partition in the inventory",
+    "nodes": "the plan", "ntasks": "the plan", "ntasks_per_node": "the plan",
+    "gpus": "the plan", "gpus_per_node": "the plan", "gpus_per_task": "the plan",
+    "cpus_per_task": "the partition's cpus_per_node", "mem": "the partition's mem_gib",
+    "mem_per_cpu": "the partition's mem_gib", "mem_per_gpu": "the partition's mem_gib",
+    "time": "recipe resources.time", "account": "slurm.account", "qos": "slurm.qos",
+    "constraint": "slurm.constraint", "gres": "slurm.gres",
+    "output": "submitit (the job folder)", "error": "submitit (the job folder)",
+    "open_mode": "submitit", "signal": "submitit", "array": "submitit",
+}
+_SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PYTHON = re.compile(r"python(3(\.[0-9]+)?)?")
+
+
+class LaunchError(UsageError, ValueError):
+    """A recipe/inventory/plan combination that cannot be turned into a job."""
+
+
+# -- Slurm ---------------------------------------------------------------------------------
+
+
+def parse_slurm_time(value: str | int | None, key: str) -> int | None:
+    """Minutes in a Slurm time limit; None for None or UNLIMITED/INFINITE.
+
+    Slurm's formats (sbatch --time): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S. Note that a
+    single colon is minutes:seconds, as in Slurm. Seconds round up to a whole minute
+    (submitit takes minutes; Slurm rounds up too). ``key`` names the setting in errors.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise LaunchError(f"{key}: expected a Slurm time such as '04:00:00', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise LaunchError(f"{key}: the time limit must be positive, got {value}")
+        return value
+    text = str(value).strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, hours, minutes, seconds = 0, 0, 0, 0
+    m = re.fullmatch(r"(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?", text, flags=re.ASCII)
+    if m:
+        days, hours = int(m[1]), int(m[2])
+        minutes, seconds = int(m[3] or 0), int(m[4] or 0)
+        bad = hours >= 24 or minutes >= 60 or seconds >= 60
+    else:
+        parts = text.split(":")
+        if not (1 <= len(parts) <= 3 and all(p.isdigit() and p.isascii() for p in parts)):
+            bad = True
+        else:
+            nums = [int(p) for p in parts]
+            if len(nums) == 1:
+                minutes = nums[0]
+                bad = False
+            elif len(nums) == 2:
+                minutes, seconds = nums
+                bad = seconds >= 60
+            else:
+                hours, minutes, seconds = nums
+                bad = minutes >= 60 or seconds >= 60
+    if bad:
+        raise LaunchError(
+            f"{key}: {value!r} is not a Slurm time limit; use minutes ('90'), "
+            "'HH:MM:SS' ('04:00:00'), 'D-HH' ('2-00') or 'D-HH:MM:SS' ('2-12:00:00')"
+        )
+    total_s = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total_s == 0:
+        raise LaunchError(f"{key}: the time limit must be positive, got {value!r} "
+                          "(to Slurm 0 means no limit; give the time the run needs)")
+    return math.ceil(total_s / 60)
+
+
+def slurm_parameters(plan: Any, recipe: Any, inventory: Any, partition: Any) -> dict[str, Any]:
+    """submitit ``SlurmExecutor`` parameters for running ``plan`` on ``partition``.
+
+    One task per node (torchrun starts the per-GPU processes); the whole node's CPUs and
+    memory are requested. Keys with no value are left out, so submitit's defaults apply.
+    GPUs: ``gres=gpu:<G>`` plus ``gpus_per_node=<G>`` by default; with the inventory's own
+    ``slurm.gres`` naming GPUs, that string alone (its count must equal the plan's).
+    """
+    _check_fits(plan, recipe, inventory, partition)
+    slurm = getattr(inventory, "slurm", None)
+    gpu_partition = str(partition.gpu).lower() != "cpu"
+    params: dict[str, Any] = {
+        "job_name": recipe.name,
+        "partition": partition.name,
+        "nodes": plan.nodes,
+        "ntasks_per_node": 1,
+        "cpus_per_task": partition.cpus_per_node,
+        "mem": _mem(partition.mem_gib),
+        "time": _time_min(recipe, partition),
+    }
+    gres = getattr(slurm, "gres", None)
+    if gpu_partition:
+        gres_gpus = None if gres is None else _gres_gpu_count(gres)
+        if gres is None:
+            # Both flags, as submitit users write them. Slurm 22.05 accepts the pair
+            # (TresPerNode=gres:gpu:8,gres:gpu:8) and allocates 8 per node, not 16.
+            params["gpus_per_node"] = plan.gpus_per_node
+            gres = f"gpu:{plan.gpus_per_node}"
+        elif gres_gpus is None:
+            params["gpus_per_node"] = plan.gpus_per_node  # the inventory's gres asks for no GPUs
+        elif gres_gpus != plan.gpus_per_node:
+            raise LaunchError(
+                f"slurm.gres {gres!r} asks for {gres_gpus} GPUs per node; the plan uses {plan.gpus_per_node}",
+                hint=f"Leave slurm.gres unset (jobctl then asks for gpu:{plan.gpus_per_node}) "
+                     "or make its count match the plan.",
+            )
+        # else: the inventory's gres names the GPUs; --gpus-per-node is left out, because Slurm
+        # refuses a typed --gres=gpu:h100:8 next to an untyped --gpus-per-node=8 ("Invalid GRES
+        # specification (with and without type identification)", seen on Slurm 22.05).
+    for name in ("account", "qos", "constraint"):
+        value = getattr(slurm, name, None)
+        if value is not None:
+            params[name] = value
+    if gres is not None:
+        params["gres"] = gres
+    additional = _additional(getattr(slurm, "additional", None) or {})
+    if additional:
+        params["additional_parameters"] = additional
+    setup = list(getattr(slurm, "setup", None) or [])
+    if setup:
+        params["setup"] = setup
+    for key, value in params.items():
+        if isinstance(value, str):
+            _check_sbatch_value(key, value)
+    return params
+
+
+def _gres_gpu_count(gres: str) -> int | None:
+    """GPUs per node in a --gres string ("gpu:8", "gpu:h100:8", "gpu:h100" = 1), or None without gpu."""
+    # Slurm's format: a comma-separated list of name[[:type]:count], count defaulting to 1.
+    for entry in gres.split(","):
+        fields = entry.strip().split(":")
+        if fields[0] == "gpu":
+            return int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
+    return None
+
+
+def _check_fits(plan: Any, recipe: Any, inventory: Any, partition: Any) -> None:
+    where = f"partition {partition.name!r} of cluster {getattr(inventory, 'name', '?')!r}"
+    problems = list(plan.check()) if hasattr(plan, "check") else []
+    if plan.gpus_per_node > partition.gpus_per_node:
+        problems.append(f"the plan uses {plan.gpus_per_node} GPUs per node; {where} has {partition.gpus_per_node}")
+    if plan.nodes > partition.nodes:
+        problems.append(f"the plan uses {plan.nodes} nodes; {where} has {partition.nodes}")
+    resources = getattr(recipe, "resources", None)
+    max_nodes = getattr(resources, "max_nodes", None)
+    if max_nodes is not None and plan.nodes > max_nodes:
+        problems.append(f"the plan uses {plan.nodes} nodes; the recipe allows resources.max_nodes={max_nodes}")
+    wanted = getattr(resources, "partition", None)
+    if wanted is not None and wanted != partition.name:
+        problems.append(f"the recipe asks for resources.partition={wanted!r}, not {partition.name!r}")
+    if problems:
+        raise LaunchError("the plan does not fit the job request:\n  " + "\n  ".join(problems),
+                          hint="Plan again for this cluster (`jobctl plan RECIPE --cluster NAME`).")
+
+
+def _mem(mem_gib: float) -> str:
+    # Slurm's G and M are binary units (GiB, MiB). Whole GiB when exact, else MiB, rounded down
+    # so the request never exceeds the node.
+    if float(mem_gib).is_integer():
+        return f"{int(mem_gib)}G"
+    return f"{math.floor(mem_gib * 1024)}M"
+
+
+def _time_min(recipe: Any, partition: Any) -> int:
+    limit = parse_slurm_time(getattr(partition, "time_limit", None), f"partitions[{partition.name}].time_limit")
+    resources = getattr(recipe, "resources", None)
+    asked = parse_slurm_time(getattr(resources, "time", None), "resources.time")
+    if asked is None:
+        return limit if limit is not None else DEFAULT_TIME_MIN
+    if limit is not None and asked > limit:
+        raise LaunchError(
+            f"resources.time: {resources.time!r} ({asked} min) is longer than partition "
+            f"{partition.name!r} allows ({partition.time_limit!r}, {limit} min); Slurm would never start it",
+            hint=f"Ask for at most {partition.time_limit!r}, or resume from checkpoints in shorter jobs.",
+        )
+    return asked
+
+
+def _additional(additional: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in additional.items():
+        key = str(key)
+        if not _SBATCH_KEY.fullmatch(key):
+            raise LaunchError(f"slurm.additional: {key!r} is not an sbatch long option name "
+                              "(letters, digits, '-' and '_', at least 2 characters)")
+        norm = key.replace("-", "_")
+        if norm in _RESERVED_SBATCH:
+            raise LaunchError(f"slurm.additional: {key!r} is set by jobctl from {_RESERVED_SBATCH[norm]}",
+                              hint="Remove it from slurm.additional.")
+        if value is False:  # `exclusive: false` means "do not pass the flag"
+            continue
+        if isinstance(value, str):
+            _check_sbatch_value(f"slurm.additional.{key}", value)
+        out[key] = value
+    return out
+
+
+def _check_sbatch_value(key: str, value: str) -> None:
+    # submitit writes `#SBATCH --key='value'`: a newline inside the quotes would end the
+    # comment line and put the rest into the batch script as shell code.
+    if any(c in value for c in "\n\r\0"):
+        raise LaunchError(f"{key}: {value!r} contains a line break or NUL, which cannot go in an #SBATCH line")
+
+
+# -- environment ---------------------------------------------------------------------------
+
+
+def job_environment(plan: Any, recipe: Any, inventory: Any) -> dict[str, str]:
+    """The job's environment: defaults, then the inventory's env, then the recipe's, then JOBCTL_*.
+
+    Later sources win, so a recipe or inventory may change PYTORCH_CUDA_ALLOC_CONF. The
+    JOBCTL_* values come from the plan and cannot be overridden (that is an error).
+    """
+    env = dict(DEFAULT_ENV)
+    for source, values in (("env", getattr(inventory, "env", None)),
+                           ("launch.env", getattr(getattr(recipe, "launch", None), "env", None))):
+        for name, value in (values or {}).items():
+            _check_env(source, name, value)
+            env[name] = value
+    derived = plan_environment(plan, recipe.name)
+    clash = sorted(set(env) & set(derived))
+    if clash:
+        raise LaunchError(f"environment names {', '.join(clash)} are set by jobctl from the plan",
+                          hint="Rename them; read the plan's values from JOBCTL_* in the job.")
+    env.update(derived)
+    return env
+
+
+def plan_environment(plan: Any, recipe_name: str) -> dict[str, str]:
+    """The JOBCTL_* variables that carry the plan into the job."""
+    if plan.sharding not in ZERO_STAGE:
+        raise LaunchError(f"plan.sharding {plan.sharding!r} is not one of {', '.join(ZERO_STAGE)}")
+    return {
+        "JOBCTL_TP": str(plan.tp),
+        "JOBCTL_PP": str(plan.pp),
+        "JOBCTL_DP": str(plan.dp),
+        "JOBCTL_CP": str(plan.cp),
+        "JOBCTL_MICRO_BATCH_SIZE": str(plan.micro_batch_size),
+        "JOBCTL_GRAD_ACCUM_STEPS": str(plan.grad_accum_steps),
+        "JOBCTL_GLOBAL_BATCH_SIZE": str(plan.global_batch_size),
+        "JOBCTL_SHARDING": str(plan.sharding),
+        "JOBCTL_ZERO_STAGE": str(ZERO_STAGE[plan.sharding]),
+        "JOBCTL_RECOMPUTE": str(plan.recompute),
+        "JOBCTL_OFFLOAD": str(plan.offload),
+        "JOBCTL_SEQUENCE_PARALLEL": "1" if plan.sequence_parallel else "0",
+        "JOBCTL_VIRTUAL_STAGES": str(getattr(plan, "virtual_stages", 1)),
+        "JOBCTL_RECOMPUTE_LAYERS": str(getattr(plan, "recompute_layers", 0)),
+        "JOBCTL_NODES": str(plan.nodes),
+        "JOBCTL_GPUS_PER_NODE": str(plan.gpus_per_node),
+        "JOBCTL_WORLD_SIZE": str(plan.nodes * plan.gpus_per_node),
+        "JOBCTL_PLAN": json.dumps(plan.to_dict(), separators=(",", ":")),
+        "JOBCTL_RECIPE_NAME": str(recipe_name),
+    }
+
+
+def _check_env(source: str, name: Any, value: Any) -> None:
+    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        raise LaunchError(f"{source}: {name!r} is not an environment variable name "
+                          "(letters, digits and '_', not starting with a digit)")
+    if not isinstance(value, str):
+        raise LaunchError(f"{source}.{name}: values must be strings, got {type(value).__name__} {value!r}",
+                          hint="Quote it in the YAML.")
+    if "\0" in value:
+        raise LaunchError(f"{source}.{name}: contains a NUL byte, which no environment can hold")
+
+
+# -- command and launcher ------------------------------------------------------------------
+
+
+def command_argv(command: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """The recipe's launch.command as an argv list.
+
+    A list is taken as is. A string is split like a POSIX shell splits words (shlex.split):
+    quotes group words and backslashes escape, but nothing is evaluated: no variables,
+    no ``$(...)``, no globs, no pipes or ``;`` — those characters stay in the arguments.
+    """
+    if command is None:
+        raise LaunchError("launch.command is not set", hint="Set launch.command in the recipe, e.g. "
+                          "'python train.py --config cfg.yaml'.")
+    if isinstance(command, str):
+        try:
+            argv = shlex.split(command, posix=True)
+        except ValueError as e:  # unbalanced quotes
+            raise LaunchError(f"launch.command: cannot split {command!r} into words: {e}") from None
+    else:
+        argv = list(command)
+        for i, arg in enumerate(argv):
+            if not isinstance(arg, str):
+                raise LaunchError(f"launch.command[{i}]: expected a string, got {type(arg).__name__} {arg!r}")
+    if not argv:
+        raise LaunchError("launch.command is empty")
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            raise LaunchError(f"launch.command[{i}]: contains a NUL byte, which no argv can hold")
+    return argv
+
+
+def rdzv_port(job_id: str) -> int:
+    """A port in 20000-29999 that every node of job ``job_id`` computes alike, without talking.
+
+    sha256, not hash(): Python salts str hashes per process.
+    """
+    digest = hashlib.sha256(str(job_id).encode("utf-8")).digest()
+    return RDZV_PORT_MIN + int.from_bytes(digest[:8], "big") % (RDZV_PORT_MAX - RDZV_PORT_MIN + 1)
+
+
+def launcher_argv(plan: Any, command_argv: list[str], node_rank: int, master_addr: str, port: int,
+                  launcher: str, *, rdzv_id: str | None = None) -> list[str]:
+    """The argv one node runs: torchrun around the command, or the command alone ('none').
+
+    For torchrun a leading ``python``/``python3`` is dropped (torchrun starts the Python
+    processes itself, with ``python -u``) and ``python -m pkg.mod`` becomes ``--module
+    pkg.mod``; a ``.py`` script runs as is; any other program (``bash run.sh``, an
+    interpreter by path) runs through ``--no-python``. ``rdzv_id`` must be the same on
+    every node (default: derived from the endpoint, which already is). The list is meant
+    for exec without a shell.
+    """
+    argv = list(command_argv)
+    if not argv:
+        raise LaunchError("the command is empty")
+    if launcher == "none":
+        return argv
+    if launcher != "torchrun":
+        raise LaunchError(f"launch.launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    if not 0 <= node_rank < plan.nodes:
+        raise LaunchError(f"node_rank {node_rank} is outside 0..{plan.nodes - 1} (nodes={plan.nodes})")
+    if not 1 <= port <= 65535:
+        raise LaunchError(f"rendezvous port {port} is not a TCP port (1-65535)")
+    if not master_addr or any(c.isspace() for c in master_addr):
+        raise LaunchError(f"rendezvous host {master_addr!r} is not a host name or address")
+    head = [
+        "torchrun",
+        "--nnodes", str(plan.nodes),
+        "--nproc-per-node", str(plan.gpus_per_node),
+        "--node-rank", str(node_rank),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{master_addr}:{port}",
+        "--rdzv-id", rdzv_id if rdzv_id is not None else f"jobctl-{master_addr}-{port}",
+    ]
+    return head + _torchrun_target(argv)
+
+
+def _torchrun_target(argv: list[str]) -> list[str]:
+    first = argv[0]
+    if _PYTHON.fullmatch(first):
+        rest = argv[1:]
+        while rest and rest[0] == "-u":  # torchrun already runs `python -u`
+            rest = rest[1:]
+        if not rest:
+            raise LaunchError(f"launch.command: {first!r} without a script or -m module")
+        if rest[0] == "-m":
+            if len(rest) < 2 or rest[1].startswith("-"):
+                raise LaunchError("launch.command: '-m' without a module name")
+            return ["--module", *rest[1:]]
+        if rest[0].startswith("-"):
+            raise LaunchError(
+                f"launch.command: the interpreter option {rest[0]!r} cannot be passed through torchrun",
+                hint="Use the PYTHON* environment variables (e.g. PYTHONOPTIMIZE) or launch.launcher: none.",
+            )
+        return rest
+    if first.startswith("-"):
+        raise LaunchError(f"launch.command: {first!r} would be read as a torchrun option, not a program")
+    if first.endswith(".py"):
+        return argv
+    return ["--no-python", *argv]

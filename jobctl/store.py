@@ -1,0 +1,598 @@
+"""Job history: a sqlite database (WAL) of every submission, its plan, attempts and outcome.
+
+Where it lives (``default_path``): ``$JOBCTL_HOME/history.sqlite`` if JOBCTL_HOME is set,
+else ``$XDG_STATE_HOME/jobctl/history.sqlite``, else ``~/.local/state/jobctl/history.sqlite``.
+Keep it on a local disk: sqlite's WAL mode needs shared memory that NFS/Lustre do not give.
+
+Submitting is two commits around the scheduler call::
+
+    id = history.prepare(...)                          # 1. PREPARED row, committed
+    job = executor.submit(...)                         # 2. talk to Slurm
+    history.mark_submitted(id, job.job_id, folder)     # 3. SUBMITTED, with the Slurm id
+
+A crash or Ctrl-C between 1 and 3 leaves a row in state PREPARED with no scheduler id;
+``list`` shows it as PREPARED (it is never hidden or guessed at), ``active`` skips it (no
+scheduler id to ask about). Retrying with the same ``token`` returns the same row instead
+of a duplicate, so a caller that lost the answer can finish step 3.
+
+Job references (``get``): ``12``, ``"12"``, ``"#12"`` and ``"jobctl:12"`` are jobctl ids;
+``"slurm:4242"`` / ``"local:4242"`` are scheduler ids; a bare number is the jobctl id when
+one exists, else a scheduler id (jobctl ids win because they are what jobctl prints); a
+reference with ``_`` (``"4242_3"``, a Slurm array task) is always a scheduler id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from .errors import JobctlError, UsageError
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 30_000  # writers queue behind each other; a write holds the lock for ~ms
+
+
+class State(str, Enum):
+    """Job states: Slurm's own names, plus PREPARED / SUBMITTED / SUBMIT_FAILED from jobctl."""
+
+    PREPARED = "PREPARED"  # row written, scheduler not contacted yet (or the answer was lost)
+    SUBMITTED = "SUBMITTED"  # the scheduler accepted it; not yet seen in the queue
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    REQUEUED = "REQUEUED"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    SUBMIT_FAILED = "SUBMIT_FAILED"
+    UNKNOWN = "UNKNOWN"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL_STATES = frozenset({
+    State.COMPLETED, State.FAILED, State.CANCELLED, State.TIMEOUT, State.OUT_OF_MEMORY,
+    State.NODE_FAIL, State.PREEMPTED, State.BOOT_FAIL, State.DEADLINE, State.SUBMIT_FAILED,
+})
+
+
+def parse_state(text: str | State) -> State:
+    """A State from its name; sacct decorations such as ``CANCELLED by 0`` or ``RUNNING+`` are dropped."""
+    if isinstance(text, State):
+        return text
+    word = re.split(r"[\s+]", str(text).strip().upper(), maxsplit=1)[0]
+    try:
+        return State(word)
+    except ValueError:
+        allowed = ", ".join(s.value for s in State)
+        raise UsageError(f"unknown job state {text!r}; allowed: {allowed}") from None
+
+
+class HistoryError(JobctlError):
+    """The history database cannot be used as asked (newer schema, a conflicting update)."""
+
+
+class UnknownJobError(UsageError, LookupError):
+    """No job in the history matches a reference."""
+
+
+class AmbiguousJobError(UsageError):
+    """A scheduler id matches several jobs (several clusters, or a rebuilt cluster)."""
+
+
+def default_path(env: Mapping[str, str] | None = None) -> Path:
+    """The history file: $JOBCTL_HOME, else $XDG_STATE_HOME/jobctl, else ~/.local/state/jobctl."""
+    env = os.environ if env is None else env
+    if env.get("JOBCTL_HOME"):
+        return Path(env["JOBCTL_HOME"]).expanduser() / "history.sqlite"
+    xdg = env.get("XDG_STATE_HOME", "")
+    # The XDG spec says relative values are invalid and must be ignored.
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "jobctl" / "history.sqlite"
+    return Path.home() / ".local" / "state" / "jobctl" / "history.sqlite"
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _iso(dt: datetime) -> str:
+    if dt.tzinfo is None:
+        raise ValueError(f"timestamps must be timezone-aware, got naive {dt!r}")
+    # One fixed format so that text order is time order in SQL.
+    return dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One row of ``jobs``, as stored (timestamps are UTC ISO strings)."""
+
+    id: int
+    created_at: str
+    recipe_path: str | None
+    recipe_name: str
+    recipe_text: str
+    recipe_hash: str
+    plan_json: str
+    cluster: str
+    partition: str | None
+    scheduler: str
+    scheduler_job_id: str | None
+    job_folder: str | None
+    state: State
+    exit_reason: str | None
+    parent_id: int | None
+    attempt: int
+    token: str
+    submitted_at: str | None
+    started_at: str | None
+    ended_at: str | None
+    predicted_peak_bytes: int | None
+    measured_peak_bytes: int | None
+    sweep_id: str | None
+    extra_json: str
+
+    @property
+    def plan(self) -> dict:
+        return json.loads(self.plan_json)
+
+    @property
+    def extra(self) -> dict:
+        return json.loads(self.extra_json)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def _from_row(cls, row: sqlite3.Row) -> "JobRecord":
+        d = dict(row)
+        d["state"] = State(d["state"])
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Transition:
+    job_id: int
+    at: str
+    state: State
+    detail: str | None
+
+
+# Migrations: MIGRATIONS[v] takes a database at user_version v to v + 1. Each runs inside
+# the same write transaction as the version bump, so a half-migrated file cannot exist.
+# To change the schema: append a function and bump SCHEMA_VERSION.
+def _migrate_0_to_1(db: sqlite3.Connection) -> None:
+    statements = [
+        """CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: ids are printed and kept in logs
+            created_at TEXT NOT NULL,
+            recipe_path TEXT,
+            recipe_name TEXT NOT NULL,
+            recipe_text TEXT NOT NULL,
+            recipe_hash TEXT NOT NULL,
+            plan_json TEXT NOT NULL,
+            cluster TEXT NOT NULL,
+            "partition" TEXT,
+            scheduler TEXT NOT NULL CHECK (scheduler IN ('slurm', 'local')),
+            scheduler_job_id TEXT,
+            job_folder TEXT,
+            state TEXT NOT NULL,
+            exit_reason TEXT,
+            parent_id INTEGER REFERENCES jobs(id),
+            attempt INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1),
+            token TEXT NOT NULL UNIQUE,
+            submitted_at TEXT,
+            started_at TEXT,
+            ended_at TEXT,
+            predicted_peak_bytes INTEGER,
+            measured_peak_bytes INTEGER,
+            sweep_id TEXT,
+            extra_json TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX jobs_scheduler_job_id ON jobs(scheduler_job_id)",
+        "CREATE INDEX jobs_parent_id ON jobs(parent_id)",
+        "CREATE INDEX jobs_state ON jobs(state)",
+        "CREATE INDEX jobs_recipe_name ON jobs(recipe_name)",
+        "CREATE INDEX jobs_sweep_id ON jobs(sweep_id)",
+        """CREATE TABLE transitions (
+            id INTEGER PRIMARY KEY,
+            job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+            at TEXT NOT NULL,
+            state TEXT NOT NULL,
+            detail TEXT
+        )""",
+        "CREATE INDEX transitions_job_id ON transitions(job_id, id)",
+    ]
+    for sql in statements:
+        db.execute(sql)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1]
+
+
+class History:
+    """The job history. Use ``with History.open() as h:`` (or call ``close()``)."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path, clock: Callable[[], datetime] = utc_now):
+        self._db = db
+        self.path = path
+        self._clock = clock
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | None = None, *, clock: Callable[[], datetime] = utc_now) -> "History":
+        """Open (creating folders, file and schema as needed) the history at ``path`` or the default."""
+        p = Path(path).expanduser() if path is not None else default_path()
+        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not p.exists():
+            # Recipes can carry tokens in their env: keep the file private. sqlite gives the
+            # -wal and -shm files the permissions of the database file.
+            os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
+        # isolation_level=None: no implicit transactions; writes use BEGIN IMMEDIATE (below).
+        db = sqlite3.connect(p, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise HistoryError(f"{p}: sqlite could not switch to WAL mode (got {mode!r})",
+                                   hint="Put the history on a local disk: set JOBCTL_HOME.")
+            # FULL: a committed PREPARED row survives a power cut too; writes are a few per job.
+            db.execute("PRAGMA synchronous = FULL")
+            db.execute("PRAGMA foreign_keys = ON")
+            history = cls(db, p, clock)
+            history._migrate()
+        except BaseException:
+            db.close()
+            raise
+        return history
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        if version > SCHEMA_VERSION:
+            raise HistoryError(
+                f"{self.path} has schema version {version}; this jobctl knows up to {SCHEMA_VERSION}",
+                hint="Upgrade jobctl, or point JOBCTL_HOME at another folder.",
+            )
+        with self._write():
+            # Re-read inside the lock: another process may have migrated meanwhile.
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            while version < SCHEMA_VERSION:
+                MIGRATIONS[version](self._db)
+                version += 1
+                self._db.execute(f"PRAGMA user_version = {version}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "History":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _write(self):
+        return _WriteTransaction(self._db)
+
+    def _now(self, at: datetime | None = None) -> str:
+        return _iso(at if at is not None else self._clock())
+
+    # -- writes --------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        *,
+        recipe_name: str,
+        recipe_text: str,
+        plan: Any,
+        cluster: str,
+        scheduler: str,
+        partition: str | None = None,
+        recipe_path: str | None = None,
+        parent_id: int | None = None,
+        attempt: int | None = None,
+        token: str | None = None,
+        predicted_peak_bytes: int | None = None,
+        sweep_id: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Record a PREPARED job (committed before the scheduler is contacted); return its id.
+
+        ``plan`` is a Plan (anything with ``to_dict()``), a dict, or JSON text. ``attempt``
+        defaults to 1, or the parent's attempt + 1. With a ``token`` already in the history
+        the existing id is returned (idempotent retry), provided it is the same recipe.
+        """
+        if scheduler not in ("slurm", "local"):
+            raise UsageError(f"scheduler must be 'slurm' or 'local', got {scheduler!r}")
+        plan_json = _plan_json(plan)
+        recipe_hash = hashlib.sha256(recipe_text.encode("utf-8")).hexdigest()
+        token = token or uuid.uuid4().hex
+        now = self._now()
+        with self._write():
+            row = self._db.execute("SELECT id, recipe_hash FROM jobs WHERE token = ?", (token,)).fetchone()
+            if row is not None:
+                if row["recipe_hash"] != recipe_hash:
+                    raise HistoryError(f"submission token {token!r} is already used by job #{row['id']} "
+                                       "for a different recipe text")
+                return row["id"]
+            if parent_id is not None:
+                parent = self._db.execute("SELECT attempt FROM jobs WHERE id = ?", (parent_id,)).fetchone()
+                if parent is None:
+                    raise UnknownJobError(f"parent job #{parent_id} is not in the history ({self.path})")
+                if attempt is None:
+                    attempt = parent["attempt"] + 1
+            attempt = 1 if attempt is None else attempt
+            cur = self._db.execute(
+                """INSERT INTO jobs (created_at, recipe_path, recipe_name, recipe_text, recipe_hash,
+                       plan_json, cluster, "partition", scheduler, state, parent_id, attempt, token,
+                       predicted_peak_bytes, sweep_id, extra_json)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (now, recipe_path, recipe_name, recipe_text, recipe_hash, plan_json, cluster, partition,
+                 scheduler, State.PREPARED.value, parent_id, attempt, token, predicted_peak_bytes,
+                 sweep_id, json.dumps(dict(extra or {}))),
+            )
+            job_id = cur.lastrowid
+            self._db.execute("INSERT INTO transitions (job_id, at, state, detail) VALUES (?, ?, ?, ?)",
+                             (job_id, now, State.PREPARED.value, None))
+            return job_id
+
+    def mark_submitted(self, job_id: int, scheduler_job_id: str, job_folder: str | os.PathLike | None,
+                       *, at: datetime | None = None) -> None:
+        """The scheduler accepted job ``job_id`` as ``scheduler_job_id``: state SUBMITTED.
+
+        Repeating the call with the same scheduler id is a no-op (idempotent retry).
+        """
+        scheduler_job_id = str(scheduler_job_id)
+        now = self._now(at)
+        with self._write():
+            row = self._row(job_id)
+            if row["scheduler_job_id"] is not None:
+                if row["scheduler_job_id"] == scheduler_job_id:
+                    return
+                raise HistoryError(f"job #{job_id} is already submitted as {row['scheduler_job_id']}, "
+                                   f"not {scheduler_job_id}")
+            if row["state"] != State.PREPARED.value:
+                raise HistoryError(f"job #{job_id} is {row['state']}, only a PREPARED job can be marked submitted")
+            self._db.execute(
+                "UPDATE jobs SET scheduler_job_id = ?, job_folder = ?, submitted_at = ? WHERE id = ?",
+                (scheduler_job_id, None if job_folder is None else str(job_folder), now, job_id),
+            )
+            self._set_state(row, State.SUBMITTED, None, now)
+
+    def mark_submit_failed(self, job_id: int, reason: str, *, at: datetime | None = None) -> None:
+        """The scheduler refused job ``job_id`` (or could not be reached): state SUBMIT_FAILED."""
+        now = self._now(at)
+        with self._write():
+            row = self._row(job_id)
+            if row["state"] != State.PREPARED.value:
+                raise HistoryError(f"job #{job_id} is {row['state']}, only a PREPARED job can fail to submit")
+            self._db.execute("UPDATE jobs SET exit_reason = ? WHERE id = ?", (reason, job_id))
+            self._set_state(row, State.SUBMIT_FAILED, reason, now)
+
+    def transition(self, job_id: int, state: str | State, detail: str | None = None,
+                   at: datetime | None = None, *, exit_reason: str | None = None) -> bool:
+        """Move job ``job_id`` to ``state``; True if that changed it (same state: nothing recorded).
+
+        Entering RUNNING sets started_at (the first time only); entering a terminal state sets
+        ended_at (and ``exit_reason`` when given); leaving a terminal state (a requeue after
+        preemption) clears ended_at.
+        """
+        new = parse_state(state)
+        if new is State.PREPARED:
+            raise UsageError("PREPARED is set by prepare() only")
+        now = self._now(at)
+        with self._write():
+            row = self._row(job_id)
+            if row["state"] == new.value:
+                return False
+            if exit_reason is not None:
+                self._db.execute("UPDATE jobs SET exit_reason = ? WHERE id = ?", (exit_reason, job_id))
+            self._set_state(row, new, detail, now)
+            return True
+
+    def set_measured_peak(self, job_id: int, measured_peak_bytes: int) -> None:
+        """Record the largest GPU memory peak measured on any rank of the job."""
+        with self._write():
+            self._row(job_id)
+            self._db.execute("UPDATE jobs SET measured_peak_bytes = ? WHERE id = ?", (measured_peak_bytes, job_id))
+
+    def _set_state(self, row: sqlite3.Row, new: State, detail: str | None, now: str) -> None:
+        sets, args = ["state = ?"], [new.value]
+        if new is State.RUNNING and row["started_at"] is None:
+            sets.append("started_at = ?")
+            args.append(now)
+        if new in TERMINAL_STATES:
+            sets.append("ended_at = ?")
+            args.append(now)
+        elif row["ended_at"] is not None:
+            sets.append("ended_at = NULL")
+        self._db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, row["id"]))
+        self._db.execute("INSERT INTO transitions (job_id, at, state, detail) VALUES (?, ?, ?, ?)",
+                         (row["id"], now, new.value, detail))
+
+    def _row(self, job_id: int) -> sqlite3.Row:
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (int(job_id),)).fetchone()
+        if row is None:
+            raise UnknownJobError(f"no job #{job_id} in the history ({self.path})",
+                                  hint="Run `jobctl history` to see the jobs it knows.")
+        return row
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def get(self, ref: int | str, *, cluster: str | None = None) -> JobRecord:
+        """The job a reference names (see the module docstring); raises UnknownJobError."""
+        kind, value = _parse_ref(ref)
+        if kind in ("jobctl", "bare"):
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (int(value),)).fetchone()
+            if row is not None:
+                return JobRecord._from_row(row)
+            if kind == "jobctl":
+                raise UnknownJobError(f"no job #{value} in the history ({self.path})",
+                                      hint="Run `jobctl history` to see the jobs it knows.")
+        sql, args = "SELECT * FROM jobs WHERE scheduler_job_id = ?", [value]
+        if kind in ("slurm", "local"):
+            sql += " AND scheduler = ?"
+            args.append(kind)
+        if cluster is not None:
+            sql += " AND cluster = ?"
+            args.append(cluster)
+        rows = self._db.execute(sql + " ORDER BY id", args).fetchall()
+        if not rows:
+            raise UnknownJobError(f"no job {ref!r} in the history ({self.path}): neither a jobctl id "
+                                  "nor a scheduler job id it has recorded",
+                                  hint="Run `jobctl history` to see the jobs it knows.")
+        if len(rows) > 1:
+            which = ", ".join(f"#{r['id']} ({r['cluster']}, {r['created_at'][:19]})" for r in rows)
+            raise AmbiguousJobError(f"scheduler job id {value} matches several jobs: {which}",
+                                    hint=f"Name one by its jobctl id, e.g. `#{rows[-1]['id']}`, or give the cluster.")
+        return JobRecord._from_row(rows[0])
+
+    def find_by_token(self, token: str) -> JobRecord | None:
+        row = self._db.execute("SELECT * FROM jobs WHERE token = ?", (token,)).fetchone()
+        return None if row is None else JobRecord._from_row(row)
+
+    def list(self, recipe: str | None = None, state: str | State | Iterable[str | State] | None = None,
+             cluster: str | None = None, limit: int | None = None, *,
+             sweep_id: str | None = None) -> list[JobRecord]:
+        """Jobs, newest first. ``recipe`` matches the recipe name or path; ``state`` one or several."""
+        where, args = [], []
+        if recipe is not None:
+            where.append("(recipe_name = ? OR recipe_path = ?)")
+            args += [recipe, recipe]
+        if state is not None:
+            states = [state] if isinstance(state, (str, State)) else list(state)
+            values = [parse_state(s).value for s in states]
+            where.append(f"state IN ({', '.join('?' * len(values))})")
+            args += values
+        if cluster is not None:
+            where.append("cluster = ?")
+            args.append(cluster)
+        if sweep_id is not None:
+            where.append("sweep_id = ?")
+            args.append(sweep_id)
+        sql = "SELECT * FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [JobRecord._from_row(r) for r in self._db.execute(sql, args)]
+
+    def chain(self, job_id: int) -> list[JobRecord]:
+        """The attempt chain through ``job_id``: its first ancestor, then every descendant.
+
+        Ordered by (attempt, id). Two resubmissions of the same parent both appear.
+        """
+        self._row(job_id)
+        root = self._db.execute(
+            """WITH RECURSIVE up(id, parent_id, depth) AS (
+                   SELECT id, parent_id, 0 FROM jobs WHERE id = ?
+                   UNION
+                   SELECT j.id, j.parent_id, up.depth + 1 FROM jobs j JOIN up ON j.id = up.parent_id
+                   WHERE up.depth < 100000
+               ) SELECT id FROM up ORDER BY depth DESC LIMIT 1""",
+            (int(job_id),),
+        ).fetchone()["id"]
+        rows = self._db.execute(
+            """WITH RECURSIVE down(id) AS (
+                   SELECT ? UNION SELECT j.id FROM jobs j JOIN down ON j.parent_id = down.id
+               ) SELECT jobs.* FROM jobs JOIN down ON jobs.id = down.id ORDER BY attempt, jobs.id""",
+            (root,),
+        )
+        return [JobRecord._from_row(r) for r in rows]
+
+    def active(self) -> list[JobRecord]:
+        """Jobs the scheduler still has to be asked about: submitted and not in a terminal state."""
+        terminal = [s.value for s in TERMINAL_STATES]
+        rows = self._db.execute(
+            f"""SELECT * FROM jobs WHERE scheduler_job_id IS NOT NULL
+                AND state NOT IN ({', '.join('?' * len(terminal))}) ORDER BY cluster, id""",
+            terminal,
+        )
+        return [JobRecord._from_row(r) for r in rows]
+
+    def transitions(self, job_id: int) -> list[Transition]:
+        """Every state the job went through, oldest first."""
+        self._row(job_id)
+        rows = self._db.execute("SELECT job_id, at, state, detail FROM transitions WHERE job_id = ? ORDER BY id",
+                                (int(job_id),))
+        return [Transition(r["job_id"], r["at"], State(r["state"]), r["detail"]) for r in rows]
+
+
+class _WriteTransaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (KeyboardInterrupt included).
+
+    IMMEDIATE takes the write lock up front, so busy_timeout applies: a deferred transaction
+    that reads then writes can fail at once with SQLITE_BUSY when another writer got there first.
+    """
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")
+
+
+_REF = re.compile(r"(?:(?P<prefix>jobctl|slurm|local):|(?P<hash>#))?(?P<value>[0-9]+(?:_[0-9]+)?)")
+
+
+def _parse_ref(ref: int | str) -> tuple[str, str]:
+    """('jobctl' | 'slurm' | 'local' | 'bare' | 'scheduler', value) for a job reference."""
+    if isinstance(ref, bool):
+        raise UsageError(f"not a job reference: {ref!r}")
+    if isinstance(ref, int):
+        return "jobctl", str(ref)
+    m = _REF.fullmatch(str(ref).strip())
+    if not m:
+        raise UsageError(f"not a job reference: {ref!r}",
+                         hint="Use a jobctl id (12, #12, jobctl:12) or a scheduler id (4242, 4242_3, slurm:4242).")
+    value = m["value"]
+    if m["hash"] or m["prefix"] == "jobctl":
+        if "_" in value:
+            raise UsageError(f"not a jobctl id: {ref!r} (jobctl ids are whole numbers)")
+        return "jobctl", value
+    if m["prefix"]:
+        return m["prefix"], value
+    return ("scheduler" if "_" in value else "bare"), value
+
+
+def _plan_json(plan: Any) -> str:
+    if isinstance(plan, str):
+        json.loads(plan)  # must be valid JSON
+        return plan
+    if hasattr(plan, "to_dict"):
+        plan = plan.to_dict()
+    return json.dumps(plan)
