@@ -287,7 +287,7 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     the attention output and its fp32 log-sum-exp, the SwiGLU gate, SiLU, up and product.
     FlashAttention/SDPA keep O(s) state instead of the a·s² scores. Totals (16-bit, t = 1):
       llama, eager (HF-style):  24·sbh + 8·sbf + 8·sb + 4·asb
-      llama, fused kernels:     (12 + 4g/a)·sbh + 8·sbf + 8·sb + 4·asb
+      llama, fused kernels:     (12 + 4g/a)·sbh + 8·sbf + 8·sb + 4·asb  (6·sbf with TE's LayerNormMLP)
       gpt, eager with dropout:  34·sbh + 5·as²b (+ LayerNorm statistics)
     """
     m = w.model
@@ -343,7 +343,12 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     # storage (measured: no copy even after .contiguous() on the transposed view).
     add("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t")
     add("mlp input", e * sbh / rep, "RMSNorm output kept by gate/up: 2·sbh")
-    add("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t")
+    if w.framework == "megatron":
+        # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
+        # SwiGLU output (2·sbf), recomputing SiLU in backward (layernorm_mlp.py, save_for_backward).
+        add("mlp intermediates", 3 * e * s * b * f / t, "TE LayerNormMLP: fc1 output (gate, up) and SwiGLU output: 3 · 2·sbf /t")
+    else:
+        add("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t")
     return terms
 
 

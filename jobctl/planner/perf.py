@@ -28,6 +28,11 @@ GEMM_SATURATION_ELEMS = 1 << 20
 # FlashAttention-2 forward+backward reaches 35-50% of H100 peak (Dao 2023, FlashAttention-2
 # paper, Fig. 7: ~330-340 TFLOP/s fwd+bwd at head dim 128 on H100 = ~0.35).
 ATTENTION_EFFICIENCY = 0.35
+# ... at long sequences: its tiles need long query and key blocks. With context parallelism
+# the causal load balancing splits each sequence into 2·cp chunks and every step of the ring
+# works on one chunk pair, so efficiency falls as chunks shorten: L/(L + L0) with L the chunk
+# length (FlashAttention-2 paper, Fig. 6-7: throughput at 512-1k tokens is about half of 16k).
+ATTENTION_SATURATION_TOKENS = 1024
 # Memory-bound kernels (norms, SwiGLU, RoPE, residual adds, optimizer step) reach this
 # fraction of the HBM bandwidth.
 MEMORY_EFFICIENCY = 0.80
@@ -144,7 +149,9 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     passes_gemm = 3 + rc
     passes_attn = 3 + (1 if plan.recompute == "selective" else rc)
     eff = gemm_efficiency(tokens_rank * h / t)
-    layer_compute = fwd_gemm * passes_gemm / (peak * eff) + fwd_attn * passes_attn / (peak * ATTENTION_EFFICIENCY)
+    chunk = s / (2 * c) if c > 1 else s
+    att_eff = ATTENTION_EFFICIENCY * chunk / (chunk + ATTENTION_SATURATION_TOKENS)
+    layer_compute = fwd_gemm * passes_gemm / (peak * eff) + fwd_attn * passes_attn / (peak * att_eff)
     membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank
     layer_compute += membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
     # Tensor parallelism: 2 collectives forward, 2 backward (+2 when the forward is recomputed),
@@ -158,7 +165,7 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     kv = 2 * w.act_bytes * tokens_rank * h * m.kv_heads / m.heads / t
     cp_link = links.intra_node_gbs if t * c <= gpus_per_node else links.inter_node_gbs
     cp_time = 3 * (c - 1) * kv / (cp_link * 1e9 * NETWORK_EFFICIENCY) if c > 1 else 0.0
-    layer_cp = max(0.0, cp_time - fwd_attn * passes_attn / (peak * ATTENTION_EFFICIENCY))
+    layer_cp = max(0.0, cp_time - fwd_attn * passes_attn / (peak * att_eff))
 
     stage_mb = layers_max * (layer_compute + layer_tp + layer_cp)
     # The last stage also runs the output layer and the loss (vocabulary-parallel over t).

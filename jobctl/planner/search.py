@@ -373,8 +373,12 @@ def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c
             lo = mid
         else:
             hi = mid + 1
-    # the largest fitting and a few smaller ones (more micro-batches shrink the pipeline bubble)
-    picks = sorted({lo, min(lo + 1, len(mbss) - 1), min(lo + 2, len(mbss) - 1)})
+    # Without pipelining the largest micro-batch is fastest (bigger GEMMs, nothing else
+    # changes); with it, smaller micro-batches mean more of them and a smaller bubble.
+    if make(mbss[0], v, sh, rc, of, hs).pp == 1:
+        picks = [lo]
+    else:
+        picks = list(range(lo, len(mbss)))
     for i in picks:
         mbs = mbss[i]
         n_rc = 0

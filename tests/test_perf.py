@@ -1,0 +1,110 @@
+"""The performance model: published large-scale runs and hand-derived pieces (memory-model.md §5)."""
+
+from dataclasses import replace
+
+import pytest
+
+from jobctl.planner import inputs
+from jobctl.planner.memory import Workload
+from jobctl.planner.models import PRESETS
+from jobctl.planner.perf import INTRA_NODE_EFFICIENCY, Links, estimate_step, model_flops_per_token
+from jobctl.planner.plan import Plan
+from jobctl.planner.search import search
+from jobctl.planning import load_inventory, load_recipe
+
+H100 = Links(intra_node_gbs=450, inter_node_gbs=50, pcie_gbs=64, mem_bandwidth_gbs=3350, peak_tflops=989)
+
+
+def llama3_405b(nodes):
+    inv = load_inventory("h100", [f"partitions.0.nodes={nodes}"])
+    rec = load_recipe("recipes/llama405b.yaml", [])
+    w = inputs.workload(rec.value, inv.value)
+    return w, inputs.target(inv.value, inv.value.partitions[0]), inputs.constraints(rec.value)
+
+
+# Llama 3 paper ("The Llama 3 Herd of Models", 2024), Table 4: 405B pre-training on H100,
+# sequence 8192, 16M tokens (2048 sequences) per step.
+PUBLISHED = [
+    (1024, dict(tp=8, cp=1, pp=16, dp=64), 0.43),   # 8192 GPUs, 430 TFLOP/s per GPU
+    (2048, dict(tp=8, cp=1, pp=16, dp=128), 0.41),  # 16384 GPUs, 400 TFLOP/s per GPU
+]
+
+
+@pytest.mark.parametrize("nodes,layout,published_mfu", PUBLISHED)
+def test_llama3_405b_published_layout_is_chosen_or_within_5_percent(nodes, layout, published_mfu):
+    w, t, c = llama3_405b(nodes)
+    best = search(w, t, c, objective="time").best
+    published = search(w, t, replace(c, **layout), objective="time").best
+    assert best is not None and published is not None
+    assert published.plan.world_size == nodes * 8
+    same = all(getattr(best.plan, k) == v for k, v in layout.items())
+    assert same or published.estimate.tokens_per_s >= 0.95 * best.estimate.tokens_per_s, (
+        best.plan.summary(), published.plan.summary())
+    # MFU near the published 38-43% (model FLOPs: 6·Ψ + attention, no recomputation)
+    assert published.estimate.mfu == pytest.approx(published_mfu, abs=0.04)
+
+
+def test_model_flops_per_token_by_hand():
+    # 6·(L·layer + V·h) + 6·L·h·s  (causal attention halves 12·L·h·s)
+    m = PRESETS["llama3.1-8b"]
+    w = Workload(m, 8192, 1)
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    expected = 6 * (32 * layer + 128256 * 4096) + 6 * 32 * 4096 * 8192
+    assert model_flops_per_token(w) == expected
+
+
+def plan(**kw):
+    base = dict(nodes=1, gpus_per_node=8, tp=1, pp=1, dp=8, cp=1, sharding="zero1", micro_batch_size=1,
+                grad_accum_steps=8, global_batch_size=64, recompute="none", offload="none", sequence_parallel=False)
+    base.update(kw)
+    return Plan(**base)
+
+
+def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
+    w = Workload(PRESETS["llama3.1-70b"], 4096, 64, framework="megatron")
+    p = plan(tp=2, pp=4, dp=1, nodes=1, grad_accum_steps=64, global_batch_size=64)
+    e = estimate_step(w, p, H100, 8)
+    # bubble / (pipeline time incl. bubble) = (p−1)/(m+p−1) with m = 64, p = 4
+    pipeline = e.compute_s + e.tp_comm_s + e.cp_comm_s + e.pp_p2p_s
+    busy = e.pp_bubble_s / (e.pp_bubble_s + pipeline - e.pp_p2p_s)
+    assert busy == pytest.approx(3 / (64 + 3), rel=1e-6)
+    # interleaving v chunks divides the bubble by v
+    e4 = estimate_step(w, replace(p, virtual_stages=4), H100, 8)
+    assert e4.pp_bubble_s == pytest.approx(e.pp_bubble_s / 4)
+
+
+def test_tensor_parallel_allreduce_by_hand():
+    # 4 all-reduces per layer per micro-batch (2 forward, 2 backward) of s·b·h 16-bit values:
+    # ring all-reduce time 2(t−1)/t · bytes / (bandwidth · efficiency).
+    m = PRESETS["llama3.1-70b"]
+    w = Workload(m, 4096, 8, framework="megatron")
+    p = plan(tp=8, dp=1, grad_accum_steps=8, global_batch_size=8)
+    e = estimate_step(w, p, H100, 8)
+    msg = 2 * 4096 * 1 * 8192
+    per_ar = 2 * 7 / 8 * msg / (450e9 * INTRA_NODE_EFFICIENCY)
+    assert e.tp_comm_s == pytest.approx(8 * 80 * 4 * per_ar)
+
+
+def test_tp_across_nodes_is_much_slower():
+    w = Workload(PRESETS["llama3.1-70b"], 4096, 8, framework="megatron")
+    inside = estimate_step(w, plan(tp=8, dp=1, grad_accum_steps=8, global_batch_size=8), H100, 8)
+    across = estimate_step(w, plan(tp=8, dp=1, nodes=2, gpus_per_node=4, grad_accum_steps=8, global_batch_size=8),
+                           H100, 4)
+    assert across.tp_comm_s > 5 * inside.tp_comm_s
+
+
+def test_recompute_costs_one_forward():
+    w = Workload(PRESETS["llama3.1-8b"], 4096, 64)
+    none = estimate_step(w, plan(), H100, 8)
+    full = estimate_step(w, plan(recompute="full"), H100, 8)
+    # forward is 1/3 of forward+backward: full recompute adds up to a third of the layers'
+    # compute; the output layer, the loss and memory-bound kernels are not recomputed.
+    assert 1.25 < full.compute_s / none.compute_s < 4 / 3
+
+
+def test_time_to_train_and_gpu_hours():
+    w = Workload(PRESETS["llama3.1-8b"], 4096, 64)
+    e = estimate_step(w, plan(), H100, 8, steps=1000)
+    assert e.time_to_train_s == pytest.approx(1000 * e.step_time_s)
+    assert e.gpu_hours == pytest.approx(e.time_to_train_s * 8 / 3600)
+    assert e.tokens_per_s == pytest.approx(64 * 4096 / e.step_time_s)
