@@ -1,5 +1,5 @@
 """`python -m jobctl` runs the command line."""
 
-from jobctl.cli import main
+from jobctl.cli import run
 
-raise SystemExit(main())
+run()

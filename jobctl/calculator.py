@@ -66,6 +66,10 @@ def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0
                              hint="give --model PRESET instead of a parameter count")
         # One "layer" of n vectors: the states per parameter do not depend on shapes here.
         spec = ModelSpec("params", "llama", 1, 1, 1, 1, 1, 1)
+    if seq_len is not None and not 0 < seq_len <= 16 * 2**20:
+        raise UsageError(f"--seq-len: expected a positive sequence length up to {16 * 2**20}, got {seq_len}")
+    if not 0 < micro_batch_size <= 2**20:
+        raise UsageError(f"--micro-batch-size: expected a positive number of sequences up to {2**20}, got {micro_batch_size}")
     if seq_len is not None and model is None:
         raise UsageError("--seq-len needs --model (activations depend on the architecture)")
     sharding = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[zero_stage]

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from jobctl.errors import ConfigError, ConfigIssue
 
 CLI = "<command line>"
 # `launch` is resolved at submit time, when the plan exists: its strings may say ${plan.tp}.
 DEFERRED_KEYS = ("launch",)
+MISSING = "???"  # omegaconf's "must be given" marker
+
+Where = Callable[[tuple], tuple]  # key path -> (file, line): the most specific known place
+Check = Callable[[dict, Where], list]  # extra checks on the resolved data -> [ConfigIssue]
 
 
 @dataclass
@@ -31,8 +36,12 @@ class Loaded:
     lines: dict[tuple, tuple[str, int]] = field(default_factory=dict)
 
 
-def _line_map(text: str, file: str) -> dict[tuple, tuple[str, int]]:
-    """Map each key path to (file, 1-based line) using PyYAML's composed node tree."""
+# --- reading YAML ------------------------------------------------------------------------
+
+def _line_map(text: str, file: str, issues: list[ConfigIssue] | None = None) -> dict[tuple, tuple[str, int]]:
+    """Map each key path to (file, 1-based line) using PyYAML's composed node tree.
+
+    A key given twice in one mapping is an issue (PyYAML would silently keep the last)."""
     import yaml
 
     out: dict[tuple, tuple[str, int]] = {}
@@ -40,9 +49,16 @@ def _line_map(text: str, file: str) -> dict[tuple, tuple[str, int]]:
 
     def walk(node, path):
         if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
             for k, v in node.value:
-                p = path + (str(k.value),)
-                out[p] = (file, k.start_mark.line + 1)
+                name = str(k.value)
+                line = k.start_mark.line + 1
+                p = path + (name,)
+                if name in first and issues is not None and name != "<<":
+                    issues.append(ConfigIssue(file, line, ".".join(str(x) for x in p),
+                                              f"duplicate key (first given at line {first[name]}); keep one"))
+                first.setdefault(name, line)
+                out.setdefault(p, (file, line))
                 walk(v, p)
         elif isinstance(node, yaml.SequenceNode):
             for i, v in enumerate(node.value):
@@ -56,113 +72,255 @@ def _line_map(text: str, file: str) -> dict[tuple, tuple[str, int]]:
     return out
 
 
-def _read_yaml(path: Path, issues: list[ConfigIssue]):
+def _read_text(path: Path, shown: str, at: tuple, issues: list[ConfigIssue]) -> str | None:
+    """The file's text, or None with an issue at `at` ((file, line, key) of the reference to it)."""
+    ref_file, ref_line, ref_key = at
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        what = ("file not found; check the path (recipes live in recipes/, inventories in clusters/)"
+                if not ref_key else f"file not found: {shown} (a base path is relative to the file that names it)")
+        issues.append(ConfigIssue(ref_file, ref_line, ref_key, what))
+    except IsADirectoryError:
+        issues.append(ConfigIssue(ref_file, ref_line, ref_key,
+                                  f"{shown} is a directory; give the path to a YAML file" if ref_key
+                                  else "is a directory; give the path to a YAML file"))
+    except PermissionError:
+        issues.append(ConfigIssue(ref_file, ref_line, ref_key,
+                                  f"cannot read {shown}: permission denied" if ref_key
+                                  else "cannot read the file: permission denied; check its mode (chmod +r)"))
+    except UnicodeDecodeError as e:
+        issues.append(ConfigIssue(shown, None, "", f"not a UTF-8 text file ({e.reason} at byte {e.start}); "
+                                                   "save it as UTF-8 YAML"))
+    except OSError as e:
+        issues.append(ConfigIssue(ref_file, ref_line, ref_key, f"cannot read {shown}: {e.strerror or e}"))
+    return None
+
+
+def _read_yaml(path: Path, issues: list[ConfigIssue], shown: str | None = None, at: tuple | None = None):
     """Parse one file into an omegaconf node; syntax errors become issues with their line."""
     import yaml
     from omegaconf import OmegaConf
 
-    shown = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        issues.append(ConfigIssue(shown, None, "", "file not found; check the path (recipes live in recipes/, inventories in clusters/)"))
-        return None, {}
-    except (OSError, UnicodeDecodeError) as e:
-        issues.append(ConfigIssue(shown, None, "", f"cannot read the file: {e}"))
+    shown = shown or str(path)
+    text = _read_text(path, shown, at or (shown, None, ""), issues)
+    if text is None:
         return None, {}
     try:
-        lines = _line_map(text, shown)
+        lines = _line_map(text, shown, issues)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        issues.append(ConfigIssue(shown, line, "", f"YAML syntax error: {problem}; fix the indentation or quoting there"))
+        issues.append(_syntax_issue(e, text, shown))
         return None, {}
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        issues.append(ConfigIssue(shown, 1, "", f"expected a mapping of keys at the top level, got {type(data).__name__}"))
+        issues.append(ConfigIssue(shown, 1, "", f"expected a mapping of keys at the top level, got a {type(data).__name__}"))
         return None, {}
     try:
         node = OmegaConf.create(data)
     except Exception as e:  # omegaconf rejects e.g. non-string keys
-        issues.append(ConfigIssue(shown, 1, "", f"cannot load: {e}"))
+        issues.append(ConfigIssue(shown, 1, "", f"cannot load: {_first_line(e)}"))
         return None, {}
     return node, lines
 
 
-def _load_chain(path: Path, issues: list[ConfigIssue], seen: tuple = ()):
-    """Load `path` and, recursively, the file its `base:` key names; merge base under it."""
+def _syntax_issue(e, text: str, shown: str) -> ConfigIssue:
+    """A PyYAML error as one issue at the most useful line.
+
+    The problem mark is where the parser gave up; an unclosed quote or bracket is only
+    noticed at the end of the file, so then the line where it was opened (the context
+    mark) is the one to show."""
+    problem_mark = getattr(e, "problem_mark", None)
+    context_mark = getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or _first_line(e)
+    context = getattr(e, "context", None)
+    n_lines = max(1, len(text.splitlines()))
+    line = problem_mark.line + 1 if problem_mark else None
+    if context_mark is not None and (line is None or line > n_lines):
+        line = context_mark.line + 1
+        if context:
+            problem += f" ({context} that starts here)"
+    elif context_mark is not None and context and context_mark.line + 1 != line:
+        problem += f" ({context} started at line {context_mark.line + 1})"
+    if line is not None:
+        line = min(line, n_lines)
+    return ConfigIssue(shown, line, "", f"YAML syntax error: {problem}; fix the indentation or quoting there")
+
+
+def _load_chain(path: Path, issues: list[ConfigIssue], seen: tuple = (), shown: str | None = None,
+                at: tuple | None = None):
+    """Load `path` and, recursively, the file its `base:` key names; merge base under it.
+
+    A base path is relative to the folder of the file that names it."""
     from omegaconf import OmegaConf
 
-    node, lines = _read_yaml(path, issues)
+    shown = shown or str(path)
+    node, lines = _read_yaml(path, issues, shown, at)
     if node is None:
         return None, lines
-    base = node.get("base") if "base" in node else None
-    if base is not None:
-        if not isinstance(base, str):
-            issues.append(ConfigIssue(str(path), lines.get(("base",), (None, None))[1], "base", "expected a file path string"))
-            return None, lines
-        base_path = (path.parent / os.path.expanduser(base)).resolve()
-        if base_path in seen:
-            issues.append(ConfigIssue(str(path), lines.get(("base",), (None, None))[1], "base", f"circular base: {base_path} extends itself"))
-            return None, lines
-        base_node, base_lines = _load_chain(base_path, issues, seen + (path.resolve(),))
-        if base_node is None:
-            return None, lines
-        del node["base"]
-        node = OmegaConf.merge(base_node, node)
-        lines = {**base_lines, **lines}
-        lines.pop(("base",), None)
+    if "base" not in node:
+        return node, lines
+    base = OmegaConf.to_container(node, resolve=False)["base"]
+    base_line = lines.get(("base",), (shown, None))[1]
+    if not isinstance(base, str) or not base.strip():
+        issues.append(ConfigIssue(shown, base_line, "base", f"got {base!r}; expected the path of a YAML file"))
+        return None, lines
+    base_shown = os.path.normpath(os.path.join(os.path.dirname(shown), os.path.expanduser(base)))
+    base_path = (path.parent / os.path.expanduser(base)).resolve()
+    chain = seen + (path.resolve(),)
+    if base_path in chain:
+        names = [_short(p, shown) for p in chain] + [base_shown]
+        issues.append(ConfigIssue(shown, base_line, "base", "circular base: " + " -> ".join(names)
+                                  + "; a file cannot extend itself"))
+        return None, lines
+    base_node, base_lines = _load_chain(base_path, issues, chain, base_shown, (shown, base_line, "base"))
+    if base_node is None:
+        return None, lines
+    del node["base"]
+    node = OmegaConf.merge(base_node, node)
+    lines = {**base_lines, **lines}
+    lines.pop(("base",), None)
     return node, lines
 
 
+def _short(p: Path, like: str) -> str:
+    """`p` relative to the working directory when `like` (a shown path) is relative."""
+    if os.path.isabs(like):
+        return str(p)
+    try:
+        return os.path.relpath(p)
+    except ValueError:
+        return str(p)
+
+
+def _first_line(e: BaseException) -> str:
+    problem = getattr(e, "problem", None)  # PyYAML errors carry the short reason here
+    if problem:
+        return str(problem)
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+# --- overrides ------------------------------------------------------------------------------
+
+def _key_path(dotted: str) -> tuple:
+    """'partitions[0].nodes' / 'partitions.0.nodes' -> ('partitions', 0, 'nodes')."""
+    parts = [p for p in re.split(r"[.\[\]]+", dotted) if p]
+    return tuple(int(p) if p.isdigit() else p for p in parts)
+
+
 def apply_overrides(node, overrides: list[str], lines: dict, issues: list[ConfigIssue]):
-    """Merge `key=value` strings (omegaconf dot-list syntax) on top of a document."""
+    """Apply `key=value` strings (omegaconf dot-list syntax, values parsed as YAML) on top of
+    a document. The keys they set are reported at `<command line>`."""
     from omegaconf import OmegaConf
 
     for item in overrides:
-        if "=" not in item or item.startswith("="):
-            issues.append(ConfigIssue(CLI, None, item, "expected key=value, e.g. train.global_batch_size=512"))
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w\-]*(?:(?:\.[\w\-]+)|(?:\[\d+\]))*", key):
+            issues.append(ConfigIssue(CLI, None, item, "expected key=value with a dotted key, "
+                                                         "e.g. train.global_batch_size=512"))
             continue
         try:
-            node = OmegaConf.merge(node, OmegaConf.from_dotlist([item]))
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"_v={value}"]), resolve=False)["_v"]
         except Exception as e:
-            issues.append(ConfigIssue(CLI, None, item.split("=", 1)[0], f"cannot apply override: {e}"))
+            issues.append(ConfigIssue(CLI, None, key, f"cannot parse the value {value!r}: {_first_line(e)}"))
             continue
-        key = tuple(item.split("=", 1)[0].split("."))
-        lines[key] = (CLI, 0)
+        path = _key_path(key)
+        was_mapping = [_is_mapping_at(node, path[:i]) for i in range(1, len(path) + 1)]
+        try:
+            OmegaConf.update(node, key, parsed, merge=True)
+        except Exception as e:
+            issues.append(ConfigIssue(CLI, None, key, f"cannot apply the override: {_first_line(e)}"))
+            continue
+        # The leaf and every level it created or replaced (a scalar turned into a mapping)
+        # now come from the command line; below the leaf, a scalar value replaced everything.
+        for i in range(1, len(path) + 1):
+            prefix = path[:i]
+            if i == len(path) or prefix not in lines or not was_mapping[i - 1]:
+                lines[prefix] = (CLI, None)
+        if not isinstance(parsed, (dict, list)):
+            for k in [k for k in lines if len(k) > len(path) and k[:len(path)] == path]:
+                del lines[k]
     return node
 
 
-def _resolve(node, file: str, lines: dict, issues: list[ConfigIssue]) -> dict | None:
+def _is_mapping_at(node, path: tuple) -> bool:
+    """Whether `path` names a mapping or list (not a scalar, not absent) in `node`."""
     from omegaconf import OmegaConf
 
-    out = {}
-    for key in node:
+    cur = node
+    for p in path:
         try:
-            if key in DEFERRED_KEYS:
-                out[key] = OmegaConf.to_container(node[key], resolve=False)
-            else:
-                out[key] = _resolve_key(node, key)
-        except Exception as e:
-            f, line = lines.get((str(key),), (file, None))
-            msg = str(e).splitlines()[0]
-            issues.append(ConfigIssue(f, line, str(key), f"cannot resolve interpolation: {msg}"))
-    return out
+            cur = cur._get_node(p) if OmegaConf.is_config(cur) else None
+        except Exception:
+            return False
+        if cur is None:
+            return False
+    return OmegaConf.is_config(cur)
 
 
-def _resolve_key(node, key):
+# --- interpolation ---------------------------------------------------------------------------
+
+def _resolve(node, file: str, lines: dict, issues: list[ConfigIssue]) -> tuple[dict, set]:
+    """Plain data with every `${...}` resolved, leaf by leaf so that each failure is reported
+    at its own key. Returns (data, key paths that failed)."""
     from omegaconf import OmegaConf
 
-    value = node[key]
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
+    failed: set[tuple] = set()
+
+    def fail(path, problem):
+        failed.add(path)
+        f, line = _where_in(lines, path, file)
+        issues.append(ConfigIssue(f, line, _dotted(path), problem))
+
+    def walk(cfg, path):
+        from omegaconf import DictConfig, ListConfig
+        from omegaconf.errors import MissingMandatoryValue
+
+        is_dict = isinstance(cfg, DictConfig)
+        out = {} if is_dict else []
+        for k in (cfg.keys() if is_dict else range(len(cfg))):
+            p = path + (k,)
+            child = cfg._get_node(k)
+            if path == () and k in DEFERRED_KEYS:
+                out[k] = OmegaConf.to_container(child, resolve=False)
+                continue
+            if isinstance(child, (DictConfig, ListConfig)) and not OmegaConf.is_interpolation(cfg, k) \
+                    and not OmegaConf.is_missing(cfg, k):
+                value = walk(child, p)
+            else:
+                try:
+                    value = cfg[k]
+                    if OmegaConf.is_config(value):
+                        value = OmegaConf.to_container(value, resolve=True)
+                except MissingMandatoryValue:
+                    fail(p, f"is {MISSING!r} (a value that must be given); set it here or on the command "
+                            f"line: {_dotted(p)}=VALUE")
+                    value = None
+                except Exception as e:
+                    raw = repr(OmegaConf.to_container(cfg, resolve=False)[k])
+                    hint = ("; ${plan.*} is only known under launch: (it is filled in at submit time)"
+                            if "${plan." in raw else "")
+                    fail(p, f"cannot resolve interpolation {raw}: {_first_line(e)}{hint}")
+                    value = None
+            if is_dict:
+                out[k] = value
+            else:
+                out.append(value)
+        return out
+
+    return walk(node, ()), failed
 
 
-def _where(lines: dict, loc: tuple, file: str) -> tuple[str, int | None]:
+# --- validation ------------------------------------------------------------------------------
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _where_in(lines: dict, loc: tuple, file: str) -> tuple[str, int | None]:
     """The most specific known line for a key path (walk up until one is known)."""
     loc = tuple(loc)
     while loc:
@@ -172,107 +330,292 @@ def _where(lines: dict, loc: tuple, file: str) -> tuple[str, int | None]:
     return lines.get((), (file, None))
 
 
-def _describe(err: dict, model_cls) -> str:
-    """Turn one pydantic error into 'what was wrong; what is allowed'."""
-    kind = err["type"]
-    got = err.get("input")
-    loc = err["loc"]
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(model_cls, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"unknown key{hint} (allowed here: {', '.join(allowed)})"
-    if kind == "missing":
-        return "required key is missing; add it"
-    if kind == "literal_error":
-        expected = err.get("ctx", {}).get("expected", "")
-        close = difflib.get_close_matches(str(got), [s.strip(" '") for s in expected.replace(" or ", ",").split(",")], n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"got {got!r}{hint}; allowed: {expected}"
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    return f"{msg} (got {got!r})" if got is not None and not isinstance(got, dict) else msg
+def _members(annotation) -> list:
+    """The alternatives of a Union (Optional's None dropped); [annotation] otherwise."""
+    import types
+    from typing import Union, get_args, get_origin
+
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [a for a in get_args(annotation) if a is not type(None)]
+    return [annotation]
 
 
-def _allowed_keys(model_cls, path: tuple) -> list[str]:
-    """Field names of the pydantic model found at `path` (for "allowed here" lists)."""
-    cls = model_cls
-    for part in path:
-        if isinstance(part, int) or cls is None:
-            continue
-        f = cls.model_fields.get(part)
-        if f is None:
-            return []
-        cls = _model_in(f.annotation)
-    return sorted(cls.model_fields) if cls is not None else []
-
-
-def _model_in(annotation):
-    from typing import get_args
-
+def _is_model(annotation) -> bool:
     from pydantic import BaseModel
 
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        m = _model_in(arg)
-        if m is not None:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _step(annotation, part):
+    """The annotation one level below `annotation` along loc part `part` (None: unknown)."""
+    from typing import get_args, get_origin
+
+    if annotation is None:
+        return None
+    if _is_model(annotation):
+        f = annotation.model_fields.get(part)
+        return f.annotation if f is not None else None
+    origin = get_origin(annotation)
+    if origin in (list, tuple, set, frozenset) and isinstance(part, int):
+        args = get_args(annotation)
+        return args[0] if args else None
+    if origin is dict:
+        args = get_args(annotation)
+        return args[1] if len(args) == 2 else None
+    return None
+
+
+def _branch(members: list, tag: str):
+    """Which Union member pydantic's loc tag (e.g. 'int', "literal['auto']",
+    'function-after[_shapes(), ModelArch]', 'list[str]') names."""
+    from typing import get_origin
+
+    for m in members:
+        if _is_model(m) and (tag == m.__name__ or tag.endswith(f" {m.__name__}]") or tag.endswith(f"[{m.__name__}]")):
+            return m
+        if isinstance(m, type) and tag == m.__name__:
+            return m
+        origin = get_origin(m)
+        if origin is not None and tag.startswith(f"{getattr(origin, '__name__', str(origin)).lower()}["):
             return m
     return None
 
 
-def _clean_loc(loc: tuple) -> tuple:
-    """Drop pydantic's union-branch markers (e.g. 'ModelArch', 'int', "literal['auto']")."""
-    out = []
+def _split_loc(model_cls, loc: tuple) -> tuple[tuple, bool]:
+    """Drop pydantic's union-branch tags from a loc by walking the schema alongside it.
+
+    Returns (key path, whether the error came from one branch of a Union). Walking the schema
+    (rather than guessing from the spelling) keeps user keys such as env `NCCL_DEBUG`."""
+    out: list = []
+    ann = model_cls
+    from_branch = False
     for part in loc:
-        if isinstance(part, str) and (part[:1].isupper() or part in ("int", "str", "bool", "float") or "[" in part):
+        members = _members(ann) if ann is not None else []
+        if len(members) > 1 and isinstance(part, str):  # a tag naming the branch tried
+            from_branch = True
+            ann = _branch(members, part)
             continue
         out.append(part)
-    return tuple(out)
+        ann = _step(members[0] if len(members) == 1 else None, part)
+    return tuple(out), from_branch
+
+
+def _allowed_keys(model_cls, path: tuple) -> list[str]:
+    """Field names of the pydantic model found at `path` (for "allowed here" lists)."""
+    ann = model_cls
+    for part in path:
+        ms = _members(ann) if ann is not None else []
+        models = [m for m in ms if _is_model(m)]
+        ann = _step(models[0] if models else (ms[0] if len(ms) == 1 else None), part)
+    ms = [m for m in (_members(ann) if ann is not None else []) if _is_model(m)]
+    return sorted(ms[0].model_fields) if ms else []
+
+
+_SCALAR_TYPES = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "a whole number",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string", "list_type": "a list",
+    "dict_type": "a mapping of keys", "model_type": "a mapping of keys", "model_attributes_type": "a mapping of keys",
+}
+_BOUNDS = {"greater_than": "greater than {gt}", "greater_than_equal": "at least {ge}",
+           "less_than": "less than {lt}", "less_than_equal": "at most {le}"}
+
+
+def _show(value) -> str:
+    if value is None:
+        return "an empty value"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return repr(value)
+
+
+def _close(value, options: list[str]) -> str | None:
+    """The option a typo most likely meant: a close spelling, else a prefix ('bf16' -> 'bf16-mixed')."""
+    value = str(value)
+    hit = [o for o in options if o.startswith(value)][:1] if len(value) >= 2 else []
+    if not hit:
+        hit = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
+    return hit[0] if hit else None
+
+
+def _literal_options(expected: str) -> list[str]:
+    return [s.strip(" '") for s in expected.replace(" or ", ",").split(",") if s.strip(" '")]
+
+
+def _describe(err: dict, model_cls, loc: tuple | None = None) -> str:
+    """Turn one pydantic error into 'what was wrong; what is allowed'."""
+    kind = err["type"]
+    got = err.get("input")
+    loc = loc if loc is not None else _split_loc(model_cls, err["loc"])[0]
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(model_cls, loc[:-1])
+        close = _close(loc[-1], allowed)
+        hint = f"; did you mean {close!r}?" if close else ""
+        return f"unknown key{hint} (allowed here: {', '.join(allowed)})"
+    if kind == "missing":
+        return "required key is missing; add it"
+    if got == MISSING:
+        return f"is {MISSING!r} (a value that must be given); set it here or on the command line: {_dotted(loc)}=VALUE"
+    if kind == "literal_error":
+        options = _literal_options(ctx.get("expected", ""))
+        close = _close(got, options)
+        hint = f"; did you mean {close!r}? allowed" if close else "; allowed"
+        return f"got {_show(got)}{hint}: {ctx.get('expected', '')}"
+    if kind in _BOUNDS:
+        return f"got {_show(got)}; must be {_BOUNDS[kind].format(**ctx)}"
+    if kind in _SCALAR_TYPES:
+        return f"got {_show(got)}; expected {_SCALAR_TYPES[kind]}"
+    if kind == "too_short":
+        n = ctx.get("min_length", 1)
+        return f"got {_show(got)}; needs at least {n} item{'s' if n != 1 else ''}"
+    if kind == "string_too_short":
+        return f"got {_show(got)}; must not be empty"
+    if kind == "string_too_long":
+        return f"got a string of {len(got)} characters; must be at most {ctx.get('max_length')}"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    m = re.fullmatch(r"(.+), got (.+)", msg)
+    if m:  # "<what is allowed>, got <value>" -> "got <value>; <what is allowed>"
+        return f"got {m.group(2)}; {m.group(1)}"
+    if "got" in msg or isinstance(got, dict):
+        return msg
+    return f"{msg} (got {_show(got)})"
+
+
+def _union_message(errs: list[dict], got) -> str:
+    """One message for a scalar that fails every branch of e.g. `int | 'auto'`."""
+    allowed: list[str] = []
+    literals: list[str] = []
+    for err in errs:
+        kind = err["type"]
+        if kind == "literal_error":
+            opts = _literal_options((err.get("ctx") or {}).get("expected", ""))
+            literals += opts
+            allowed.append(", ".join(repr(o) for o in opts))
+        elif kind in _SCALAR_TYPES:
+            allowed.append(_SCALAR_TYPES[kind])
+        else:
+            return "; or ".join(_describe(e, None, ()) for e in errs)
+    allowed = list(dict.fromkeys(allowed))
+    close = _close(got, literals) if isinstance(got, str) else None
+    hint = f"; did you mean {close!r}? allowed" if close else "; allowed"
+    return f"got {_show(got)}{hint}: {' or '.join(allowed)}"
+
+
+def _bool_issues(data, model_cls, where: Where, skip: set) -> list[ConfigIssue]:
+    """true/false where a number is expected: pydantic's lax mode would read it as 1/0."""
+    out: list[ConfigIssue] = []
+
+    def walk(value, ann, path):
+        if path in skip or ann is None:
+            return
+        members = _members(ann)
+        if isinstance(value, bool):
+            if bool not in members and any(m in (int, float) for m in members):
+                f, line = where(path)
+                kinds = " or ".join(["a number" if float in members else "an integer"]
+                                    + [repr(a) for m in members for a in _literal_args(m)])
+                out.append(ConfigIssue(f, line, _dotted(path), f"got {_show(value)}; expected {kinds}"))
+            return
+        for m in members:
+            if isinstance(value, dict) and _is_model(m):
+                for k, v in value.items():
+                    walk(v, m.model_fields[k].annotation if k in m.model_fields else None, path + (k,))
+                return
+            if isinstance(value, (dict, list)) and _step(m, 0 if isinstance(value, list) else "") is not None:
+                items = value.items() if isinstance(value, dict) else enumerate(value)
+                for k, v in items:
+                    walk(v, _step(m, k), path + (k,))
+                return
+
+    walk(data, model_cls, ())
+    return out
+
+
+def _literal_args(annotation) -> tuple:
+    from typing import Literal, get_args, get_origin
+
+    return get_args(annotation) if get_origin(annotation) is Literal else ()
+
+
+def _validation_issues(data: dict, model_cls, file: str, lines: dict, skip: set = frozenset()) -> tuple[Any, list]:
+    """Validate plain data; return (model or None, issues). Keys in `skip` (already reported,
+    e.g. a failed interpolation) and everything below them are left out of the report."""
+    from pydantic import ValidationError
+
+    def where(loc):
+        return _where_in(lines, loc, file)
+
+    def skipped(loc):
+        return any(loc[:len(s)] == s for s in skip)
+
+    try:
+        value = model_cls.model_validate(data)
+        errors = []
+    except ValidationError as e:
+        value = None
+        errors = e.errors()
+    issues: list[ConfigIssue] = []
+    # Group the errors of one key: a scalar that fails every branch of a Union yields one
+    # error per branch, merged into one message; a mapping given for `str | Model` fails
+    # the str branch too, which is noise next to the model's own errors.
+    groups: dict[tuple, list[dict]] = {}
+    branchy: dict[tuple, bool] = {}
+    for err in errors:
+        loc, from_branch = _split_loc(model_cls, err["loc"])
+        if skipped(loc):
+            continue
+        groups.setdefault(loc, []).append(err)
+        branchy[loc] = branchy.get(loc, False) or from_branch
+    for loc, errs in groups.items():
+        got = errs[0].get("input")
+        if branchy[loc] and isinstance(got, (dict, list)):
+            deeper = any(len(k) > len(loc) and k[:len(loc)] == loc for k in groups)
+            kept = [e for e in errs if e["type"] not in _SCALAR_TYPES and e["type"] != "literal_error"]
+            if deeper or kept:
+                errs = kept
+            if not errs:
+                continue
+        if branchy[loc] and len(errs) > 1:
+            text = _union_message(errs, got)
+        else:
+            text = "; ".join(dict.fromkeys(_describe(e, model_cls, loc) for e in errs))
+        f, line = where(loc)
+        issues.append(ConfigIssue(f, line, _dotted(loc), text))
+    issues += _bool_issues(data, model_cls, where, set(skip) | {k for k in groups})
+    if issues:
+        value = None
+    return value, issues
 
 
 def validate(data: dict, model_cls, file: str, lines: dict) -> Any:
     """Validate plain data with a pydantic model; raise ConfigError listing every problem."""
-    from pydantic import ValidationError
-
-    try:
-        return model_cls.model_validate(data)
-    except ValidationError as e:
-        issues = []
-        seen = set()
-        for err in e.errors():
-            loc = _clean_loc(err["loc"])
-            key = ".".join(str(p) for p in loc)
-            if err["type"] in ("string_type", "model_type", "dict_type") and any(
-                i.key == key for i in issues
-            ):
-                continue
-            text = _describe(err, model_cls)
-            if (key, text) in seen:
-                continue
-            seen.add((key, text))
-            f, line = _where(lines, loc, file)
-            issues.append(ConfigIssue(f, line, key, text))
-        raise ConfigError(_merge_union_issues(issues)) from None
+    value, issues = _validation_issues(data, model_cls, file, lines)
+    if issues:
+        raise ConfigError(_ordered(issues))
+    return value
 
 
-def _merge_union_issues(issues: list[ConfigIssue]) -> list[ConfigIssue]:
-    """A value that fails every branch of `int | 'auto'` yields one issue per branch: join them."""
-    merged: dict[tuple, ConfigIssue] = {}
+def _ordered(issues: list[ConfigIssue]) -> list[ConfigIssue]:
+    """Files in the order they first appear (the command line last), lines in order within one."""
+    files: dict[str, int] = {}
     for i in issues:
-        k = (i.file, i.line, i.key)
-        if k in merged:
-            prev = merged[k]
-            merged[k] = ConfigIssue(i.file, i.line, i.key, f"{prev.problem}; or {i.problem}")
-        else:
-            merged[k] = i
-    return list(merged.values())
+        files.setdefault(i.file, len(files))
+    unique = list(dict.fromkeys(issues))
+    return sorted(unique, key=lambda i: (i.file == CLI, files[i.file], i.line or 0))
 
+
+# --- loading ---------------------------------------------------------------------------------
 
 def _plain_document(path: Path, overrides) -> tuple[dict, dict] | None:
     """The parsed document when omegaconf would return it unchanged: no overrides, no
-    `base:`, no `${...}` outside the deferred keys. Otherwise None (take the full path)."""
+    `base:`, no `${...}` or `???` outside the deferred keys, no duplicate keys. Otherwise
+    None (take the full path)."""
     import yaml
 
     if overrides:
@@ -284,11 +627,15 @@ def _plain_document(path: Path, overrides) -> tuple[dict, dict] | None:
         return None  # the full path reports the problem with its line
     if not isinstance(data, dict) or "base" in data:
         return None
-    if any("${" in s for k, v in data.items() if k not in DEFERRED_KEYS for s in _strings(v)):
+    if any("${" in s or s == MISSING for k, v in data.items() if k not in DEFERRED_KEYS for s in _strings(v)):
         return None
     if not all(isinstance(k, str) for k in data):
         return None
-    return data, _line_map(text, str(path))
+    dups: list[ConfigIssue] = []
+    lines = _line_map(text, str(path), dups)
+    if dups:
+        return None
+    return data, lines
 
 
 def _strings(value):
@@ -303,21 +650,34 @@ def _strings(value):
             yield from _strings(v)
 
 
-def load(path: str | Path, model_cls, overrides: list[str] | None = None) -> Loaded:
-    """Load, merge, override, resolve and validate one recipe or inventory file."""
+def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks: tuple[Check, ...] = ()) -> Loaded:
+    """Load, merge, override, resolve and validate one recipe or inventory file.
+
+    `checks` are extra rules on the resolved data (e.g. "the model preset exists"), run even
+    when the schema has errors, so that every problem is reported at once."""
     p = Path(path)
+    shown = str(path)
     issues: list[ConfigIssue] = []
+    failed: set = set()
     fast = _plain_document(p, overrides)
     if fast is not None:  # nothing for omegaconf to do: skip its import (start-up time)
         data, lines = fast
-        value = validate(data, model_cls, str(p), lines)
-        return Loaded(str(p), value, data, None, lines)
-    node, lines = _load_chain(p, issues)
-    if node is None:
-        raise ConfigError(issues)
-    node = apply_overrides(node, overrides or [], lines, issues)
-    data = _resolve(node, str(p), lines, issues)
+        node = None
+    else:
+        node, lines = _load_chain(p, issues, shown=shown)
+        if node is None:
+            raise ConfigError(_ordered(issues))
+        node = apply_overrides(node, overrides or [], lines, issues)
+        data, failed = _resolve(node, shown, lines, issues)
+    value, more = _validation_issues(data, model_cls, shown, lines, failed)
+    issues += more
+
+    def where(loc):
+        return _where_in(lines, loc, shown)
+
+    failed_keys = {_dotted(f) for f in failed}
+    for check in checks:
+        issues += [i for i in check(data, where) if not any(i.key == k or i.key.startswith(k + ".") for k in failed_keys)]
     if issues:
-        raise ConfigError(issues)
-    value = validate(data, model_cls, str(p), lines)
-    return Loaded(str(p), value, data, node, lines)
+        raise ConfigError(_ordered(issues))
+    return Loaded(shown, value, data, node, lines)

@@ -29,40 +29,71 @@ class Loaded:
     inventories: list = field(default_factory=list)  # (path or None, Loaded inventory)
 
 
-def load_recipe(path: str, overrides: list[str]):
-    from jobctl import config, schema
+def _check_preset(data: dict, where) -> list[ConfigIssue]:
+    """`model:` names a preset that exists (a mapping is checked by the schema)."""
     from jobctl.catalog import unknown_message
     from jobctl.planner.models import PRESETS
+
+    model = data.get("model")
+    if not isinstance(model, str) or model in PRESETS:
+        return []
+    f, line = where(("model",))
+    return [ConfigIssue(f, line, "model", unknown_message("model preset", model, sorted(PRESETS))
+                        + "; or give a mapping {family, layers, hidden, ffn_hidden, heads, kv_heads, vocab}")]
+
+
+def _check_gpus(data: dict, where) -> list[ConfigIssue]:
+    """Every partition's `gpu:` is in the catalog."""
+    from jobctl.catalog import gpu_names, unknown_message
+
+    parts = data.get("partitions")
+    out = []
+    for i, part in enumerate(parts if isinstance(parts, list) else []):
+        gpu = part.get("gpu") if isinstance(part, dict) else None
+        if isinstance(gpu, str) and gpu not in gpu_names():
+            f, line = where(("partitions", i, "gpu"))
+            out.append(ConfigIssue(f, line, f"partitions.{i}.gpu", unknown_message("GPU", gpu, gpu_names())))
+    return out
+
+
+def load_recipe(path: str, overrides: list[str]):
+    """Load and validate a recipe (a path or a name from recipes/); ConfigError lists every problem."""
+    from jobctl import config, schema
     from jobctl.workspace import find_recipe
 
-    p = find_recipe(path)
-    loaded = config.load(p, schema.Recipe, overrides)
-    model = loaded.value.model
-    if isinstance(model, str) and model not in PRESETS:
-        f, line = loaded.lines.get(("model",), (str(p), None))
-        raise ConfigError([ConfigIssue(f, line, "model", unknown_message("model preset", model, sorted(PRESETS))
-                                       + "; or give a mapping {family, layers, hidden, ffn_hidden, heads, kv_heads, vocab}")])
-    return loaded
+    return config.load(find_recipe(path), schema.Recipe, overrides, checks=(_check_preset,))
 
 
 def load_inventory(name_or_path: str, overrides: list[str] | None = None):
+    """Load and validate an inventory (a name from clusters/ or a path); None path = embedded local."""
     from jobctl import config, schema
-    from jobctl.catalog import gpu_names, unknown_message
     from jobctl.workspace import EMBEDDED_LOCAL, find_cluster
 
     path = find_cluster(name_or_path)
     if path is None:
         inv = schema.Inventory.model_validate(EMBEDDED_LOCAL)
         return config.Loaded("<embedded local>", inv, dict(EMBEDDED_LOCAL), None, {})
-    loaded = config.load(path, schema.Inventory, overrides)
-    issues = []
-    for i, part in enumerate(loaded.value.partitions):
-        if part.gpu not in gpu_names():
-            f, line = loaded.lines.get(("partitions", i, "gpu"), (str(path), None))
-            issues.append(ConfigIssue(f, line, f"partitions.{i}.gpu", unknown_message("GPU", part.gpu, gpu_names())))
+    return config.load(path, schema.Inventory, overrides, checks=(_check_gpus,))
+
+
+def load_request(recipe: str, overrides: list[str], clusters: list[str]):
+    """The recipe and every named inventory, with the problems of all of them reported at
+    once (one ConfigError) instead of stopping at the first bad file."""
+    issues: list[ConfigIssue] = []
+    rec = None
+    invs = []
+    try:
+        rec = load_recipe(recipe, overrides)
+    except ConfigError as e:
+        issues += e.issues
+    for name in clusters:
+        try:
+            invs.append(load_inventory(name))
+        except ConfigError as e:
+            issues += e.issues
     if issues:
         raise ConfigError(issues)
-    return loaded
+    return rec, invs
 
 
 def plan_on(recipe_loaded, inv_loaded) -> ClusterPlan:
@@ -83,7 +114,7 @@ def plan_on(recipe_loaded, inv_loaded) -> ClusterPlan:
     cons = inputs.constraints(recipe)
     first = None
     for part in parts:
-        tgt = inputs.target(inv, part)
+        tgt = inputs.target(inv, part, recipe.train.precision)
         w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu)
         res = search(w, tgt, cons)
         if res.best is not None:

@@ -27,9 +27,9 @@ def error(message: str, hint: str | None = None) -> None:
     con = _console(stderr=True)
     from rich.text import Text
 
-    con.print(Text("error: ", style="bold red") + Text(message))
+    con.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
     if hint:
-        con.print(Text("To fix: ", style="bold") + Text(hint))
+        con.print(Text("To fix: ", style="bold") + Text(hint), soft_wrap=True)
 
 
 def info(message: str) -> None:
@@ -43,7 +43,7 @@ def gib(x) -> str:
 def _bar(value: float, scale: float) -> str:
     if scale <= 0:
         return ""
-    n = value / scale * BAR_WIDTH
+    n = min(value / scale, 1.25) * BAR_WIDTH
     full = int(n)
     return "█" * full + ("▌" if n - full >= 0.5 else "")
 
@@ -92,42 +92,110 @@ def render_plan(report: dict) -> None:
         con.print(memory_table(mem, f"Memory per GPU (GiB = 2^30 bytes), most loaded rank: {mem['stage']} stage"))
         host = mem["host_bytes_per_node"]
         con.print(f"Host RAM per node: {gib(host)} GiB of {gib(mem['host_usable_bytes'])} GiB usable")
+        est = report.get("estimate")
+        if est:
+            con.print(Text(estimate_line(est), style="bold"))
+        for line in report.get("why_not", []):
+            con.print(Text("  why not " + line))
+        alts = report.get("alternatives") or []
+        if alts:
+            con.print(alternatives_table(alts))
         s = report.get("search") or {}
         if s:
-            con.print(Text(f"{s['considered']} layouts evaluated, {s['feasible']} fit; rule: fewest GPUs, then least "
-                           "model parallelism, then cheapest memory knobs, then largest micro-batch", style="dim"))
+            con.print(Text(f"{s['considered']} layouts evaluated, {s['feasible']} fit, objective: "
+                           f"{report.get('objective', 'throughput')}", style="dim"))
+        if report.get("explain"):
+            render_explain(report["explain"])
     else:
         con.print(Text("does not fit", style="bold red"))
         for r in report["reasons"]:
-            con.print(Text("  - " + r))
+            con.print(Text("  - " + r), soft_wrap=True)
         if report.get("closest"):
             c = report["closest"]
             con.print(memory_table(c["memory"], "The layout that came closest (GiB)"))
         if report["suggestions"]:
             con.print(Text("What would fit:", style="bold"))
             for s in report["suggestions"]:
-                con.print(Text("  - " + s))
+                con.print(Text("  - " + s), soft_wrap=True)
+
+
+def duration(seconds) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def estimate_line(est: dict) -> str:
+    line = (f"step {duration(est['step_time_s'])} · {est['tokens_per_s']:,.0f} tokens/s · "
+            f"{est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU · MFU {est['mfu']:.1%}")
+    if est.get("time_to_train_s"):
+        line += f" · {est['steps']} steps: {duration(est['time_to_train_s'])}, {est['gpu_hours']:,.0f} GPU-hours"
+    return line
+
+
+def alternatives_table(alts: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="Next best layouts", title_justify="left")
+    for col in ("layout", "GPUs", "GiB", "step", "tokens/s/GPU", "MFU"):
+        table.add_column(col, justify="left" if col == "layout" else "right")
+    for a in alts:
+        p, m, e = a["plan"], a["memory"], a["estimate"] or {}
+        table.add_row(layout_text(p), str(p["world_size"]), gib(m["total_bytes"]), duration(e.get("step_time_s")),
+                      f"{e.get('tokens_per_s_per_gpu', 0):,.0f}", f"{e.get('mfu', 0):.1%}")
+    return table
+
+
+def layout_text(p: dict) -> str:
+    text = f"tp{p['tp']} pp{p['pp']}"
+    if p.get("virtual_stages", 1) > 1:
+        text += f"(v{p['virtual_stages']})"
+    text += f" dp{p['dp']} cp{p['cp']} {p['sharding']} mbs{p['micro_batch_size']}x{p['grad_accum_steps']}"
+    rc = p["recompute"]
+    if rc != "none":
+        text += f" rc={rc}" + (f"({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
+    if p["offload"] != "none":
+        text += f" off={p['offload']}"
+    return text
+
+
+def render_explain(ex: dict) -> None:
+    from rich.text import Text
+
+    con = _console()
+    con.print(Text(f"Decision ({ex['objective']}): {ex['layouts_evaluated']} layouts evaluated, "
+                   f"{ex['feasible']} fit.", style="bold"))
+    for reason, n in sorted(ex["rejected"].items(), key=lambda x: -x[1]):
+        con.print(Text(f"  rejected, {reason}: {n}"))
+    for i, wnr in enumerate(ex["winners"], 1):
+        con.print(Text(f"  #{i} {wnr['plan']} on {wnr['world_size']} GPUs: {wnr['memory_gib']} GiB, "
+                       f"step {duration(wnr['step_time_s'])}, {wnr['tokens_per_s_per_gpu'] or 0:,.0f} tokens/s/GPU"))
 
 
 def render_plan_overview(reports: list[dict], recipe: str) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"{recipe} on every cluster (GiB per GPU)", title_justify="left")
-    for col in ("cluster", "partition", "fits", "GPUs", "layout", "peak GiB", "usable GiB", "why not / what would"):
+    table = Table(title=f"{recipe} on every cluster, best first (GiB per GPU)", title_justify="left")
+    for col in ("cluster", "partition", "fits", "GPUs", "layout", "peak GiB", "step", "time to train", "why not / what would"):
         table.add_column(col, overflow="fold")
     for r in reports:
         if r["feasible"]:
-            p, mem = r["plan"], r["memory"]
+            p, mem, est = r["plan"], r["memory"], r.get("estimate") or {}
             table.add_row(r["cluster"], r["partition"] or "", Text("yes", style="green"), str(p["world_size"]),
-                          f"tp{p['tp']} pp{p['pp']} dp{p['dp']} cp{p['cp']} {p['sharding']} mbs{p['micro_batch_size']} "
-                          f"rc={p['recompute']} off={p['offload']}",
-                          gib(mem["total_bytes"]), gib(mem["gpu_usable_bytes"]), "")
+                          layout_text(p), f"{gib(mem['total_bytes'])}/{gib(mem['gpu_usable_bytes'])}",
+                          duration(est.get("step_time_s")), duration(est.get("time_to_train_s")), "")
         else:
             why = "; ".join(r["reasons"][:2])
             if r["suggestions"]:
                 why += " | " + r["suggestions"][0]
-            table.add_row(r["cluster"], r.get("partition") or "", Text("no", style="red"), "", "", "", "", Text(why))
+            table.add_row(r["cluster"], r.get("partition") or "", Text("no", style="red"), "", "", "", "", "", Text(why))
     _console().print(table)
 
 

@@ -37,10 +37,12 @@ def find_cluster(name_or_path: str) -> Path | None:
     """An inventory path for `--cluster`: a file path, or a name looked up in cluster_dirs().
     None means the embedded `local` default."""
     p = Path(name_or_path).expanduser()
-    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path or (os.altsep and os.altsep in name_or_path):
         if not p.exists():
-            raise UsageError(f"inventory file not found: {name_or_path}",
-                             hint="give a path to a YAML inventory or a name from `jobctl clusters list`")
+            names = all_cluster_names()
+            named = f"; did you mean --cluster {p.stem}?" if p.stem in names else ""
+            raise UsageError(f"inventory file not found: {name_or_path}{named}",
+                             hint=f"give the path to a YAML inventory, or a cluster name ({', '.join(names)})")
         return p
     for d in cluster_dirs():
         for ext in (".yaml", ".yml"):
@@ -74,14 +76,30 @@ def all_cluster_names() -> list[str]:
     return names if "local" in names else names + ["local"]
 
 
+def recipe_dirs() -> list[Path]:
+    return [Path.cwd() / "recipes", REPO_ROOT / "recipes"]
+
+
 def find_recipe(name_or_path: str) -> Path:
-    """A recipe path: a file, or a name looked up in ./recipes and the shipped recipes/."""
+    """A recipe path: a file, or a name looked up in ./recipes and the shipped recipes/.
+
+    An unknown name (no folder, no .yaml) is a ConfigError with the close recipe names;
+    a missing path is left to the loader, which reports it with the path."""
     p = Path(name_or_path).expanduser()
     if p.exists():
         return p
     if os.sep not in name_or_path and p.suffix not in (".yaml", ".yml"):
-        for d in (Path.cwd() / "recipes", REPO_ROOT / "recipes"):
+        for d in recipe_dirs():
             for ext in (".yaml", ".yml"):
                 if (d / f"{name_or_path}{ext}").exists():
                     return d / f"{name_or_path}{ext}"
+        import difflib
+
+        from jobctl.errors import ConfigError, ConfigIssue
+
+        names = sorted({f.stem for d in recipe_dirs() if d.is_dir() for f in d.glob("*.y*ml")})
+        close = difflib.get_close_matches(name_or_path, names, n=1)
+        raise ConfigError([ConfigIssue(name_or_path, None, "", "no such recipe file or name"
+                                       + (f"; did you mean {close[0]!r}?" if close else "")
+                                       + f" (recipes: {', '.join(names) or '(none)'}; or give a path to a YAML file)")])
     return p  # let the loader report "file not found" with the path

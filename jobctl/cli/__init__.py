@@ -26,8 +26,7 @@ COMMANDS = [
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors: one line, exit 2, no traceback
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.stderr.write(f"{self.prog}: error: {message} (run `{self.prog} --help`)\n")
         raise SystemExit(EXIT_USAGE)
 
 
