@@ -96,11 +96,24 @@ def load_request(recipe: str, overrides: list[str], clusters: list[str]):
     return rec, invs
 
 
-def plan_on(recipe_loaded, inv_loaded) -> ClusterPlan:
-    """Search every partition of one inventory (or the pinned resources.partition)."""
+def train_steps(recipe) -> int | None:
+    """Optimizer steps to train: train.steps, or train.tokens over tokens per step."""
+    t = recipe.train
+    if t.steps:
+        return t.steps
+    if t.tokens:
+        per_step = t.global_batch_size * t.seq_len
+        return -(-t.tokens // per_step)
+    return None
+
+
+def plan_on(recipe_loaded, inv_loaded, objective: str = "throughput", explain: bool = False,
+            alternatives: int = 5) -> ClusterPlan:
+    """Search every partition of one inventory (or the pinned resources.partition) and keep
+    the best plan by `objective`."""
     from jobctl.planner import inputs
     from jobctl.planner.advice import suggestions
-    from jobctl.planner.search import search
+    from jobctl.planner.search import rank, search
 
     recipe = recipe_loaded.value
     inv = inv_loaded.value
@@ -112,15 +125,20 @@ def plan_on(recipe_loaded, inv_loaded) -> ClusterPlan:
             return ClusterPlan(_no_fit(recipe_loaded, inv, None, [f"partition {recipe.resources.partition!r} "
                                                                    f"is not in cluster {inv.name} (it has: {names})"], []))
     cons = inputs.constraints(recipe)
-    first = None
+    steps = train_steps(recipe)
+    found, first = [], None
     for part in parts:
         tgt = inputs.target(inv, part, recipe.train.precision)
         w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu)
-        res = search(w, tgt, cons)
+        res = search(w, tgt, cons, objective=objective, steps=steps)
         if res.best is not None:
-            return ClusterPlan(_report(recipe_loaded, w, res), res, w, True)
-        if first is None:
+            found.append((res.best, w, tgt, res))
+        elif first is None:
             first = (w, tgt, res)
+    if found:
+        order = rank([f[0] for f in found], objective)
+        best, w, tgt, res = next(f for f in found if f[0] is order[0])
+        return ClusterPlan(_report(recipe_loaded, w, res, cons, objective, explain, alternatives), res, w, True)
     w, tgt, res = first
     tips = suggestions(w, tgt, cons, res) if not res.reasons or res.considered else []
     return ClusterPlan(_no_fit(recipe_loaded, inv, res, res.reasons, tips, w), res, w, False)
@@ -130,24 +148,41 @@ def _model_info(w) -> dict:
     return {"name": w.model.name, "params": w.model.params()}
 
 
-def _report(recipe_loaded, w, res) -> dict:
+def _candidate(c, w, t) -> dict:
+    from jobctl.planner.memory import estimate
+
+    mem = estimate(w, t.gpu_memory_bytes, c.plan, t.host_mem_bytes)
+    return {"plan": c.plan.to_dict(), "memory": mem.to_dict(), "estimate": c.estimate.to_dict() if c.estimate else None}
+
+
+def _report(recipe_loaded, w, res, cons, objective, explain, alternatives) -> dict:
+    from jobctl.planner.explain import explain as explain_search
+    from jobctl.planner.explain import why_lost
+
     best = res.best
     t = res.target
-    return {
+    out = {
         "recipe": recipe_loaded.path,
         "cluster": t.cluster,
         "partition": t.partition,
         "gpu": t.gpu.key,
         "feasible": True,
+        "objective": objective,
         "model": _model_info(w),
         "train": {"seq_len": w.seq_len, "global_batch_size": w.global_batch_size, "optimizer": w.optimizer,
                   "precision": w.precision, "method": w.method, "framework": w.framework, "attention": w.attention},
         "plan": best.plan.to_dict(),
         "memory": best.memory.to_dict(),
-        "search": {"considered": res.considered, "feasible": len(res.feasible), "rejected": dict(res.rejected)},
+        "estimate": best.estimate.to_dict() if best.estimate else None,
+        "alternatives": [_candidate(c, w, t) for c in res.ranked[1:1 + alternatives]],
+        "why_not": why_lost(w, t, cons, res, objective),
+        "search": {"considered": res.considered, "feasible": res.feasible_count, "rejected": dict(res.rejected)},
         "reasons": [],
         "suggestions": [],
     }
+    if explain:
+        out["explain"] = explain_search(res)
+    return out
 
 
 def _no_fit(recipe_loaded, inv, res, reasons, tips, w=None) -> dict:

@@ -184,7 +184,7 @@ def render_plan_overview(reports: list[dict], recipe: str) -> None:
 
     table = Table(title=f"{recipe} on every cluster, best first (GiB per GPU)", title_justify="left")
     for col in ("cluster", "partition", "fits", "GPUs", "layout", "peak GiB", "step", "time to train", "why not / what would"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", min_width=4 if col in ("fits", "GPUs") else None)
     for r in reports:
         if r["feasible"]:
             p, mem, est = r["plan"], r["memory"], r.get("estimate") or {}
@@ -192,9 +192,13 @@ def render_plan_overview(reports: list[dict], recipe: str) -> None:
                           layout_text(p), f"{gib(mem['total_bytes'])}/{gib(mem['gpu_usable_bytes'])}",
                           duration(est.get("step_time_s")), duration(est.get("time_to_train_s")), "")
         else:
-            why = "; ".join(r["reasons"][:2])
+            closest = (r.get("closest") or {}).get("memory")
+            if closest:
+                why = f"needs {gib(closest['total_bytes'])} GiB/GPU"
+            else:
+                why = r["reasons"][0] if r["reasons"] else "does not fit"
             if r["suggestions"]:
-                why += " | " + r["suggestions"][0]
+                why += "; " + r["suggestions"][0].split(":")[0]
             table.add_row(r["cluster"], r.get("partition") or "", Text("no", style="red"), "", "", "", "", "", Text(why))
     _console().print(table)
 

@@ -17,25 +17,53 @@ def add_arguments(p) -> None:
     p.add_argument("recipe", help="recipe file (or a name from recipes/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. train.seq_len=4096")
     p.add_argument("--cluster", "-c", help="inventory name from clusters/ or a path to one (default: all)")
+    p.add_argument("--objective", choices=("throughput", "time", "gpus"), default="throughput",
+                   help="throughput: best tokens/s per GPU at the fewest nodes within 3%% of the best (default); "
+                        "time: fastest wall time using up to the partition or resources.max_nodes; gpus: fewest GPUs")
+    p.add_argument("--explain", action="store_true", help="print the whole decision: layouts considered, rejections, winners")
+    p.add_argument("--after-oom", metavar="PLAN.json", help="the next plan to try after this plan ran out of memory")
+    p.add_argument("--tried-to-allocate", metavar="GIB", type=float,
+                   help="with --after-oom: the failed allocation from PyTorch's message (GiB)")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON (bytes) on stdout")
 
 
 def run(args) -> int:
     from jobctl import ui
-    from jobctl.planning import load_inventory, load_recipe, plan_on
+    from jobctl.planning import load_request, plan_on
     from jobctl.workspace import all_cluster_names
 
-    rec = load_recipe(args.recipe, list(args.overrides))
+    if args.after_oom:
+        return _after_oom(args)
+    rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster] if args.cluster else all_cluster_names())
     if args.cluster:
-        result = plan_on(rec, load_inventory(args.cluster))
+        result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain)
         if args.as_json:
             ui.print_json(result.data)
         else:
             ui.render_plan(result.data)
         return EXIT_OK if result.feasible else EXIT_NO_FIT
-    reports = [plan_on(rec, load_inventory(name)).data for name in all_cluster_names()]
+    reports = [plan_on(rec, inv, objective=args.objective, alternatives=0).data for inv in invs]
+    reports.sort(key=lambda r: (not r["feasible"], _overview_key(r, args.objective)))
     if args.as_json:
-        ui.print_json({"recipe": rec.path, "clusters": reports})
+        ui.print_json({"recipe": rec.path, "objective": args.objective, "clusters": reports})
     else:
         ui.render_plan_overview(reports, rec.path)
     return EXIT_OK if any(r["feasible"] for r in reports) else EXIT_NO_FIT
+
+
+def _overview_key(report: dict, objective: str):
+    """Clusters side by side, best first: by time to train (or step time), then GPUs."""
+    est = report.get("estimate") or {}
+    if not report["feasible"] or not est:
+        return (float("inf"),)
+    if objective == "gpus":
+        return (report["plan"]["world_size"], est["step_time_s"])
+    if objective == "throughput":
+        return (-est["tokens_per_s_per_gpu"],)
+    return (est.get("time_to_train_s") or est["step_time_s"],)
+
+
+def _after_oom(args) -> int:
+    from jobctl.errors import UsageError
+
+    raise UsageError("--after-oom is not available yet in this build")

@@ -29,26 +29,26 @@ def suggestions(w: Workload, t: Target, c: Constraints, result: SearchResult, li
         if getattr(c, key) is not None and getattr(c, key) != value:
             best = fits(c2=replace(c, **{key: value}))
             if best:
-                out.append(f"set parallelism.{text}: fits with {best.plan.summary()} "
+                out.append(f"fits with parallelism.{text}: {best.plan.summary()} "
                            f"({best.memory.total_bytes / 2**30:.1f} GiB)")
     for pinned in ("tp", "pp", "cp", "dp"):
         if getattr(c, pinned) is not None:
             best = fits(c2=replace(c, **{pinned: None}))
             if best:
-                out.append(f"set parallelism.{pinned}=auto: fits with {best.plan.summary()}")
+                out.append(f"fits with parallelism.{pinned}=auto: {best.plan.summary()}")
     max_nodes = c.max_nodes or t.nodes
     for factor in (2, 4, 8, 16, 32, 64):
         nodes = max_nodes * factor
         best = fits(t2=replace(t, nodes=max(nodes, t.nodes)), c2=replace(c, max_nodes=nodes))
         if best:
-            out.append(f"more GPUs: fits on {best.plan.nodes} nodes x {best.plan.gpus_per_node} "
-                       f"{t.gpu.key} ({t.cluster}/{t.partition} offers {max_nodes}) with {best.plan.summary()}")
+            out.append(f"fits on {best.plan.nodes} nodes ({t.cluster}/{t.partition} offers {max_nodes}): "
+                       f"{best.plan.nodes} x {best.plan.gpus_per_node} {t.gpu.key} with {best.plan.summary()}")
             break
     if w.method == "full":
         for method in ("lora", "qlora"):
             best = fits(w2=replace(w, method=method))
             if best:
-                out.append(f"train.method={method}: fits with {best.plan.summary()} "
+                out.append(f"fits with train.method={method}: {best.plan.summary()} "
                            f"({best.memory.total_bytes / 2**30:.1f} GiB)")
                 break
     if not t.gpu.is_cpu:
@@ -58,7 +58,7 @@ def suggestions(w: Workload, t: Target, c: Constraints, result: SearchResult, li
                 continue
             best = fits(t2=replace(t, gpu=g, gpu_memory_bytes=g.memory_bytes))
             if best:
-                out.append(f"a bigger GPU: fits on {t.nodes} x {t.gpus_per_node} {g.key} "
-                           f"({g.memory_gib:.0f} GiB) with {best.plan.summary()}")
+                out.append(f"fits on {g.key} ({g.memory_gib:.0f} GiB): {t.nodes} x {t.gpus_per_node} "
+                           f"with {best.plan.summary()}")
                 break
     return out[:limit]
