@@ -210,6 +210,18 @@ def optimizer_state_elements(optimizer: str, matrices: list[tuple[float, float, 
 
 def model_state_terms(params: float, state_elems: float, sb: StateBytes, optimizer: str, sharding: str, n: int,
                       offload: str, compute_b: int, weight_name: str = "weights", detail: bool = True) -> list[Term]:
+    """The model-state terms as a list (see add_model_states)."""
+    out: list[Term] = []
+
+    def add(name, value, group, formula):
+        out.append(Term(name, float(value), group, formula() if detail else ""))
+
+    add_model_states(add, params, state_elems, sb, optimizer, sharding, n, offload, compute_b, weight_name)
+    return out
+
+
+def add_model_states(add, params: float, state_elems: float, sb: StateBytes, optimizer: str, sharding: str, n: int,
+                     offload: str, compute_b: int, weight_name: str = "weights") -> None:
     """Weights, gradients and optimizer states of `params` trainable parameters on one rank.
 
     ZeRO (Rajbhandari et al. 2020, §5) over a shard group of n ranks: stage 1 divides the
@@ -228,11 +240,6 @@ def model_state_terms(params: float, state_elems: float, sb: StateBytes, optimiz
     states = state_elems * sb.state_elem / shard_o
     if optimizer == "adam8bit":  # one fp32 absmax per 2048-element block, for m and for v
         states += 2 * (params / BNB_BLOCK) * 4 / shard_o
-    out: list[Term] = []
-
-    def add(name, value, group, formula):
-        out.append(Term(name, float(value), group, formula() if detail else ""))
-
     def sharded(k):
         return f" / {k} (sharded)" if k > 1 else ""
 
@@ -254,7 +261,6 @@ def model_state_terms(params: float, state_elems: float, sb: StateBytes, optimiz
     else:
         add("gradients", grads, "grads", lambda: f"{params:.4g} params x {sb.grad:g} B" + sharded(shard_g))
         add("optimizer states", master + states, "optimizer", opt_formula)
-    return out
 
 
 def lora_params_per_layer(model: ModelSpec, rank: int, targets: tuple[str, ...]) -> int:
@@ -493,7 +499,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
 
     def add(name, value, group, formula):  # formula: a callable, formatted only when detail
         groups[group] += value
-        if detail:
+        if detail and group != "host":
             terms.append(Term(name, float(value), group, formula()))
 
     compute_b = 4 if w.precision == "fp32" else 2
@@ -512,11 +518,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         # LoRA adapters are thin matrices; factored optimizers gain nothing: count as vectors.
         state_elems = optimizer_state_elements(w.optimizer, [(trainable, 1, 1)])
         weight_name = "lora adapters"
-    for t_ in model_state_terms(trainable, state_elems, sb, w.optimizer, plan.sharding, n, plan.offload,
-                                compute_b, weight_name, detail):
-        groups[t_.group] += t_.bytes
-        if detail and t_.group != "host":
-            terms.append(t_)
+    add_model_states(add, trainable, state_elems, sb, w.optimizer, plan.sharding, n, plan.offload, compute_b, weight_name)
 
     # --- buffers that depend on the framework
     if plan.sharding in ("zero3", "hsdp") or plan.offload == "optimizer+params":

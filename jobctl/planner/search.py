@@ -25,6 +25,8 @@ AUTO = "auto"
 CP_FRAMEWORKS = frozenset({"megatron", "torchtitan"})
 SP_FRAMEWORKS = frozenset({"megatron", "torchtitan"})
 MAX_CP = 32
+MIN_CP_TOKENS = 1024
+SMALL_BUBBLE = 0.02
 
 # Relative cost of the memory knobs, used to prefer the cheapest that fits. ZeRO-1/2 move
 # the same bytes as DDP's all-reduce (reduce-scatter + all-gather), so they are nearly free;
@@ -166,7 +168,10 @@ def layouts(w: Workload, t: Target, c: Constraints):
     if c.cp:
         cps = [c.cp]
     elif w.framework in CP_FRAMEWORKS:
-        cps = [x for x in (1, 2, 4, 8, 16, 32) if x == 1 or w.seq_len % (2 * x) == 0]
+        # Context parallelism is for long sequences: each rank keeps at least MIN_CP_TOKENS
+        # (shorter chunks leave attention kernels and the K/V ring mostly idle).
+        cps = [x for x in (1, 2, 4, 8, 16, 32)
+               if x == 1 or (w.seq_len % (2 * x) == 0 and w.seq_len // x >= MIN_CP_TOKENS)]
     else:
         cps = [1]
     dps = [c.dp] if c.dp else divisors(w.global_batch_size)
@@ -270,6 +275,8 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
         layers_max = stage_layers(w.model.layers, pp)[1]
         vs = [c.virtual_stages] if c.virtual_stages > 1 else (
             [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if layers_max % v == 0] if pp > 1 and w.framework == "megatron" else [1])
+        if len(vs) > 1 and (pp - 1) / (per_dp + pp - 1) < SMALL_BUBBLE:
+            vs = [1]  # with this many micro-batches the bubble is negligible: interleaving cannot pay
         knobs = knob_options(w, c, dp * cp, nodes, gpn, tp)
         bound = _bound(w, t, c, steps, objective, (tp, pp, cp, dp, nodes, gpn), mbss, vs, knobs[0], sp)
         prepared.append((bound, tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, layers_max, vs, knobs))
@@ -277,9 +284,15 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
     best_metric = None
     tolerance = THROUGHPUT_TOLERANCE if objective == "throughput" else 0.0
 
+    group_best: dict = {}  # (tp, pp, cp) -> (metric, nodes) of the best plan found for that group
     for bound, tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, layers_max, vs, knobs in prepared:
         if best_metric is not None and not keep_all and bound < best_metric * (1 - tolerance):
             result.rejected["slower than the best (bound)"] += 1
+            continue
+        seen = group_best.get((tp, pp, cp))
+        if objective == "throughput" and seen and not keep_all and seen[1] <= nodes and bound <= seen[0]:
+            # the same model-parallel layout already fits on fewer nodes at least as fast per GPU
+            result.rejected["dominated by fewer nodes"] += 1
             continue
 
         def make(mbs, v, sh, rc, of, hs, n_rc=0):
@@ -317,6 +330,9 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
             metric = _metric(best, objective)
             if best_metric is None or metric > best_metric:
                 best_metric = metric
+            seen = group_best.get((tp, pp, cp))
+            if seen is None or (metric, -nodes) > (seen[0], -seen[1]):
+                group_best[(tp, pp, cp)] = (metric, nodes)
 
     if closest is not None:
         closest = Candidate(closest.plan, estimate(w, t.gpu_memory_bytes, closest.plan, t.host_mem_bytes))
@@ -374,27 +390,42 @@ def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c
         else:
             hi = mid + 1
     # Without pipelining the largest micro-batch is fastest (bigger GEMMs, nothing else
-    # changes); with it, smaller micro-batches mean more of them and a smaller bubble.
-    if make(mbss[0], v, sh, rc, of, hs).pp == 1:
-        picks = [lo]
-    else:
-        picks = list(range(lo, len(mbss)))
+    # changes); with it, smaller micro-batches mean more of them and a smaller bubble, until
+    # the bubble is negligible.
+    plan0 = make(mbss[lo], v, sh, rc, of, hs)
+    picks = [lo]
+    if plan0.pp > 1:
+        for i in range(lo + 1, len(mbss)):
+            m_prev = plan0.global_batch_size // (plan0.dp * mbss[i - 1])
+            if (plan0.pp - 1) / (v * m_prev + plan0.pp - 1) < SMALL_BUBBLE:
+                break
+            picks.append(i)
     for i in picks:
         mbs = mbss[i]
         n_rc = 0
         if rc == "full" and layers_max > 1 and not c.recompute:
-            # fewest recomputed layers per stage that fit (block recompute)
-            a, b = 1, int(layers_max)
-            while a < b:
-                mid = (a + b) // 2
-                if check(make(mbs, v, sh, rc, of, hs, mid)).fits:
-                    b = mid
-                else:
-                    a = mid + 1
-            n_rc = a if a < layers_max else 0
+            n_rc = _fewest_recomputed_layers(check, make, mbs, v, sh, rc, of, hs, int(layers_max))
         mem = check(make(mbs, v, sh, rc, of, hs, n_rc))
         if mem.fits:
             yield mbs, n_rc, mem
+
+
+def _fewest_recomputed_layers(check, make, mbs, v, sh, rc, of, hs, layers: int) -> int:
+    """Block recompute: the fewest layers per stage to recompute so that the plan fits
+    (0 = all). Peak memory is linear in that number (each recomputed layer keeps 2·sbh
+    instead of its activations), so two evaluations give the line and a third confirms."""
+    one = check(make(mbs, v, sh, rc, of, hs, 1))
+    if one.fits:
+        return 1
+    full = check(make(mbs, v, sh, rc, of, hs, 0))  # all layers
+    if not full.fits or layers <= 2:
+        return 0
+    per_layer = (one.total_bytes - full.total_bytes) / (layers - 1)
+    need = one.total_bytes - full.gpu_usable_bytes
+    n = min(layers, 1 + int(-(-need // per_layer))) if per_layer > 0 else layers
+    while n < layers and not check(make(mbs, v, sh, rc, of, hs, n)).fits:
+        n += 1  # rounding of the integer byte counts: step up until it fits
+    return 0 if n >= layers else n
 
 
 def _faster(a: Candidate, b: Candidate) -> bool:
