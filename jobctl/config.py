@@ -681,3 +681,28 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
     if issues:
         raise ConfigError(_ordered(issues))
     return Loaded(shown, value, data, node, lines)
+
+
+def resolve_launch(recipe_data: dict, plan: dict, path: str = "<recipe>") -> dict:
+    """Resolve the recipe's `launch` block now that the plan exists: `${plan.tp}`,
+    `${train.seq_len}` and any other key of the recipe may be referred to."""
+    from omegaconf import OmegaConf
+
+    launch = recipe_data.get("launch") or {}
+    context = {k: v for k, v in recipe_data.items() if k != "launch"}
+    context["plan"] = dict(plan)
+    context["launch"] = launch
+    try:
+        node = OmegaConf.create(context)
+        return OmegaConf.to_container(node.launch, resolve=True)
+    except Exception as e:
+        msg = str(e).splitlines()[0]
+        raise ConfigError([ConfigIssue(path, None, "launch", f"cannot resolve interpolation: {msg}; "
+                                       "the plan's keys are " + ", ".join(sorted(plan)))]) from None
+
+
+def dump_yaml(data: dict) -> str:
+    """Plain data as YAML text (the resolved recipe kept in a job folder)."""
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -166,6 +166,8 @@ class Inventory(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     memory: MemoryKnobs = Field(default_factory=MemoryKnobs)
+    workdir: str | None = Field(default=None, description="where job folders live (shared with the nodes); "
+                                "default: $JOBCTL_HOME/jobs")
 
     @model_validator(mode="after")
     def _unique(self):

@@ -178,6 +178,32 @@ def render_explain(ex: dict) -> None:
                        f"step {duration(wnr['step_time_s'])}, {wnr['tokens_per_s_per_gpu'] or 0:,.0f} tokens/s/GPU"))
 
 
+def render_dry_run(items: list[dict]) -> None:
+    """What submit would do: parameters, environment, each node's command, the sbatch script."""
+    import json as _json
+
+    from rich.text import Text
+
+    con = _console()
+    for item in items:
+        con.print(Text(f"{item['recipe']} -> {item['cluster']}/{item['partition']} ({item['scheduler']}), "
+                       f"job folder {item['job_folder']}", style="bold"), soft_wrap=True)
+        con.print(Text("parameters: " + _json.dumps(item["parameters"], default=str)), soft_wrap=True)
+        con.print(Text("environment:", style="bold"))
+        for k, v in item["env"].items():
+            con.print(Text(f"  {k}={v!r}" if len(v) < 200 else f"  {k}=<{len(v)} characters>"), soft_wrap=True)
+        for node in item["nodes"]:
+            con.print(Text(f"node {node['node_rank']} runs (argv, no shell): " + _json.dumps(node["argv"])),
+                      soft_wrap=True)
+        if "sbatch" in item:
+            con.print(Text("sbatch script:", style="bold"))
+            con.print(Text(item["sbatch"]), soft_wrap=True)
+        if "check" in item:
+            ok = item["check"]["ok"]
+            con.print(Text(("sbatch --test-only: OK " if ok else "sbatch --test-only: REFUSED ") + item["check"]["sbatch"],
+                           style="green" if ok else "bold red"), soft_wrap=True)
+
+
 def render_plan_overview(reports: list[dict], recipe: str) -> None:
     from rich.table import Table
     from rich.text import Text

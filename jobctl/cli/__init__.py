@@ -21,6 +21,7 @@ Exit codes: 0 ok / fits, 1 internal error, 2 bad input or usage,
 COMMANDS = [
     ("jobctl.cli.plan", "plan"),
     ("jobctl.cli.memory", "memory"),
+    ("jobctl.cli.submit", "submit"),
 ]
 
 

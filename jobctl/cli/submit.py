@@ -1,0 +1,105 @@
+"""Plan a recipe and submit it: to Slurm through submitit, or locally (the embedded default)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+from jobctl.errors import EXIT_NO_FIT, EXIT_OK, EXIT_SCHEDULER, UsageError
+
+HELP = "plan and submit a recipe (Slurm through submitit, or this machine)"
+EPILOG = """examples:
+  jobctl submit recipes/tiny.yaml --cluster local --wait        # the embedded default, no Slurm
+  jobctl submit recipes/llama70b.yaml --cluster h100             # plan + sbatch
+  jobctl submit recipes/llama70b.yaml --cluster h100 --dry-run --check   # show it, ask sbatch --test-only
+  jobctl submit recipes/tiny.yaml -c dev --sweep train.lr=1e-4,3e-4 --sweep train.seq_len=32,64
+
+exit codes: 0 submitted (with --wait: completed), 3 nothing fits, 2 bad input,
+            4 the scheduler refused or cannot be reached, 1 with --wait: the job failed."""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("recipe", help="recipe file (or a name from recipes/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. train.seq_len=4096")
+    p.add_argument("--cluster", "-c", required=True, help="inventory name from clusters/ or a path to one")
+    p.add_argument("--objective", choices=("throughput", "time", "gpus"), default="throughput")
+    p.add_argument("--sweep", action="append", default=[], metavar="key=v1,v2",
+                   help="submit one job per combination of values (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="render the sbatch script, environment and commands only")
+    p.add_argument("--check", action="store_true", help="with --dry-run: ask Slurm (sbatch --test-only)")
+    p.add_argument("--wait", action="store_true", help="wait for the job(s) to end; exit 0 only if all completed")
+    p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON on stdout")
+
+
+def sweep_combinations(sweeps: list[str]) -> list[list[str]]:
+    """--sweep a=1,2 --sweep b=x,y -> [[a=1, b=x], [a=1, b=y], [a=2, b=x], [a=2, b=y]]."""
+    axes = []
+    for item in sweeps:
+        if "=" not in item or item.startswith("="):
+            raise UsageError(f"--sweep {item!r}: expected key=value1,value2", hint="e.g. --sweep train.lr=1e-4,3e-4")
+        key, values = item.split("=", 1)
+        vals = [v for v in values.split(",") if v != ""]
+        if not vals:
+            raise UsageError(f"--sweep {item!r}: no values after '='")
+        axes.append([f"{key}={v}" for v in vals])
+    return [list(c) for c in itertools.product(*axes)] if axes else [[]]
+
+
+def run(args) -> int:
+    from jobctl import ui
+    from jobctl.planning import load_inventory, load_recipe, plan_on
+    from jobctl.submit import prepare, render, submit_all, test_only
+
+    if args.check and not args.dry_run:
+        raise UsageError("--check goes with --dry-run", hint="jobctl submit RECIPE -c CLUSTER --dry-run --check")
+    inv = load_inventory(args.cluster)
+    subs = []
+    combos = sweep_combinations(args.sweep)
+    sweep_id = None
+    if len(combos) > 1:
+        import uuid
+
+        sweep_id = uuid.uuid4().hex[:12]
+    for combo in combos:
+        overrides = list(args.overrides) + combo
+        rec = load_recipe(args.recipe, overrides)
+        result = plan_on(rec, inv, objective=args.objective, alternatives=0)
+        if not result.feasible:
+            if args.as_json:
+                ui.print_json(result.data)
+            else:
+                ui.render_plan(result.data)
+            return EXIT_NO_FIT
+        sub = prepare(rec, inv, result.data, overrides)
+        sub.sweep_id = sweep_id
+        subs.append(sub)
+    if args.dry_run:
+        out = [render(s) for s in subs]
+        if args.check:
+            for o, s in zip(out, subs):
+                if s.scheduler == "slurm":
+                    ok, text = test_only(s)
+                    o["check"] = {"ok": ok, "sbatch": text}
+        if args.as_json:
+            ui.print_json(out if len(out) > 1 else out[0])
+        else:
+            ui.render_dry_run(out)
+        if args.check and any(not o.get("check", {"ok": True})["ok"] for o in out):
+            return EXIT_SCHEDULER
+        return EXIT_OK
+    from jobctl.store import History
+
+    with History.open() as history:
+        results = submit_all(subs, history, progress=None if args.as_json else ui.info)
+        if args.wait:
+            from jobctl.watch import wait_for
+
+            code = wait_for(results, history, quiet=args.as_json)
+        else:
+            code = EXIT_OK
+    if args.as_json:
+        ui.print_json([{k: v for k, v in r.items() if k != "job"} for r in results])
+    elif not args.wait:
+        for r in results:
+            sys.stdout.write(f"#{r['id']}\t{r['scheduler_job_id']}\t{r['job_folder']}\n")
+    return code

@@ -1,0 +1,1 @@
+"""Small training programs that ship with jobctl (the embedded default's job)."""

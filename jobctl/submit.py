@@ -1,0 +1,342 @@
+"""Submission through submitit: the only module that imports submitit.
+
+`prepare` turns a planned recipe into a `Submission` (job folder contents, Slurm
+parameters, environment, command); `render` shows it for --dry-run; `submit_all` records
+each job in the history, submits (one job array per group of equal resources) and records
+the scheduler id. `NodeRunner` is the callable submitit runs once per node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobctl.errors import SchedulerError, UsageError
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+@dataclass
+class Submission:
+    """One job, fully resolved: what goes in its folder and what the scheduler is asked."""
+
+    recipe_name: str
+    recipe_path: str
+    recipe_text: str  # the resolved recipe as YAML
+    plan: object  # planner Plan
+    plan_report: dict  # the `plan --json` object
+    cluster: str
+    partition: str
+    scheduler: str  # slurm | local
+    inventory_text: str
+    slurm: dict  # submitit SlurmExecutor parameters (slurm) or the local subset
+    env: dict[str, str]
+    command: list[str]
+    launcher: str
+    workdir: Path
+    overrides: list[str] = field(default_factory=list)
+    sweep_id: str | None = None
+    parent_id: int | None = None
+
+    def resource_key(self) -> str:
+        """Jobs with equal keys can share one job array (one sbatch call)."""
+        return json.dumps({"cluster": self.cluster, "slurm": self.slurm}, sort_keys=True, default=str)
+
+
+def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None = None) -> Submission:
+    """A Submission from a loaded recipe, inventory and the plan `jobctl plan` chose."""
+    from jobctl import config, launch
+    from jobctl.planner.plan import Plan
+
+    recipe, inv = recipe_loaded.value, inv_loaded.value
+    plan = Plan.from_dict(report["plan"])
+    part = next(p for p in inv.partitions if p.name == report["partition"])
+    launch_block = config.resolve_launch(recipe_loaded.data, report["plan"], recipe_loaded.path)
+    command = launch.command_argv(launch_block.get("command"))
+    env = launch.job_environment(plan, recipe, inv)
+    env.update({str(k): str(v) for k, v in (launch_block.get("env") or {}).items()})
+    scheduler = inv.scheduler
+    slurm = launch.slurm_parameters(plan, recipe, inv, part) if scheduler == "slurm" else \
+        {"timeout_min": launch.parse_slurm_time(recipe.resources.time, "resources.time") or launch.DEFAULT_TIME_MIN,
+         "job_name": recipe.name}
+    data = dict(recipe_loaded.data)
+    data["launch"] = launch_block
+    return Submission(
+        recipe_name=recipe.name, recipe_path=recipe_loaded.path, recipe_text=config.dump_yaml(data),
+        plan=plan, plan_report=report, cluster=inv.name, partition=part.name, scheduler=scheduler,
+        inventory_text=config.dump_yaml(inv_loaded.data), slurm=slurm, env=env, command=command,
+        launcher=launch_block.get("launcher") or recipe.launch.launcher, workdir=jobs_root(inv),
+        overrides=list(overrides or []),
+    )
+
+
+def jobs_root(inv) -> Path:
+    from jobctl.store import default_path
+
+    if inv.workdir:
+        return Path(os.path.expandvars(os.path.expanduser(inv.workdir)))
+    return default_path().parent / "jobs"
+
+
+# --- dry run ----------------------------------------------------------------------------------
+
+def render(sub: Submission, folder: Path | None = None) -> dict:
+    """Everything a submission would do, without doing it: sbatch script, environment, the
+    command each node runs (the first node's address as the scheduler will give it)."""
+    from jobctl import launch
+
+    folder = folder or (sub.workdir / f"<id>-{sub.recipe_name}")
+    nodes = []
+    for rank in range(sub.plan.nodes):
+        argv = launch.launcher_argv(sub.plan, sub.command, rank, "<first node>", 29500, sub.launcher,
+                                    rdzv_id="<job id>") if sub.launcher == "torchrun" else list(sub.command)
+        nodes.append({"node_rank": rank, "argv": argv})
+    out = {
+        "recipe": sub.recipe_path, "cluster": sub.cluster, "partition": sub.partition, "scheduler": sub.scheduler,
+        "job_folder": str(folder), "plan": sub.plan.to_dict(), "parameters": sub.slurm, "env": sub.env, "nodes": nodes,
+    }
+    if sub.scheduler == "slurm":
+        out["sbatch"] = sbatch_script(sub, folder)
+    return out
+
+
+def sbatch_script(sub: Submission, folder: Path) -> str:
+    """The sbatch script submitit would write (its own renderer, so it is the same text)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    params = dict(sub.slurm)
+    command = f"{shutil.which('python3') or sys.executable} -u -m submitit.core._submit '{folder}'"
+    return _make_sbatch_string(command=command, folder=folder, **params)
+
+
+def test_only(sub: Submission) -> tuple[bool, str]:
+    """Ask Slurm whether the request could be satisfied (sbatch --test-only), no job created."""
+    params = sub.slurm
+    argv = ["sbatch", "--test-only", f"--nodes={params.get('nodes', 1)}",
+            f"--ntasks-per-node={params.get('ntasks_per_node', 1)}", f"--time={params.get('time', 60)}"]
+    for key, flag in (("partition", "--partition"), ("cpus_per_task", "--cpus-per-task"), ("mem", "--mem"),
+                      ("gpus_per_node", "--gpus-per-node"), ("gres", "--gres"), ("account", "--account"),
+                      ("qos", "--qos"), ("constraint", "--constraint")):
+        if params.get(key) not in (None, ""):
+            argv.append(f"{flag}={params[key]}")
+    argv += ["--wrap", "true"]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise SchedulerError("sbatch is not installed here", hint="run jobctl on a machine where Slurm's "
+                             "client commands work, or use --cluster local") from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError("sbatch --test-only did not answer within 60 s") from None
+    text = (p.stdout + p.stderr).strip()
+    return p.returncode == 0, text
+
+
+# --- submission -------------------------------------------------------------------------------
+
+def check_scheduler(scheduler: str) -> None:
+    """Refuse early, before anything is recorded, when the scheduler cannot be reached."""
+    if scheduler != "slurm":
+        return
+    if shutil.which("sbatch") is None:
+        raise SchedulerError("cannot submit: sbatch is not installed on this machine",
+                             hint="run jobctl where Slurm's client commands work (a login node), or "
+                                  "use --cluster local")
+    try:
+        p = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as e:
+        raise SchedulerError(f"cannot reach the Slurm controller: {e}") from None
+    if p.returncode != 0 or "UP" not in p.stdout:
+        detail = (p.stdout + p.stderr).strip().splitlines()
+        raise SchedulerError("cannot submit: the Slurm controller is not answering"
+                             + (f" ({detail[-1]})" if detail else ""),
+                             hint="check `scontrol ping` and SLURM_CONF, then submit again")
+
+
+def _executor(sub: Submission, folder: Path):
+    import submitit
+
+    if sub.scheduler == "slurm":
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=3)
+        ex.update_parameters(**sub.slurm, signal_delay_s=30)
+    else:
+        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=3)
+        ex.update_parameters(timeout_min=sub.slurm["timeout_min"], tasks_per_node=1, nodes=1)
+    return ex
+
+
+def _write_folder(sub: Submission, folder: Path, job_id: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "logs").mkdir(exist_ok=True)
+    (folder / "recipe.yaml").write_text(sub.recipe_text, encoding="utf-8")
+    (folder / "inventory.yaml").write_text(sub.inventory_text, encoding="utf-8")
+    (folder / "plan.json").write_text(json.dumps(sub.plan_report, indent=2, default=str) + "\n", encoding="utf-8")
+    (folder / "job.json").write_text(json.dumps({
+        "jobctl_id": job_id, "cluster": sub.cluster, "partition": sub.partition, "scheduler": sub.scheduler,
+        "parameters": sub.slurm, "env": sub.env, "command": sub.command, "launcher": sub.launcher,
+        "overrides": sub.overrides,
+    }, indent=2, default=str) + "\n", encoding="utf-8")
+    if sub.scheduler == "slurm":
+        (folder / "sbatch.sh").write_text(sbatch_script(sub, folder), encoding="utf-8")
+
+
+def submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
+    """Record, submit and record again each submission. Equal resources share one job array.
+
+    Ctrl-C: each job's PREPARED row is committed before submitit is called and the scheduler
+    id right after, so an interruption leaves either a submitted and recorded job or a
+    PREPARED row that was never submitted (shown as such by `jobctl history`).
+    """
+    import submitit
+
+    groups: dict[str, list[Submission]] = {}
+    for s in subs:
+        groups.setdefault(s.resource_key(), []).append(s)
+    check_scheduler(subs[0].scheduler)
+    results = []
+    for group in groups.values():
+        ids, folders = [], []
+        for s in group:
+            jid = history.prepare(recipe_name=s.recipe_name, recipe_text=s.recipe_text, plan=s.plan,
+                                  cluster=s.cluster, scheduler=s.scheduler, partition=s.partition,
+                                  recipe_path=s.recipe_path, parent_id=s.parent_id, sweep_id=s.sweep_id,
+                                  predicted_peak_bytes=s.plan_report["memory"]["total_bytes"],
+                                  extra={"overrides": s.overrides})
+            folder = s.workdir / f"{jid}-{s.recipe_name}"
+            _write_folder(s, folder, jid)
+            ids.append(jid)
+            folders.append(folder)
+        exec_folder = folders[0] if len(group) == 1 else folders[0].parent / f"array-{ids[0]}-{ids[-1]}"
+        ex = _executor(group[0], exec_folder)
+        runners = [NodeRunner.from_submission(s, f, jid) for s, f, jid in zip(group, folders, ids)]
+        try:
+            if len(group) == 1:
+                jobs = [ex.submit(runners[0])]
+            else:
+                with ex.batch():
+                    jobs = [ex.submit(r) for r in runners]
+        except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as e:
+            reason = _sbatch_message(e)
+            for jid in ids:
+                history.mark_submit_failed(jid, reason)
+            raise SchedulerError(f"the scheduler refused the job: {reason}",
+                                 hint="check the partition, GPU count and time limit against "
+                                      "`sinfo`, or run with --dry-run --check") from None
+        for job, jid, folder in zip(jobs, ids, folders):
+            history.mark_submitted(jid, str(job.job_id), str(folder))
+            history.transition(jid, "SUBMITTED", detail=f"{group[0].scheduler} job {job.job_id}")
+            (folder / "submitit.json").write_text(json.dumps({"job_id": str(job.job_id),
+                                                              "submitit_folder": str(exec_folder)}) + "\n")
+            results.append({"id": jid, "scheduler_job_id": str(job.job_id), "job_folder": str(folder),
+                            "recipe": group[0].recipe_name, "job": job})
+            if progress:
+                progress(f"submitted #{jid} as {group[0].scheduler} job {job.job_id} ({folder})")
+    return results
+
+
+def _sbatch_message(e: Exception) -> str:
+    text = str(e)
+    for marker in ("sbatch: error:", "error:"):
+        if marker in text:
+            return text[text.index(marker):].strip().splitlines()[0]
+    return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
+
+
+# --- the job runner -----------------------------------------------------------------------------
+
+class NodeRunner:
+    """Runs once per node inside the job: sets the environment explicitly, then runs the
+    recipe's command (under torchrun, or bare) with an argv list — never through a shell —
+    and copies its output to logs/node-<rank>.log in the job folder.
+
+    Checkpointable: on preemption or timeout submitit calls `checkpoint` and requeues it.
+    """
+
+    def __init__(self, folder: str, jobctl_id: int, plan: dict, env: dict[str, str], command: list[str],
+                 launcher: str):
+        self.folder = folder
+        self.jobctl_id = jobctl_id
+        self.plan = plan
+        self.env = env
+        self.command = command
+        self.launcher = launcher
+
+    @classmethod
+    def from_submission(cls, sub: Submission, folder: Path, jobctl_id: int) -> "NodeRunner":
+        return cls(str(folder), jobctl_id, sub.plan.to_dict(), dict(sub.env), list(sub.command), sub.launcher)
+
+    def argv(self, node_rank: int, master: str, job_id: str) -> list[str]:
+        from jobctl import launch
+        from jobctl.planner.plan import Plan
+
+        command = list(self.command)
+        if self.launcher == "none" and command and command[0] in ("python", "python3"):
+            command[0] = sys.executable  # "python" means the job's interpreter
+        return launch.launcher_argv(Plan.from_dict(self.plan), command, node_rank, master,
+                                    launch.rdzv_port(job_id), self.launcher, rdzv_id=f"jobctl-{job_id}")
+
+    def __call__(self) -> dict:
+        import submitit
+
+        jenv = submitit.JobEnvironment()
+        rank = jenv.node if jenv.num_nodes > 1 else 0
+        master = first_node_address(jenv.hostnames)
+        job_id = str(jenv.job_id)
+        env = dict(os.environ)
+        env.update(self.env)
+        env["JOBCTL_JOB_ID"] = str(self.jobctl_id)
+        env["JOBCTL_JOB_FOLDER"] = self.folder
+        env["JOBCTL_NODE_RANK"] = str(rank)
+        argv = self.argv(rank, master, job_id)
+        logs = Path(self.folder) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        print(f"jobctl: node {rank}/{self.plan['nodes']} running: {json.dumps(argv)}", flush=True)
+        with open(logs / f"node-{rank}.log", "ab", buffering=0) as log:
+            try:
+                proc = subprocess.Popen(argv, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT)
+            except FileNotFoundError as e:
+                log.write(f"jobctl: cannot start {argv[0]!r}: {e}\n".encode())
+                raise RuntimeError(f"cannot start {argv[0]!r}: {e}") from None
+            for line in proc.stdout:
+                log.write(line)
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+            code = proc.wait()
+        outcome = {"node_rank": rank, "exit_code": code, "duration_s": round(time.time() - started, 3),
+                   "job_id": job_id, "argv": argv}
+        (Path(self.folder) / f"outcome-node{rank}.json").write_text(json.dumps(outcome) + "\n")
+        if code != 0:
+            raise RuntimeError(f"the command exited with code {code} on node {rank} (see {logs}/node-{rank}.log)")
+        return outcome
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def first_node_address(hostnames: list[str]) -> str:
+    """An address the other nodes can reach the first node at: its name if it resolves,
+    else Slurm's NodeAddr for it (nodes named in slurm.conf but not in DNS)."""
+    host = hostnames[0] if hostnames else socket.gethostname()
+    try:
+        socket.gethostbyname(host)
+        return host
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["scontrol", "show", "node", host], capture_output=True, text=True, timeout=30).stdout
+        for word in out.split():
+            if word.startswith("NodeAddr="):
+                return word.split("=", 1)[1]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    raise UsageError(f"cannot find an address for the first node {host!r}")

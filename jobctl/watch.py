@@ -1,0 +1,58 @@
+"""Follow submitted jobs until they end, recording every state change in the history."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from jobctl.errors import EXIT_INTERNAL, EXIT_OK
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE", "SUBMIT_FAILED"}
+
+
+def refresh(history, records) -> dict:
+    """Ask the scheduler once about `records` and record transitions; return {id: JobState}."""
+    from jobctl.scheduler import states
+
+    current = states(records)
+    for r in records:
+        st = current.get(r.id)
+        if st is not None and st.state != r.state:
+            history.transition(r.id, st.state, detail=st.reason, exit_reason=st.exit_code
+                               if st.state in TERMINAL and st.state != "COMPLETED" else None)
+    return current
+
+
+def wait_for(results, history, quiet: bool = False, poll_s: float = 1.0, max_poll_s: float = 10.0,
+             follow_logs: bool = True) -> int:
+    """Poll until every job ends; print the first node's log as it grows. 0 if all completed."""
+    from pathlib import Path
+
+    ids = [r["id"] for r in results]
+    offsets: dict[int, int] = {}
+    delay = poll_s
+    while True:
+        records = [history.get(i) for i in ids]
+        current = refresh(history, records)
+        if follow_logs and not quiet:
+            for r in records:
+                log = Path(r.job_folder or "") / "logs" / "node-0.log"
+                if log.exists():
+                    with open(log, "rb") as f:
+                        f.seek(offsets.get(r.id, 0))
+                        chunk = f.read()
+                        offsets[r.id] = f.tell()
+                    if chunk:
+                        prefix = f"#{r.id} | " if len(ids) > 1 else ""
+                        for line in chunk.decode("utf-8", "replace").splitlines():
+                            sys.stderr.write(prefix + line + "\n")
+        done = [i for i in ids if current.get(i) and current[i].state in TERMINAL]
+        if len(done) == len(ids):
+            bad = [i for i in ids if current[i].state != "COMPLETED"]
+            if not quiet:
+                for i in ids:
+                    sys.stderr.write(f"#{i}: {current[i].state}" + (f" ({current[i].reason})" if current[i].reason else "") + "\n")
+            return EXIT_OK if not bad else EXIT_INTERNAL
+        time.sleep(delay)
+        delay = min(max_poll_s, delay * 1.5)
