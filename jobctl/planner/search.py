@@ -174,7 +174,8 @@ def layouts(w: Workload, t: Target, c: Constraints):
                if x == 1 or (w.seq_len % (2 * x) == 0 and w.seq_len // x >= MIN_CP_TOKENS)]
     else:
         cps = [1]
-    dps = [c.dp] if c.dp else divisors(w.global_batch_size)
+    dps = [c.dp] if c.dp else [d for d in divisors(w.global_batch_size)
+                               if (w.global_batch_size // d) % (c.micro_batch_size or 1) == 0]
     max_gpus = t.total_gpus if c.max_nodes is None else min(t.total_gpus, c.max_nodes * t.gpus_per_node)
     for tp in tps:
         for pp in pps:
@@ -278,6 +279,9 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
         if len(vs) > 1 and (pp - 1) / (per_dp + pp - 1) < SMALL_BUBBLE:
             vs = [1]  # with this many micro-batches the bubble is negligible: interleaving cannot pay
         knobs = knob_options(w, c, dp * cp, nodes, gpn, tp)
+        if not knobs:
+            result.rejected["hsdp group does not divide dp·cp"] += 1
+            continue
         bound = _bound(w, t, c, steps, objective, (tp, pp, cp, dp, nodes, gpn), mbss, vs, knobs[0], sp)
         prepared.append((bound, tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, layers_max, vs, knobs))
     prepared.sort(key=lambda x: -x[0])
