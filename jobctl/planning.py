@@ -206,3 +206,59 @@ def _no_fit(recipe_loaded, inv, res, reasons, tips, w=None) -> dict:
 
 def gib(x: float) -> float:
     return x / GIB
+
+
+def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None = None,
+              history_plans: list[dict] | None = None) -> ClusterPlan:
+    """The next plan after `failed_plan` ran out of memory (the OOM ladder), as a plan report
+    with a `ladder` block: which rung, why, and the learned usable memory."""
+    from jobctl.errors import UsageError
+    from jobctl.planner import inputs
+    from jobctl.planner.ladder import OOMInfo, next_plan
+    from jobctl.planner.plan import Plan
+    from jobctl.planner.search import Candidate
+
+    recipe, inv = recipe_loaded.value, inv_loaded.value
+    try:
+        failed = Plan.from_dict(failed_plan)
+    except TypeError as e:
+        raise UsageError(f"the failed plan is not a jobctl plan: {e}",
+                         hint="give the output of `jobctl plan ... --json` (or its \"plan\" object)") from None
+    problems = failed.check()
+    if problems:
+        raise UsageError("the failed plan is inconsistent: " + "; ".join(problems))
+    part = next((p for p in inv.partitions if p.name == (failure or {}).get("partition")), None) or inv.partitions[0]
+    t = inputs.target(inv, part, recipe.train.precision)
+    w = inputs.workload(recipe, inv, cpu=t.gpu.is_cpu)
+    if failed.global_batch_size != w.global_batch_size:
+        raise UsageError(f"the failed plan's global batch ({failed.global_batch_size}) differs from the recipe's "
+                         f"({w.global_batch_size}): the ladder keeps the global batch fixed")
+    info = OOMInfo(**{k: int(v) for k, v in (failure or {}).items()
+                      if k in ("tried_to_allocate_bytes", "total_capacity_bytes", "free_bytes", "measured_peak_bytes")
+                      and v is not None})
+    seen = tuple(Plan.from_dict(p) for p in (history_plans or []))
+    try:
+        step = next_plan(w, t, inputs.constraints(recipe), failed, info, seen)
+    except ValueError as e:
+        raise UsageError(f"cannot step down from this plan: {e}") from None
+    if step is None:
+        data = _no_fit(recipe_loaded, inv, None, ["nothing smaller: no plan on this partition predicts less memory "
+                                                  "than the failed one while keeping the global batch"], [], w)
+        data["partition"] = t.partition
+        return ClusterPlan(data, None, w, False)
+    from jobctl.planner.perf import estimate_step
+
+    est = estimate_step(w, step.plan, t.links, t.gpus_per_node, train_steps(recipe)) if t.links else None
+
+    class _Res:  # the shape _report reads
+        pass
+
+    res = _Res()
+    res.best = Candidate(step.plan, step.memory, est)
+    res.target, res.ranked, res.considered, res.feasible_count, res.rejected = t, [], 0, 1, {}
+    res.smallest = {}
+    data = _report(recipe_loaded, w, res, inputs.constraints(recipe), "throughput", False, 0)
+    data["why_not"] = []
+    data["ladder"] = {"rung": step.rung, "reason": step.reason, "usable_bytes": step.usable_bytes,
+                      "failed_plan": failed.to_dict()}
+    return ClusterPlan(data, res, w, True)

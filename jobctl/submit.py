@@ -59,7 +59,10 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
     plan = Plan.from_dict(report["plan"])
     part = next(p for p in inv.partitions if p.name == report["partition"])
     launch_block = config.resolve_launch(recipe_loaded.data, report["plan"], recipe_loaded.path)
-    command = launch.command_argv(launch_block.get("command"))
+    raw = launch_block.get("command")
+    if isinstance(raw, list):  # "${plan.tp}" alone resolves to an int: an argument is its text
+        raw = [str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x for x in raw]
+    command = launch.command_argv(raw)
     env = launch.job_environment(plan, recipe, inv)
     env.update({str(k): str(v) for k, v in (launch_block.get("env") or {}).items()})
     scheduler = inv.scheduler

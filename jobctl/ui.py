@@ -33,7 +33,9 @@ def error(message: str, hint: str | None = None) -> None:
 
 
 def info(message: str) -> None:
-    _console(stderr=True).print(message, style="dim")
+    from rich.text import Text
+
+    _console(stderr=True).print(Text(message, style="dim"), soft_wrap=True)
 
 
 def gib(x) -> str:
@@ -239,3 +241,48 @@ def render_memory_calc(result: dict) -> None:
         con.print(Text("note: " + note))
     verdict = result["verdict"]
     con.print(Text(verdict, style="bold green" if result["fits"] else "bold red"))
+
+
+# --- jobs: status, history ------------------------------------------------------------------------
+
+_STATE_STYLES = {"COMPLETED": "green", "RUNNING": "bold cyan", "COMPLETING": "cyan", "PENDING": "yellow",
+                 "SUBMITTED": "yellow", "REQUEUED": "yellow", "SUSPENDED": "yellow", "PREPARED": "dim",
+                 "CANCELLED": "magenta", "UNKNOWN": "dim"}
+
+
+def local_time(iso: str | None) -> str:
+    """A stored UTC timestamp as local wall-clock time, to the minute."""
+    from datetime import datetime
+
+    if not iso:
+        return ""
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return iso
+
+
+def jobs_table(rows: list[dict], title: str | None = None):
+    """Jobs as `status` and `history` show them (rows from jobctl.cli.history.job_row)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left", pad_edge=False)
+    for col in ("id", "scheduler id", "recipe", "cluster", "state", "nodes", "submitted", "elapsed",
+                "exit reason", "attempts"):
+        table.add_column(col, justify="right" if col in ("id", "nodes", "elapsed") else "left",
+                         overflow="fold", no_wrap=col in ("id", "state", "submitted"))
+    for r in rows:
+        nodes = "" if r["nodes"] is None else str(r["nodes"])
+        if r.get("node_list"):
+            nodes += f" {r['node_list']}"
+        why = r.get("exit_reason") or r.get("reason") or ""
+        chain = " → ".join(f"#{i}" for i in r.get("chain") or [])
+        table.add_row(f"#{r['id']}", Text(r.get("scheduler_job_id") or ""), Text(r["recipe"]), Text(r["cluster"]),
+                      Text(r["state"], style=_STATE_STYLES.get(r["state"], "bold red")), Text(nodes),
+                      local_time(r.get("submitted_at")), duration(r.get("elapsed_s")), Text(why), Text(chain))
+    return table
+
+
+def render_jobs(rows: list[dict], title: str | None = None) -> None:
+    _console().print(jobs_table(rows, title))

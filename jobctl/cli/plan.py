@@ -64,6 +64,41 @@ def _overview_key(report: dict, objective: str):
 
 
 def _after_oom(args) -> int:
-    from jobctl.errors import UsageError
+    """--after-oom PLAN.json: the next plan down the OOM ladder, as `plan` would print it."""
+    import json
 
-    raise UsageError("--after-oom is not available yet in this build")
+    from jobctl import ui
+    from jobctl.errors import UsageError
+    from jobctl.planning import after_oom, load_request
+
+    if not args.cluster:
+        raise UsageError("--after-oom needs --cluster", hint="jobctl plan RECIPE --cluster C --after-oom PLAN.json")
+    try:
+        with open(args.after_oom, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"--after-oom: file not found: {args.after_oom}") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--after-oom: {args.after_oom} is not a JSON plan: {e}",
+                         hint="save one with `jobctl plan RECIPE --cluster C --json > plan.json`") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"--after-oom: {args.after_oom} holds {type(doc).__name__}, expected a JSON object")
+    plan = doc.get("plan") if isinstance(doc.get("plan"), dict) else doc
+    failure = dict(doc.get("failure") or {})
+    if doc.get("partition"):
+        failure.setdefault("partition", doc["partition"])
+    if args.tried_to_allocate is not None:
+        if not 0 < args.tried_to_allocate < 1 << 20:
+            raise UsageError(f"--tried-to-allocate: expected a positive size in GiB, got {args.tried_to_allocate}")
+        failure["tried_to_allocate_bytes"] = int(args.tried_to_allocate * (1 << 30))
+    rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
+    result = after_oom(rec, invs[0], plan, failure)
+    if args.as_json:
+        ui.print_json(result.data)
+    else:
+        lad = result.data.get("ladder")
+        if lad:
+            ui.info(f"after the OOM: {lad['rung']} — {lad['reason']} (usable memory learned: "
+                    f"{lad['usable_bytes'] / (1 << 30):.2f} GiB)")
+        ui.render_plan(result.data)
+    return EXIT_OK if result.feasible else EXIT_NO_FIT
