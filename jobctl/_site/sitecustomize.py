@@ -1,0 +1,53 @@
+"""Run by Python at start-up when this folder is on PYTHONPATH: jobctl's memory hooks, when JOBCTL_HOOKS=1.
+
+The job runner puts this folder first on PYTHONPATH (jobctl.hooks.site_env). Being first
+hides any other sitecustomize (a distribution's, a virtual environment's), so that one is
+found further along sys.path and run first. Nothing here may stop Python from starting.
+"""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run_next_sitecustomize() -> None:
+    import importlib.machinery
+    import importlib.util
+
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def _load_hooks():
+    try:
+        from jobctl import hooks
+        return hooks
+    except ImportError:
+        pass
+    # jobctl is not installed in the job's Python: hooks.py needs only the standard library
+    # and torch, so load it by its path (a script cannot `import jobctl` here anyway).
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_jobctl_hooks", os.path.join(os.path.dirname(_HERE), "hooks.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_jobctl_hooks"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+try:
+    _run_next_sitecustomize()
+except Exception as e:
+    print(f"jobctl.hooks: the next sitecustomize failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+if os.environ.get("JOBCTL_HOOKS") == "1":
+    try:
+        _load_hooks().site_install()
+    except Exception as e:
+        print(f"jobctl.hooks: not installed: {type(e).__name__}: {e}", file=sys.stderr)

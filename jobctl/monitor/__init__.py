@@ -1,0 +1,1 @@
+"""In-job monitoring: GPU sampling, failure classification, outcome records."""
