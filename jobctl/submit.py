@@ -21,6 +21,15 @@ from pathlib import Path
 from jobctl.errors import SchedulerError, UsageError
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+# What happens after a failure, by classification (monitor/classify.py): the OOM ladder for
+# CUDA OOM; timeouts and preemption use submitit's requeue (the runner is checkpointable);
+# host OOM, NCCL and user errors are not retried unless configured.
+DEFAULT_POLICY = {
+    "max_attempts": 3,
+    "retry": {"CUDA_OOM": "ladder", "HOST_OOM": "none", "NCCL": "none", "USER_ERROR": "none"},
+    "memory_snapshot": False,
+    "sample_interval_s": 5.0,
+}
 
 
 @dataclass
@@ -44,6 +53,10 @@ class Submission:
     overrides: list[str] = field(default_factory=list)
     sweep_id: str | None = None
     parent_id: int | None = None
+    attempt: int = 1
+    recipe_source: dict = field(default_factory=dict)  # the recipe as loaded, launch unresolved (re-planning)
+    inventory_source: dict = field(default_factory=dict)
+    policy: dict = field(default_factory=lambda: dict(DEFAULT_POLICY))
 
     def resource_key(self) -> str:
         """Jobs with equal keys can share one job array (one sbatch call)."""
@@ -76,7 +89,8 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
         plan=plan, plan_report=report, cluster=inv.name, partition=part.name, scheduler=scheduler,
         inventory_text=config.dump_yaml(inv_loaded.data), slurm=slurm, env=env, command=command,
         launcher=launch_block.get("launcher") or recipe.launch.launcher, workdir=jobs_root(inv),
-        overrides=list(overrides or []),
+        overrides=list(overrides or []), recipe_source=dict(recipe_loaded.data),
+        inventory_source=dict(inv_loaded.data),
     )
 
 
@@ -180,10 +194,16 @@ def _write_folder(sub: Submission, folder: Path, job_id: int) -> None:
     (folder / "recipe.yaml").write_text(sub.recipe_text, encoding="utf-8")
     (folder / "inventory.yaml").write_text(sub.inventory_text, encoding="utf-8")
     (folder / "plan.json").write_text(json.dumps(sub.plan_report, indent=2, default=str) + "\n", encoding="utf-8")
+    (folder / "recipe.json").write_text(json.dumps(sub.recipe_source, indent=2, default=str) + "\n", encoding="utf-8")
+    (folder / "inventory.json").write_text(json.dumps(sub.inventory_source, indent=2, default=str) + "\n",
+                                           encoding="utf-8")
+    from jobctl.store import default_path
+
     (folder / "job.json").write_text(json.dumps({
         "jobctl_id": job_id, "cluster": sub.cluster, "partition": sub.partition, "scheduler": sub.scheduler,
         "parameters": sub.slurm, "env": sub.env, "command": sub.command, "launcher": sub.launcher,
-        "overrides": sub.overrides,
+        "overrides": sub.overrides, "recipe_path": sub.recipe_path, "attempt": sub.attempt,
+        "parent_id": sub.parent_id, "policy": sub.policy, "history_path": str(default_path()),
     }, indent=2, default=str) + "\n", encoding="utf-8")
     if sub.scheduler == "slurm":
         (folder / "sbatch.sh").write_text(sbatch_script(sub, folder), encoding="utf-8")
@@ -209,6 +229,7 @@ def submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
             jid = history.prepare(recipe_name=s.recipe_name, recipe_text=s.recipe_text, plan=s.plan,
                                   cluster=s.cluster, scheduler=s.scheduler, partition=s.partition,
                                   recipe_path=s.recipe_path, parent_id=s.parent_id, sweep_id=s.sweep_id,
+                                  attempt=s.attempt if s.parent_id else None,
                                   predicted_peak_bytes=s.plan_report["memory"]["total_bytes"],
                                   extra={"overrides": s.overrides})
             folder = s.workdir / f"{jid}-{s.recipe_name}"
@@ -262,17 +283,19 @@ class NodeRunner:
     """
 
     def __init__(self, folder: str, jobctl_id: int, plan: dict, env: dict[str, str], command: list[str],
-                 launcher: str):
+                 launcher: str, policy: dict | None = None):
         self.folder = folder
         self.jobctl_id = jobctl_id
         self.plan = plan
         self.env = env
         self.command = command
         self.launcher = launcher
+        self.policy = dict(policy or DEFAULT_POLICY)
 
     @classmethod
     def from_submission(cls, sub: Submission, folder: Path, jobctl_id: int) -> "NodeRunner":
-        return cls(str(folder), jobctl_id, sub.plan.to_dict(), dict(sub.env), list(sub.command), sub.launcher)
+        return cls(str(folder), jobctl_id, sub.plan.to_dict(), dict(sub.env), list(sub.command), sub.launcher,
+                   sub.policy)
 
     def argv(self, node_rank: int, master: str, job_id: str) -> list[str]:
         from jobctl import launch
@@ -291,39 +314,95 @@ class NodeRunner:
         rank = jenv.node if jenv.num_nodes > 1 else 0
         master = first_node_address(jenv.hostnames)
         job_id = str(jenv.job_id)
+        folder = Path(self.folder)
         env = dict(os.environ)
         env.update(self.env)
         env["JOBCTL_JOB_ID"] = str(self.jobctl_id)
         env["JOBCTL_JOB_FOLDER"] = self.folder
         env["JOBCTL_NODE_RANK"] = str(rank)
+        if self.policy.get("memory_snapshot"):
+            env["JOBCTL_MEMORY_SNAPSHOT"] = "1"
         argv = self.argv(rank, master, job_id)
-        logs = Path(self.folder) / "logs"
+        logs = folder / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        for stale in (folder / f"outcome-node{rank}.json",):  # a requeued run starts afresh
+            stale.unlink(missing_ok=True)
+        sampler, csv = _start_sampler(folder, rank, float(self.policy.get("sample_interval_s", 5.0)))
         started = time.time()
         print(f"jobctl: node {rank}/{self.plan['nodes']} running: {json.dumps(argv)}", flush=True)
-        with open(logs / f"node-{rank}.log", "ab", buffering=0) as log:
-            try:
-                proc = subprocess.Popen(argv, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT)
-            except FileNotFoundError as e:
-                log.write(f"jobctl: cannot start {argv[0]!r}: {e}\n".encode())
-                raise RuntimeError(f"cannot start {argv[0]!r}: {e}") from None
-            for line in proc.stdout:
-                log.write(line)
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-            code = proc.wait()
-        outcome = {"node_rank": rank, "exit_code": code, "duration_s": round(time.time() - started, 3),
-                   "job_id": job_id, "argv": argv}
-        (Path(self.folder) / f"outcome-node{rank}.json").write_text(json.dumps(outcome) + "\n")
+        code: int | None = None
+        try:
+            with open(logs / f"node-{rank}.log", "ab", buffering=0) as log:
+                try:
+                    proc = subprocess.Popen(argv, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT)
+                except FileNotFoundError as e:
+                    log.write(f"jobctl: cannot start {argv[0]!r}: {e}\n".encode())
+                    code = 127
+                else:
+                    for line in proc.stdout:
+                        log.write(line)
+                        sys.stdout.buffer.write(line)
+                        sys.stdout.flush()
+                    code = proc.wait()
+        finally:
+            if sampler is not None:
+                sampler.stop()
+        signal = -code if code is not None and code < 0 else None
+        outcome = _outcome(folder, rank, code, signal, time.time() - started, argv, job_id, csv)
+        if rank == 0:
+            _recover(folder, int(self.plan["nodes"]))
         if code != 0:
-            raise RuntimeError(f"the command exited with code {code} on node {rank} (see {logs}/node-{rank}.log)")
+            raise RuntimeError(f"the command exited with code {code} on node {rank} "
+                               f"({outcome.get('failure', {}).get('kind', 'failed')}; see {logs}/node-{rank}.log)")
         return outcome
 
     def checkpoint(self, *args, **kwargs):
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+def _start_sampler(folder: Path, rank: int, interval_s: float):
+    """The GPU sampler for this node; it can never stop the run (errors are swallowed)."""
+    csv = folder / "gpu" / f"node-{rank}.csv"
+    try:
+        from jobctl.monitor.sampler import GPUSampler
+
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        sampler = GPUSampler(csv, interval_s=interval_s, node_rank=rank)
+        sampler.start()
+        return sampler, csv
+    except Exception as e:  # monitoring is best effort
+        print(f"jobctl: GPU sampler not started: {e}", flush=True)
+        return None, None
+
+
+def _outcome(folder: Path, rank: int, code, signal, duration_s: float, argv, job_id: str, csv) -> dict:
+    try:
+        from jobctl.recover import write_outcome
+
+        return write_outcome(folder, rank, code, signal, duration_s, argv, job_id, csv)
+    except Exception as e:  # the record is best effort; the exit code still decides the job's state
+        record = {"node_rank": rank, "exit_code": code, "signal": signal, "duration_s": round(duration_s, 3),
+                  "job_id": job_id, "argv": argv, "error": f"outcome classification failed: {e}"}
+        (folder / f"outcome-node{rank}.json").write_text(json.dumps(record) + "\n")
+        return record
+
+
+def _recover(folder: Path, nodes: int) -> None:
+    """First node, after the others have written their outcome: step down after a CUDA OOM."""
+    try:
+        from jobctl.recover import recover, wait_for_outcomes
+
+        done = recover(folder, wait_for_outcomes(folder, nodes))
+        if done:
+            print(f"jobctl: {json.dumps({k: v for k, v in done.items() if k != 'failure'})}", flush=True)
+    except Exception as e:  # recovery must never hide the original failure
+        import traceback
+
+        (folder / "recovery-error.txt").write_text(traceback.format_exc())
+        print(f"jobctl: recovery failed: {e}", flush=True)
 
 
 def first_node_address(hostnames: list[str]) -> str:

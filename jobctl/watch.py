@@ -24,6 +24,29 @@ def refresh(history, records) -> dict:
     return current
 
 
+def successor(history, record, grace_s: float = 5.0) -> int | None:
+    """The job that continued `record` after a failure (the OOM ladder), if any: from the
+    history, or from successor.json in its folder (the folder is the source of truth; the
+    first node writes it after submitting). Waits briefly for the file right after the end."""
+    import json
+    from pathlib import Path
+
+    folder = Path(record.job_folder or "")
+    deadline = time.monotonic() + grace_s
+    while True:
+        meta = folder / "successor.json"
+        if meta.exists():
+            try:
+                return int(json.loads(meta.read_text())["jobctl_id"])
+            except (OSError, ValueError, KeyError):
+                pass
+        if (folder / "final.json").exists() or not (folder / "job.json").exists() or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    children = [r for r in history.chain(record.id) if r.parent_id == record.id]
+    return children[-1].id if children else None
+
+
 def wait_for(results, history, quiet: bool = False, poll_s: float = 1.0, max_poll_s: float = 10.0,
              follow_logs: bool = True) -> int:
     """Poll until every job ends; print the first node's log as it grows. 0 if all completed."""
@@ -48,6 +71,18 @@ def wait_for(results, history, quiet: bool = False, poll_s: float = 1.0, max_pol
                         for line in chunk.decode("utf-8", "replace").splitlines():
                             sys.stderr.write(prefix + line + "\n")
         done = [i for i in ids if current.get(i) and current[i].state in TERMINAL]
+        # follow attempt chains: a failed job whose first node submitted a successor
+        moved = False
+        for i in done:
+            if current[i].state != "COMPLETED":
+                nxt = successor(history, history.get(i))
+                if nxt is not None:
+                    if not quiet:
+                        sys.stderr.write(f"#{i}: {current[i].state}, continued as #{nxt}\n")
+                    ids[ids.index(i)] = nxt
+                    moved = True
+        if moved:
+            continue
         if len(done) == len(ids):
             bad = [i for i in ids if current[i].state != "COMPLETED"]
             if not quiet:

@@ -27,7 +27,14 @@ def add_arguments(p) -> None:
                    help="submit one job per combination of values (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="render the sbatch script, environment and commands only")
     p.add_argument("--check", action="store_true", help="with --dry-run: ask Slurm (sbatch --test-only)")
-    p.add_argument("--wait", action="store_true", help="wait for the job(s) to end; exit 0 only if all completed")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the job(s) to end, following OOM retries; exit 0 only if all completed")
+    p.add_argument("--max-attempts", type=int, default=3, metavar="N",
+                   help="attempts in an OOM chain, the first included (default 3)")
+    p.add_argument("--memory-snapshot", action="store_true",
+                   help="record CUDA allocation history (costly) and dump a snapshot on OOM (jobctl.hooks)")
+    p.add_argument("--retry", action="append", default=[], metavar="KIND=ACTION",
+                   help="override the retry policy, e.g. --retry HOST_OOM=ladder or --retry CUDA_OOM=none")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON on stdout")
 
 
@@ -52,6 +59,18 @@ def run(args) -> int:
 
     if args.check and not args.dry_run:
         raise UsageError("--check goes with --dry-run", hint="jobctl submit RECIPE -c CLUSTER --dry-run --check")
+    if not 1 <= args.max_attempts <= 100:
+        raise UsageError(f"--max-attempts: expected 1 to 100, got {args.max_attempts}")
+    from jobctl.submit import DEFAULT_POLICY
+
+    policy = {**DEFAULT_POLICY, "retry": dict(DEFAULT_POLICY["retry"]), "max_attempts": args.max_attempts,
+              "memory_snapshot": args.memory_snapshot}
+    for item in args.retry:
+        kind, _, action = item.partition("=")
+        if kind.upper() not in ("CUDA_OOM", "HOST_OOM", "NCCL", "USER_ERROR") or action not in ("ladder", "none"):
+            raise UsageError(f"--retry {item!r}: expected KIND=ACTION with KIND one of CUDA_OOM, HOST_OOM, NCCL, "
+                             "USER_ERROR and ACTION ladder or none")
+        policy["retry"][kind.upper()] = action
     inv = load_inventory(args.cluster)
     subs = []
     combos = sweep_combinations(args.sweep)
@@ -72,6 +91,7 @@ def run(args) -> int:
             return EXIT_NO_FIT
         sub = prepare(rec, inv, result.data, overrides)
         sub.sweep_id = sweep_id
+        sub.policy = policy
         subs.append(sub)
     if args.dry_run:
         out = [render(s) for s in subs]
