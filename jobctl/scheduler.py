@@ -30,7 +30,7 @@ def sacct_states(job_ids: list[str], since: str | None) -> dict[str, JobState]:
     argv = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,Start,End,NodeList,Reason",
             "-j", ",".join(sorted(set(job_ids)))]
     if since:
-        argv += ["-S", since[:19]]
+        argv += ["-S", sacct_time(since)]
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
@@ -50,6 +50,17 @@ def sacct_states(job_ids: list[str], since: str | None) -> dict[str, JobState]:
                             start if start not in ("", "Unknown", "None") else None,
                             end if end not in ("", "Unknown", "None") else None, nodes or None)
     return out
+
+
+def sacct_time(iso: str, slack_s: float = 60.0) -> str:
+    """A history timestamp (UTC ISO) as sacct's -S reads it: naive local wall-clock time.
+    The slack covers clock skew between this machine and slurmctld."""
+    from datetime import datetime, timedelta
+
+    dt = datetime.fromisoformat(iso)
+    if dt.tzinfo is not None:
+        dt = dt.astimezone().replace(tzinfo=None)
+    return (dt - timedelta(seconds=slack_s)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def local_state(job_folder: str, submitit_folder: str | None, job_id: str) -> JobState:
@@ -77,7 +88,8 @@ def states(records) -> dict[int, JobState]:
     import json
 
     slurm = [r for r in records if r.scheduler == "slurm" and r.scheduler_job_id]
-    since = min((r.submitted_at or r.created_at for r in slurm), default=None)
+    # created_at is written before sbatch is called: never after the job's own submit time
+    since = min((r.created_at for r in slurm), default=None)
     by_id = sacct_states([r.scheduler_job_id for r in slurm], since) if slurm else {}
     out: dict[int, JobState] = {}
     for r in records:

@@ -8,6 +8,7 @@ the scheduler id. `NodeRunner` is the callable submitit runs once per node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -240,11 +241,12 @@ def submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
         ex = _executor(group[0], exec_folder)
         runners = [NodeRunner.from_submission(s, f, jid) for s, f, jid in zip(group, folders, ids)]
         try:
-            if len(group) == 1:
-                jobs = [ex.submit(runners[0])]
-            else:
-                with ex.batch():
-                    jobs = [ex.submit(r) for r in runners]
+            with _job_stdio(group[0].scheduler):
+                if len(group) == 1:
+                    jobs = [ex.submit(runners[0])]
+                else:
+                    with ex.batch():
+                        jobs = [ex.submit(r) for r in runners]
         except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as e:
             reason = _sbatch_message(e)
             for jid in ids:
@@ -262,6 +264,29 @@ def submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
             if progress:
                 progress(f"submitted #{jid} as {group[0].scheduler} job {job.job_id} ({folder})")
     return results
+
+
+@contextlib.contextmanager
+def _job_stdio(scheduler: str):
+    """submitit's LocalExecutor starts the job's controller with our stdin/stdout/stderr, so
+    `$(jobctl submit ... -c local)` or a pipe would wait for the job to end, and the job's
+    stray output lands in the terminal. The job logs to its folder: give it /dev/null."""
+    if scheduler != "local":
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        yield
+    finally:
+        for fd, old in zip((0, 1, 2), saved):
+            os.dup2(old, fd)
+            os.close(old)
+        os.close(null)
 
 
 def _sbatch_message(e: Exception) -> str:

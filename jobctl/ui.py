@@ -276,12 +276,23 @@ def jobs_table(rows: list[dict], title: str | None = None):
         nodes = "" if r["nodes"] is None else str(r["nodes"])
         if r.get("node_list"):
             nodes += f" {r['node_list']}"
-        why = r.get("exit_reason") or r.get("reason") or ""
+        why = _exit_text(r.get("exit_reason")) or r.get("reason") or ""
         chain = " → ".join(f"#{i}" for i in r.get("chain") or [])
         table.add_row(f"#{r['id']}", Text(r.get("scheduler_job_id") or ""), Text(r["recipe"]), Text(r["cluster"]),
                       Text(r["state"], style=_STATE_STYLES.get(r["state"], "bold red")), Text(nodes),
                       local_time(r.get("submitted_at")), duration(r.get("elapsed_s")), Text(why), Text(chain))
     return table
+
+
+def _exit_text(reason: str | None) -> str:
+    """sacct's ExitCode "code:signal" in words ("0:0", nothing to say, is left out)."""
+    import re
+
+    m = re.fullmatch(r"(\d+):(\d+)", reason or "")
+    if not m:
+        return reason or ""
+    code, sig = int(m[1]), int(m[2])
+    return ", ".join(([f"exit {code}"] if code else []) + ([f"signal {sig}"] if sig else []))
 
 
 def render_jobs(rows: list[dict], title: str | None = None) -> None:

@@ -22,6 +22,7 @@ COMMANDS = [
     ("jobctl.cli.plan", "plan"),
     ("jobctl.cli.memory", "memory"),
     ("jobctl.cli.submit", "submit"),
+    ("jobctl.cli.status", "status"), ("jobctl.cli.logs", "logs"), ("jobctl.cli.cancel", "cancel"), ("jobctl.cli.history", "history"),
 ]
 
 
