@@ -120,6 +120,7 @@ class Launch(_Strict):
     command: Union[str, list[str], None] = None
     launcher: Literal["torchrun", "none"] = "torchrun"
     env: dict[str, str] = Field(default_factory=dict)
+    hooks: bool = Field(default=False, description="start jobctl.hooks in every training process (sitecustomize)")
 
 
 class Recipe(_Strict):

@@ -85,13 +85,14 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
          "job_name": recipe.name}
     data = dict(recipe_loaded.data)
     data["launch"] = launch_block
+    policy = dict(DEFAULT_POLICY, hooks=bool(launch_block.get("hooks", False)))
     return Submission(
         recipe_name=recipe.name, recipe_path=recipe_loaded.path, recipe_text=config.dump_yaml(data),
         plan=plan, plan_report=report, cluster=inv.name, partition=part.name, scheduler=scheduler,
         inventory_text=config.dump_yaml(inv_loaded.data), slurm=slurm, env=env, command=command,
         launcher=launch_block.get("launcher") or recipe.launch.launcher, workdir=jobs_root(inv),
         overrides=list(overrides or []), recipe_source=dict(recipe_loaded.data),
-        inventory_source=dict(inv_loaded.data),
+        inventory_source=dict(inv_loaded.data), policy=policy,
     )
 
 
@@ -347,6 +348,10 @@ class NodeRunner:
         env["JOBCTL_NODE_RANK"] = str(rank)
         if self.policy.get("memory_snapshot"):
             env["JOBCTL_MEMORY_SNAPSHOT"] = "1"
+        if self.policy.get("hooks") or self.policy.get("memory_snapshot"):
+            from jobctl.hooks import site_env
+
+            env.update(site_env(env))  # every training process logs its peaks (jobctl.hooks)
         argv = self.argv(rank, master, job_id)
         logs = folder / "logs"
         logs.mkdir(parents=True, exist_ok=True)

@@ -91,7 +91,7 @@ def run(args) -> int:
             return EXIT_NO_FIT
         sub = prepare(rec, inv, result.data, overrides)
         sub.sweep_id = sweep_id
-        sub.policy = policy
+        sub.policy = {**policy, "hooks": sub.policy.get("hooks", False)}
         subs.append(sub)
     if args.dry_run:
         out = [render(s) for s in subs]
