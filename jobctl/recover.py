@@ -1,13 +1,17 @@
 """Recovery without anyone watching: after a run ends, each node writes an outcome record;
 after a CUDA out-of-memory failure the first node asks the OOM ladder for the next plan and
 submits it as a new job, with the same global batch and the parent recorded, up to the
-attempt limit. The job folder keeps the lineage (successor.json) for the history to sync."""
+attempt limit. The job folder keeps the lineage (successor.json) for the history to sync.
+`next_submission` builds that next attempt from the job folder; `jobctl requeue` uses it too."""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from jobctl.errors import InfeasibleError
 
 OUTCOME_WAIT_S = 120.0  # how long the first node waits for the other nodes' outcome records
 LOG_TAIL_BYTES = 4 << 20  # the classifier reads the end of each node's log
@@ -104,12 +108,33 @@ def recover(folder: Path, outcomes: list[dict]) -> dict | None:
     if attempt >= max_attempts:
         return _final(folder, f"CUDA out of memory on attempt {attempt} of {max_attempts}: giving up "
                               f"(raise --max-attempts to allow more)", failure)
+    try:
+        step = next_submission(folder, job, failure_figures(job, outcomes), smaller=True)
+    except InfeasibleError:
+        return _final(folder, "CUDA out of memory and nothing smaller fits on this partition "
+                              "(the ladder ended)", failure)
+    from jobctl.store import History
+    from jobctl.submit import submit_all
+
+    with History.open(job.get("history_path")) as history:
+        history.transition(int(job["jobctl_id"]), "FAILED", detail="CUDA out of memory", exit_reason="CUDA_OOM")
+        (res,) = submit_all([step.submission], history)
+    out = step.summary(res) | {"failure": failure}
+    (folder / "successor.json").write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def failure_figures(job: dict, outcomes: list[dict]) -> dict:
+    """What the ladder learns from a run's outcome records: the OOM message's figures (when
+    the failure was a CUDA OOM), the highest GPU memory peak measured on any node, and the
+    partition. Unknown figures are left out."""
+    failure = job_failure(outcomes) or {}
     peaks = [v for o in outcomes for v in (o.get("peak_memory_bytes_by_gpu") or {}).values()]
     oom = failure.get("oom") or {}
     info = {"tried_to_allocate_bytes": oom.get("tried_to_allocate_bytes"),
             "total_capacity_bytes": oom.get("total_capacity_bytes"), "free_bytes": oom.get("free_bytes"),
             "measured_peak_bytes": max(peaks) if peaks else None, "partition": job.get("partition")}
-    return _submit_successor(folder, job, failure, info)
+    return {k: v for k, v in info.items() if v is not None}
 
 
 def _final(folder: Path, reason: str, failure: dict) -> dict:
@@ -118,31 +143,53 @@ def _final(folder: Path, reason: str, failure: dict) -> dict:
     return out
 
 
-def _submit_successor(folder: Path, job: dict, failure: dict, info: dict) -> dict:
+@dataclass
+class NextAttempt:
+    """The job that continues a finished or failed one: its submission and, when it stepped
+    down the OOM ladder, which rung and why."""
+
+    submission: object  # submit.Submission, parent and attempt set
+    rung: str | None = None
+    reason: str | None = None
+
+    def summary(self, res: dict) -> dict:
+        """What was submitted (a submit_all result), as successor.json and `requeue --json` show it."""
+        sub = self.submission
+        return {"jobctl_id": res["id"], "scheduler_job_id": res["scheduler_job_id"], "job_folder": res["job_folder"],
+                "parent_id": sub.parent_id, "attempt": sub.attempt, "rung": self.rung, "reason": self.reason,
+                "plan": sub.plan.to_dict()}
+
+
+def next_submission(folder: Path, job: dict, info: dict | None = None, *, smaller: bool = True) -> NextAttempt:
+    """The next attempt of the job in `folder` (job.json read into `job`), not yet submitted:
+    its recipe, inventory and plan come from the folder; with `smaller`, the plan is the OOM
+    ladder's next one (global batch kept) given the failure figures `info`, else the same plan.
+    The parent and attempt + 1 are set. InfeasibleError when nothing smaller fits.
+
+    Shared by the in-job recovery (`recover`) and `jobctl requeue`."""
     from jobctl import config, schema
     from jobctl.planning import after_oom
-    from jobctl.store import History
-    from jobctl.submit import prepare, submit_all
+    from jobctl.submit import prepare
 
     recipe_data = json.loads((folder / "recipe.json").read_text())
     inv_data = json.loads((folder / "inventory.json").read_text())
     rec = config.Loaded(job.get("recipe_path") or str(folder / "recipe.yaml"),
                         schema.Recipe.model_validate(recipe_data), recipe_data, None, {})
     inv = config.Loaded(str(folder / "inventory.yaml"), schema.Inventory.model_validate(inv_data), inv_data, None, {})
-    failed_plan = json.loads((folder / "plan.json").read_text())["plan"]
-    result = after_oom(rec, inv, failed_plan, {k: v for k, v in info.items() if v is not None})
-    if not result.feasible:
-        return _final(folder, "CUDA out of memory and nothing smaller fits on this partition "
-                              "(the ladder ended)", failure)
-    sub = prepare(rec, inv, result.data, job.get("overrides") or [])
+    report = json.loads((folder / "plan.json").read_text())
+    rung = reason = None
+    if smaller:
+        figures = {"partition": job.get("partition"), **(info or {})}
+        result = after_oom(rec, inv, report["plan"], {k: v for k, v in figures.items() if v is not None})
+        if not result.feasible:
+            raise InfeasibleError(result.data["reasons"][0],
+                                  hint="give the job more GPUs (resources.max_nodes, a larger partition) "
+                                       "or a shorter sequence, then submit it again")
+        report = result.data
+        lad = report.get("ladder") or {}
+        rung, reason = lad.get("rung"), lad.get("reason")
+    sub = prepare(rec, inv, report, job.get("overrides") or [])
     sub.parent_id = int(job["jobctl_id"])
-    sub.policy = dict(job.get("policy") or {})
+    sub.policy = dict(job.get("policy") or sub.policy)
     sub.attempt = int(job.get("attempt", 1)) + 1
-    with History.open(job.get("history_path")) as history:
-        history.transition(int(job["jobctl_id"]), "FAILED", detail="CUDA out of memory", exit_reason="CUDA_OOM")
-        (res,) = submit_all([sub], history)
-    lad = result.data.get("ladder") or {}
-    out = {"jobctl_id": res["id"], "scheduler_job_id": res["scheduler_job_id"], "job_folder": res["job_folder"],
-           "rung": lad.get("rung"), "reason": lad.get("reason"), "failure": failure}
-    (folder / "successor.json").write_text(json.dumps(out, indent=2) + "\n")
-    return out
+    return NextAttempt(sub, rung, reason)
