@@ -3,23 +3,16 @@ on CUDA OOM above a micro-batch budget. Nobody watches: the test submits without
 only polls the history afterwards."""
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from jobctl_run import jobctl
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = ROOT / "tests" / "payloads" / "oom_payload.py"
 
-
-def jobctl(*args, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="4000")
-    return subprocess.run([sys.executable, "-m", "jobctl", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def recipe(tmp_path, budget: int) -> Path:

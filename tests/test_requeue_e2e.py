@@ -1,23 +1,16 @@
 """Preemption on the real dev Slurm: the runner is checkpointable, so submitit requeues the
 job and the training loop resumes from its own checkpoint instead of starting over."""
 
-import os
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pytest
+from jobctl_run import jobctl
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = ROOT / "tests" / "payloads" / "resumable.py"
 
-
-def jobctl(*args, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="4000")
-    return subprocess.run([sys.executable, "-m", "jobctl", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_preempted_job_is_requeued_and_resumes(slurm_cluster, tmp_path, monkeypatch):

@@ -5,25 +5,16 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from jobctl_run import jobctl
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "payloads" / "env_probe.py"
 DEV2x2 = ROOT / "tests" / "data" / "clusters" / "dev-2x2.yaml"
 HOSTILE = "it's \"quoted\" $(touch {marker}) `touch {marker}`; echo pwned > {marker}\nsecond line"
 
-
-def jobctl(*args, env=None, timeout=300):
-    e = dict(os.environ)
-    e.update(env or {})
-    e["PYTHONPATH"] = str(ROOT)
-    e["COLUMNS"] = "4000"
-    return subprocess.run([sys.executable, "-m", "jobctl", *args], cwd=ROOT, env=e, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.fixture
