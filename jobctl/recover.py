@@ -71,14 +71,19 @@ def wait_for_outcomes(folder: Path, nodes: int, timeout_s: float = OUTCOME_WAIT_
     while True:
         found = sorted(folder.glob("outcome-node*.json"))
         if len(found) >= nodes or time.monotonic() > deadline:
-            out = []
-            for p in found:
-                try:
-                    out.append(json.loads(p.read_text()))
-                except (OSError, ValueError):
-                    pass
-            return out
+            return read_outcomes(folder)
         time.sleep(1.0)
+
+
+def read_outcomes(folder: Path) -> list[dict]:
+    """The outcome records in a job folder now (unreadable ones skipped)."""
+    out = []
+    for p in sorted(folder.glob("outcome-node*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def job_failure(outcomes: list[dict]) -> dict | None:
@@ -98,6 +103,7 @@ def recover(folder: Path, outcomes: list[dict]) -> dict | None:
     Returns what was done (also written to successor.json or final.json)."""
     job = json.loads((folder / "job.json").read_text())
     failure = job_failure(outcomes)
+    _record(job, failure, outcomes)
     if failure is None:
         return None
     policy = job.get("policy") or {}
@@ -117,11 +123,32 @@ def recover(folder: Path, outcomes: list[dict]) -> dict | None:
     from jobctl.submit import submit_all
 
     with History.open(job.get("history_path")) as history:
-        history.transition(int(job["jobctl_id"]), "FAILED", detail="CUDA out of memory", exit_reason="CUDA_OOM")
         (res,) = submit_all([step.submission], history)
     out = step.summary(res) | {"failure": failure}
     (folder / "successor.json").write_text(json.dumps(out, indent=2) + "\n")
     return out
+
+
+def _record(job: dict, failure: dict | None, outcomes: list[dict]) -> None:
+    """Tell the history what the job folder knows: the measured peak, and the failure's kind
+    as the exit reason (so `jobctl plan` can warn about layouts that ran out of memory).
+    Best effort: the folder stays the source of truth when the history is out of reach."""
+    peaks = [v for o in outcomes for v in (o.get("peak_memory_bytes_by_gpu") or {}).values()]
+    path = job.get("history_path")
+    if not path or not Path(path).exists():
+        return
+    try:
+        from jobctl.store import History
+
+        with History.open(path) as history:
+            if peaks:
+                history.set_measured_peak(int(job["jobctl_id"]), int(max(peaks)))
+            if failure is not None and failure["kind"] == "CUDA_OOM":
+                # Other endings (a cancel kills the command too) are left to the scheduler's word.
+                history.transition(int(job["jobctl_id"]), "FAILED", detail=failure.get("summary"),
+                                   exit_reason=failure["kind"])
+    except Exception:  # the history is a mirror: never let it cost the recovery
+        pass
 
 
 def failure_figures(job: dict, outcomes: list[dict]) -> dict:

@@ -596,3 +596,16 @@ def _plan_json(plan: Any) -> str:
     if hasattr(plan, "to_dict"):
         plan = plan.to_dict()
     return json.dumps(plan)
+
+
+def sync_measured_peak(history: History, record: JobRecord, measured_bytes: Iterable[int | None]) -> int | None:
+    """Record the largest of `measured_bytes` (peaks of the job's GPUs or ranks, None for
+    "not measured") as the job's measured_peak_bytes; return it, or None when nothing was
+    measured. Writes only when the value changes, so reading reports stays read-only."""
+    values = [int(v) for v in measured_bytes if v is not None]
+    if not values:
+        return None
+    peak = max(values)
+    if record.measured_peak_bytes != peak:
+        history.set_measured_peak(record.id, peak)
+    return peak

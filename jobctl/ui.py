@@ -27,9 +27,9 @@ def error(message: str, hint: str | None = None) -> None:
     con = _console(stderr=True)
     from rich.text import Text
 
-    con.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+    con.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
     if hint:
-        con.print(Text("To fix: ", style="bold") + Text(hint), soft_wrap=True)
+        con.print(Text.assemble(("To fix: ", "bold"), hint), soft_wrap=True)
 
 
 def info(message: str) -> None:
@@ -297,3 +297,231 @@ def _exit_text(reason: str | None) -> str:
 
 def render_jobs(rows: list[dict], title: str | None = None) -> None:
     _console().print(jobs_table(rows, title))
+
+
+def render_history(block: dict) -> None:
+    """Under the plan table: what the history says (plan's "history" block), if anything."""
+    from rich.text import Text
+
+    if not block:
+        return
+    con = _console()
+    for w in block.get("warnings") or []:
+        con.print(Text("warning: ", style="bold yellow") + Text(w["message"]), soft_wrap=True)
+    err = block.get("model_error")
+    if err:
+        con.print(Text(f"memory model on this cluster, from {err['jobs']} finished job(s) with measured peaks: "
+                       f"median error {err['median_pct']:+.1f}%, worst {err['worst_pct']:+.1f}% "
+                       "(predicted vs measured; negative: predicted less than used)", style="dim"), soft_wrap=True)
+
+
+# --- watch, report ---------------------------------------------------------------------------------
+
+def _gib_or(x, empty: str = "—") -> str:
+    return empty if x is None else gib(x)
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{x:+.1f} %"
+
+
+def _clock_time(iso: str | None) -> str:
+    """A sampler timestamp (UTC ISO) as local time of day."""
+    from datetime import datetime
+
+    if not iso:
+        return ""
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%H:%M:%S")
+    except ValueError:
+        return iso
+
+
+def _state_text(state: str):
+    from rich.text import Text
+
+    return Text(state, style=_STATE_STYLES.get(state, "bold red"))
+
+
+def _chain_line(chain: list[dict], text: str):
+    from rich.text import Text
+
+    # The chain text is built from ids, failure words and plan fields: colour the last state only.
+    last = chain[-1]["state"] if chain else ""
+    # Text.assemble, not Text + Text: a sum keeps the first part's style for the whole line.
+    if last and text.endswith(" " + last):
+        return Text.assemble(("attempts  ", "bold"), text[: -len(last)], _state_text(last))
+    return Text.assemble(("attempts  ", "bold"), text)
+
+
+def watch_view(snap: dict, live: bool = False):
+    """The `watch` view of a snapshot (jobctl.cli.watch.Watcher.poll) as one renderable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    job, mem = snap["job"], snap["memory"]
+    head = Text.assemble((f"#{job['id']} {job['recipe']} ", "bold"), _state_text(job["state"]))
+    where = f"  {job['scheduler']} {job['scheduler_job_id'] or '(not submitted)'} on {job['cluster']}"
+    where += f"/{job['partition']}" if job.get("partition") else ""
+    count = job.get("nodes")
+    if job.get("node_list"):
+        where += f"  nodes {job['node_list']}"
+    elif count is not None:
+        where += f"  {count} node" + ("s" if count != 1 else "")
+    if job.get("elapsed_s") is not None:
+        where += f"  elapsed {duration(job['elapsed_s'])}"
+    head.append(where)
+    parts = [head]
+    if job.get("reason"):
+        parts.append(Text(f"scheduler says: {job['reason']}", style="yellow"))
+    if snap.get("scheduler_error"):
+        parts.append(Text(f"scheduler: {snap['scheduler_error']}", style="bold yellow"))
+    parts.append(_chain_line(snap["chain"], snap["chain_text"]))
+    tip = snap["chain"][-1] if snap["chain"] else {}
+    if tip.get("layout"):
+        parts.append(Text.assemble(("layout    ", "bold"), tip["layout"]))
+    predicted, usable = mem.get("predicted_peak_bytes"), mem.get("gpu_usable_bytes")
+    limits = f"predicted peak {_gib_or(predicted)} GiB/GPU, usable {_gib_or(usable)} GiB"
+    if mem["nodes"]:
+        table = Table(title=f"GPU memory (GiB = 2^30 bytes): {limits}", title_justify="left", pad_edge=False)
+        for col in ("node", "GPUs", "latest (max)", "peak", "peak GPU", "of predicted", "", "sampled at"):
+            table.add_column(col, justify="left" if col in ("", "sampled at") else "right", no_wrap=True)
+        scale = usable or predicted or 0
+        for n in mem["nodes"]:
+            peak = n["peak_bytes"]
+            over = peak is not None and ((usable and peak > usable) or (predicted and peak > predicted))
+            style = "bold red" if over else "green"
+            vs = f"{peak / predicted * 100:.0f} %" if peak is not None and predicted else ""
+            table.add_row(str(n["node"]), str(n["gpu_count"]), _gib_or(n["latest_max_bytes"]),
+                          Text(_gib_or(peak), style=style), "" if n["peak_gpu"] is None else str(n["peak_gpu"]),
+                          vs, Text(_bar(peak or 0, scale) if scale else "", style=style),
+                          _clock_time(n["latest_at"]))
+        parts.append(table)
+    else:
+        parts.append(Text.assemble(("memory    ", "bold"), (mem["no_samples"], "yellow")))
+        parts.append(Text("          " + limits))
+    if snap["recovering"]:
+        parts.append(Text(f"#{job['id']} failed; its first node is submitting the next attempt (OOM ladder)",
+                          style="yellow"))
+    elif snap["ended"]:
+        why = (tip.get("failure") or {})
+        text = f"chain ended: {job['state']}"
+        if why.get("summary") or tip.get("stopped"):
+            text += f" ({tip.get('stopped') or why['summary']})"
+        parts.append(Text(text, style="bold green" if snap["completed"] else "bold red"))
+    elif live:
+        parts.append(Text("refreshing; Ctrl-C to stop watching (the job goes on)", style="dim"))
+    return Group(*parts)
+
+
+def render_watch(snap: dict) -> None:
+    _console().print(watch_view(snap))
+
+
+def live_watch():
+    """A live view on stdout: a context manager giving `show(snapshot)`, which redraws it."""
+    import contextlib
+
+    from rich.live import Live
+
+    @contextlib.contextmanager
+    def _live():
+        # Redrawn only when show() is called (the watcher paces itself), never on a timer.
+        with Live(console=_console(), auto_refresh=False, transient=False, redirect_stderr=False) as lv:
+            yield lambda snap: lv.update(watch_view(snap, live=True), refresh=True)
+
+    return _live()
+
+
+def report_gpu_table(rep: dict):
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"Peak memory per GPU (GPU sampler, GiB): predicted {_gib_or(rep['predicted_peak_bytes'])}, "
+                        f"usable {_gib_or(rep['gpu_usable_bytes'])}", title_justify="left", pad_edge=False,
+                  caption="error = (predicted - measured) / measured: + the plan over-predicted, - it under-predicted",
+                  caption_justify="left")
+    for col in ("node", "gpu", "name", "samples", "measured peak", "predicted", "error", "of usable", ""):
+        table.add_column(col, justify="left" if col in ("name", "") else "right", no_wrap=True)
+    usable = rep["gpu_usable_bytes"] or 0
+    for g in rep["gpus"]:
+        over = usable and g["peak_bytes"] is not None and g["peak_bytes"] > usable
+        table.add_row(str(g["node"]), str(g["gpu"]), Text(g["name"] or ""), str(g["samples"]),
+                      Text(_gib_or(g["peak_bytes"]), style="bold red" if over else ""),
+                      _gib_or(rep["predicted_peak_bytes"]), _pct(g["error_pct"]),
+                      "" if g["usable_pct"] is None else f"{g['usable_pct']:.0f} %",
+                      Text(_bar(g["peak_bytes"] or 0, usable) if usable else "", style="cyan"))
+    return table
+
+
+def report_rank_table(rep: dict):
+    from rich.table import Table
+
+    table = Table(title="Allocator peaks per rank (jobctl.hooks, GiB)", title_justify="left", pad_edge=False,
+                  caption=f"error against the prediction less its CUDA context term, "
+                          f"{_gib_or(rep['predicted_allocator_bytes'])} GiB (the allocator does not see the context)",
+                  caption_justify="left")
+    for col in ("rank", "max reserved", "max allocated", "error", "OOM"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rep["ranks"]:
+        table.add_row(str(r["rank"]), _gib_or(r["max_memory_reserved_bytes"]), _gib_or(r["max_memory_allocated_bytes"]),
+                      _pct(r["error_pct"]), "yes" if r["oom"] else "")
+    return table
+
+
+def attempts_table(chain: list[dict]):
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="Attempts (GiB per GPU)", title_justify="left", pad_edge=False)
+    for col in ("id", "attempt", "state", "layout", "predicted", "measured peak", "error", "why it ended / changed"):
+        table.add_column(col, justify="right" if col in ("id", "attempt", "predicted", "measured peak", "error")
+                         else "left", overflow="fold", no_wrap=col in ("id", "state"))
+    for a in chain:
+        notes = []
+        if a.get("label"):
+            notes.append(f"after the previous attempt: {a['label']}")
+        f = a.get("failure")
+        if f:
+            summary = f.get("summary") or ""
+            notes.append(summary if summary.startswith(f["kind"]) else f"{f['kind']}" + (f": {summary}" if summary else ""))
+        if a.get("stopped"):
+            notes.append(a["stopped"])
+        table.add_row(f"#{a['id']}", str(a["attempt"]), _state_text(a["state"]), Text(a.get("layout") or ""),
+                      _gib_or(a["predicted_peak_bytes"], ""), _gib_or(a.get("measured_peak_bytes"), ""),
+                      _pct(a.get("error_pct")), Text("; ".join(notes)))
+    return table
+
+
+def render_report(rep: dict) -> None:
+    """`jobctl report`: memory measured against the plan, then the attempt chain."""
+    from rich.text import Text
+
+    con = _console()
+    where = f"#{rep['id']} {rep['recipe']} on {rep['cluster']}" + (f"/{rep['partition']}" if rep["partition"] else "")
+    head = Text.assemble((where + " ", "bold"), _state_text(rep["state"]))
+    if rep.get("layout"):
+        head.append(f"  {rep['layout']}, {rep['nodes']} node(s) x {rep['gpus_per_node']} {rep.get('gpu') or 'GPU'}")
+    con.print(head)
+    if rep.get("states_note"):
+        con.print(Text(rep["states_note"], style="yellow"), soft_wrap=True)
+    if rep["gpus"]:
+        con.print(report_gpu_table(rep))
+    else:
+        con.print(Text(rep["no_samples"], style="bold yellow"), soft_wrap=True)
+    if rep["ranks"]:
+        con.print(report_rank_table(rep))
+    for line in rep.get("hooks_off") or []:
+        con.print(Text(f"hooks off on {line}", style="dim"), soft_wrap=True)
+    m = rep.get("measured_peak")
+    if m and rep["predicted_peak_bytes"]:
+        err = m["error_pct"]
+        verdict = "" if err is None else (f": the plan over-predicted by {err:.1f} %" if err > 0 else
+                                          f": the plan under-predicted by {-err:.1f} %" if err < 0 else ": exact")
+        con.print(Text(f"measured peak {gib(m['bytes'])} GiB ({m['source']}, {m['where']}) vs predicted "
+                       f"{gib(rep['predicted_peak_bytes'])} GiB{verdict}", style="bold"), soft_wrap=True)
+    elif not m:
+        con.print(Text("measured peak: nothing measured, so the prediction cannot be checked"), soft_wrap=True)
+    con.print(attempts_table(rep["chain"]))
+    con.print(_chain_line(rep["chain"], rep["chain_text"]), soft_wrap=True)

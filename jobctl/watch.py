@@ -6,6 +6,7 @@ import sys
 import time
 
 from jobctl.errors import EXIT_INTERNAL, EXIT_OK
+from jobctl.scheduler import JobState
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE", "SUBMIT_FAILED"}
@@ -57,7 +58,11 @@ def wait_for(results, history, quiet: bool = False, poll_s: float = 1.0, max_pol
     delay = poll_s
     while True:
         records = [history.get(i) for i in ids]
-        current = refresh(history, records)
+        live = [r for r in records if not r.terminal]
+        current = refresh(history, live) if live else {}
+        for r in records:  # ended in the history (recover records FAILED from inside the job)
+            if r.terminal:
+                current.setdefault(r.id, JobState(getattr(r.state, "value", r.state), r.exit_reason))
         if follow_logs and not quiet:
             for r in records:
                 log = Path(r.job_folder or "") / "logs" / "node-0.log"

@@ -23,6 +23,8 @@ COMMANDS = [
     ("jobctl.cli.memory", "memory"),
     ("jobctl.cli.submit", "submit"),
     ("jobctl.cli.status", "status"), ("jobctl.cli.logs", "logs"), ("jobctl.cli.cancel", "cancel"), ("jobctl.cli.history", "history"),
+    ("jobctl.cli.requeue", "requeue"),
+    ("jobctl.cli.watch", "watch"), ("jobctl.cli.report", "report"),
 ]
 
 

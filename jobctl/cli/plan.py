@@ -36,11 +36,17 @@ def run(args) -> int:
         return _after_oom(args)
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster] if args.cluster else all_cluster_names())
     if args.cluster:
+        from jobctl.learn import history_for
+
         result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain)
+        past = history_for(result.data)  # reads nothing when there is no history file
+        if past:
+            result.data["history"] = past
         if args.as_json:
             ui.print_json(result.data)
         else:
             ui.render_plan(result.data)
+            ui.render_history(past)
         return EXIT_OK if result.feasible else EXIT_NO_FIT
     reports = [plan_on(rec, inv, objective=args.objective, alternatives=0).data for inv in invs]
     reports.sort(key=lambda r: (not r["feasible"], _overview_key(r, args.objective)))

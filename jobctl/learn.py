@@ -1,0 +1,285 @@
+"""What the job history teaches `jobctl plan`: layouts like this one that already ran out of GPU
+memory on the cluster, and how far the memory model's predicted peaks were from measured ones.
+
+The rules are pure functions of `PastJob` values; `history_for` is the thin edge that reads the
+history (read-only, and not at all when there is no history file: `plan` is run in loops).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# `plan` reads only the newest jobs, so its cost stays flat however long the history grows:
+# a rowid range (the primary key) bounds the scan, LIMIT bounds the rows kept.
+RECENT_JOBS = 5000
+MAX_OOM_JOBS = 50  # OOMed jobs looked at for warnings (their recipe text is parsed)
+MAX_ERROR_JOBS = 200  # the newest finished jobs behind the model-error figures
+MAX_WARNINGS = 3  # the newest ones; more would repeat each other
+
+OOM_REASON = "CUDA_OOM"  # the exit_reason the in-job recovery records (recover.py)
+# Runs whose measured peak is the steady state: they ran to the end or to the time limit.
+# An OOMed run's peak stops short of its demand; a cancelled or failed one may never get there.
+FINISHED_STATES = ("COMPLETED", "TIMEOUT")
+
+# Plan fields that decide memory per GPU besides the micro-batch: equal values, same layout.
+LAYOUT_KEYS = ("tp", "pp", "cp", "sharding", "recompute", "recompute_layers", "offload", "virtual_stages",
+               "sequence_parallel")
+ZERO_SHARDINGS = ("zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class PastJob:
+    """A job of the history, as the rules need it."""
+
+    id: int
+    state: str
+    exit_reason: str | None
+    cluster: str
+    partition: str | None
+    plan: dict
+    model: tuple[str, int] | None = None  # (name, parameter count); None: not known
+    seq_len: int | None = None
+    predicted_peak_bytes: int | None = None
+    measured_peak_bytes: int | None = None
+    attempt: int = 1
+    successor: tuple[int, str, dict] | None = None  # (id, state, plan) of the job that continued it
+
+
+# --- the rules (pure) ------------------------------------------------------------------------------
+
+def why_like(plan: dict, predicted_bytes: int | None, failed: PastJob) -> str | None:
+    """Why `plan` needs at least the GPU memory `failed.plan` needed, or None.
+
+    Either (1) the same layout: every LAYOUT_KEYS value equal, micro_batch_size >= the failed
+    one's, optimizer states spread over no more ranks (ZeRO: dp·cp, HSDP: hsdp_shard, both
+    <= the failed one's) and, with pipeline stages, at least as many micro-batches in flight
+    (min(pp, grad_accum_steps), 1F1B); or (2) the memory model predicts at least the failed
+    plan's peak. The caller checks the model, sequence length, cluster and partition."""
+    f = failed.plan
+    same_layout = all(plan.get(k) == f.get(k) for k in LAYOUT_KEYS)
+    if same_layout and plan.get("micro_batch_size", 0) >= f.get("micro_batch_size", 0):
+        spread_ok = True
+        if plan.get("sharding") in ZERO_SHARDINGS:
+            spread_ok = plan.get("dp", 1) * plan.get("cp", 1) <= f.get("dp", 1) * f.get("cp", 1)
+        elif plan.get("sharding") == "hsdp":
+            spread_ok = plan.get("hsdp_shard", 0) <= f.get("hsdp_shard", 0)
+        pp = plan.get("pp", 1)
+        in_flight_ok = pp == 1 or min(pp, plan.get("grad_accum_steps", 1)) >= min(pp, f.get("grad_accum_steps", 1))
+        if spread_ok and in_flight_ok:
+            return f"the same layout with micro-batch {plan.get('micro_batch_size')} >= {f.get('micro_batch_size')}"
+    if predicted_bytes and failed.predicted_peak_bytes and predicted_bytes >= failed.predicted_peak_bytes:
+        return (f"predicted {_gib(predicted_bytes)} GiB per GPU >= the {_gib(failed.predicted_peak_bytes)} GiB "
+                f"predicted for it")
+    return None
+
+
+def oom_warnings(report: dict, jobs: list[PastJob]) -> list[dict]:
+    """Warnings for a feasible plan report: the newest jobs of the same model (name and
+    parameter count), sequence length, cluster and partition that ran out of GPU memory with
+    a plan needing no more memory than this one (`why_like`). Newest first."""
+    plan, model = report.get("plan"), report.get("model") or {}
+    if not plan:
+        return []
+    ident = (model.get("name"), model.get("params"))
+    seq_len = (report.get("train") or {}).get("seq_len")
+    predicted = (report.get("memory") or {}).get("total_bytes")
+    out = []
+    for job in sorted(jobs, key=lambda j: -j.id):
+        if job.exit_reason != OOM_REASON or job.cluster != report.get("cluster") \
+                or job.partition != report.get("partition") or job.model != ident or job.seq_len != seq_len:
+            continue
+        why = why_like(plan, predicted, job)
+        if why is None:
+            continue
+        tried = _layout(job.plan)
+        msg = (f"#{job.id} ran out of GPU memory on {job.cluster}/{job.partition} with {tried}"
+               + (f" (predicted {_gib(job.predicted_peak_bytes)} GiB)" if job.predicted_peak_bytes else "")
+               + f"; this plan is {why}")
+        warning = {"job": job.id, "attempt": job.attempt, "tried": job.plan, "predicted_peak_bytes":
+                   job.predicted_peak_bytes, "why": why, "continued_as": None, "message": msg}
+        if job.successor is not None:
+            sid, sstate, splan = job.successor
+            warning["continued_as"] = {"job": sid, "state": sstate, "plan": splan}
+            warning["message"] += f"; it was continued as #{sid} with {_layout(splan)} ({sstate})"
+        out.append(warning)
+        if len(out) == MAX_WARNINGS:
+            break
+    return out
+
+
+def model_error(jobs: list[PastJob]) -> dict | None:
+    """The memory model's error on measured peaks: (predicted - measured) / measured, in %,
+    over finished jobs with both figures; the median, and the worst (largest in size, sign
+    kept: negative means the model predicted less than was used). None without such jobs."""
+    import statistics
+
+    errors = [100.0 * (j.predicted_peak_bytes - j.measured_peak_bytes) / j.measured_peak_bytes for j in jobs
+              if j.state in FINISHED_STATES and j.predicted_peak_bytes and j.measured_peak_bytes]
+    if not errors:
+        return None
+    return {"jobs": len(errors), "median_pct": round(statistics.median(errors), 1),
+            "worst_pct": round(max(errors, key=abs), 1)}
+
+
+def history_block(report: dict, jobs: list[PastJob]) -> dict:
+    """The plan report's "history" block: {"warnings": [...], "model_error": {...}}, each
+    part only when something is known; {} when nothing is."""
+    out: dict = {}
+    warnings = oom_warnings(report, jobs)
+    if warnings:
+        out["warnings"] = warnings
+    err = model_error([j for j in jobs if j.cluster == report.get("cluster")])
+    if err:
+        out["model_error"] = err
+    return out
+
+
+def _gib(x: int) -> str:
+    return f"{x / (1 << 30):.1f}"
+
+
+def _layout(p: dict) -> str:
+    from jobctl.ui import layout_text  # plain text, no rich
+
+    try:
+        return layout_text(p)
+    except KeyError:
+        return str(p)
+
+
+# --- reading the history (the edge) ----------------------------------------------------------------
+
+def history_path() -> Path:
+    """The history file, by store.default_path's rule. Repeated here because importing
+    jobctl.store (sqlite3, uuid, hashlib) costs `plan` ~10 ms even when there is no history;
+    tests/test_requeue_learn.py checks that both agree."""
+    env = os.environ
+    if env.get("JOBCTL_HOME"):
+        return Path(env["JOBCTL_HOME"]).expanduser() / "history.sqlite"
+    xdg = env.get("XDG_STATE_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "jobctl" / "history.sqlite"
+    return Path.home() / ".local" / "state" / "jobctl" / "history.sqlite"
+
+
+def history_for(report: dict, path: Path | None = None) -> dict:
+    """The "history" block for a plan report on one cluster, from the history file; {} when
+    there is no file (nothing opened) or it cannot be read (the plan never fails for it)."""
+    path = history_path() if path is None else Path(path)
+    cluster = report.get("cluster")
+    if not cluster or not path.is_file():
+        return {}
+    import sqlite3
+
+    try:
+        return history_block(report, load(path, cluster))
+    except (sqlite3.Error, OSError):
+        return {}
+
+
+def load(path: Path, cluster: str) -> list[PastJob]:
+    """The jobs on `cluster` the rules look at, read-only: CUDA-OOMed ones (with the job that
+    continued each) and finished ones with predicted and measured peaks, among the newest
+    RECENT_JOBS of the history."""
+    import sqlite3
+    from urllib.parse import quote
+
+    db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=1.0)
+    try:
+        db.row_factory = sqlite3.Row
+        recent = "id > (SELECT COALESCE(MAX(id), 0) FROM jobs) - ? AND cluster = ?"
+        ooms = db.execute(
+            f"""SELECT id, state, exit_reason, "partition", plan_json, recipe_text, recipe_hash, predicted_peak_bytes,
+                       attempt FROM jobs WHERE {recent} AND exit_reason = ? ORDER BY id DESC LIMIT ?""",
+            (RECENT_JOBS, cluster, OOM_REASON, MAX_OOM_JOBS)).fetchall()
+        finished = db.execute(
+            f"""SELECT id, state, predicted_peak_bytes, measured_peak_bytes FROM jobs
+                WHERE {recent} AND state IN ({", ".join("?" * len(FINISHED_STATES))})
+                AND predicted_peak_bytes > 0 AND measured_peak_bytes > 0 ORDER BY id DESC LIMIT ?""",
+            (RECENT_JOBS, cluster, *FINISHED_STATES, MAX_ERROR_JOBS)).fetchall()
+        children: dict[int, tuple] = {}
+        if ooms:
+            ids = [r["id"] for r in ooms]
+            for r in db.execute(f"""SELECT id, parent_id, state, plan_json FROM jobs
+                                    WHERE parent_id IN ({", ".join("?" * len(ids))}) ORDER BY id""", ids):
+                children[r["parent_id"]] = (r["id"], r["state"], _json(r["plan_json"]))  # the newest wins
+    finally:
+        db.close()
+    out = [PastJob(r["id"], r["state"], None, cluster, None, {}, predicted_peak_bytes=r["predicted_peak_bytes"],
+                   measured_peak_bytes=r["measured_peak_bytes"]) for r in finished]
+    identities: dict[str, tuple] = {}  # by recipe_hash: a recipe's jobs share its text
+    for r in ooms:
+        job = _oom_job(r, cluster, children.get(r["id"]), identities)
+        if job is not None:
+            out.append(job)
+    return out
+
+
+def _json(text: str) -> dict:
+    import json
+
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError):
+        return {}
+    if isinstance(doc, dict) and isinstance(doc.get("plan"), dict):  # a whole `plan --json` report
+        return doc["plan"]
+    return doc if isinstance(doc, dict) else {}
+
+
+def _oom_job(row, cluster: str, successor, identities: dict) -> PastJob | None:
+    """A PastJob from an OOMed row: the plan from plan_json (a plan, or a whole `plan --json`
+    report), the model and sequence length from the resolved recipe text (or the report)."""
+    import json
+
+    try:
+        doc = json.loads(row["plan_json"])
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    report = doc if isinstance(doc.get("plan"), dict) else {}
+    plan = report.get("plan", doc)
+    model, seq_len = None, None
+    if report.get("model") and report.get("train"):
+        model = (report["model"].get("name"), report["model"].get("params"))
+        seq_len = report["train"].get("seq_len")
+    else:
+        if row["recipe_hash"] not in identities:
+            identities[row["recipe_hash"]] = _recipe_identity(row["recipe_text"])
+        model, seq_len = identities[row["recipe_hash"]]
+    predicted = row["predicted_peak_bytes"] or (report.get("memory") or {}).get("total_bytes")
+    return PastJob(row["id"], row["state"], row["exit_reason"], cluster, row["partition"] or report.get("partition"),
+                   plan, model, seq_len, predicted, None, row["attempt"], successor)
+
+
+def _recipe_identity(text: str) -> tuple[tuple[str, int] | None, int | None]:
+    """(model name, parameter count) and train.seq_len of a resolved recipe's YAML text."""
+    import yaml
+
+    from jobctl.planner.models import PRESETS, ModelSpec
+
+    try:
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    train = doc.get("train")
+    seq_len = train.get("seq_len") if isinstance(train, dict) else None
+    m = doc.get("model")
+    spec = None
+    try:
+        if isinstance(m, str) and m in PRESETS:
+            spec = PRESETS[m]
+        elif isinstance(m, dict):  # the fields and defaults of schema.ModelArch, as inputs.model_spec builds it
+            spec = ModelSpec(name=m.get("name", "custom"), family=m["family"], layers=m["layers"],
+                             hidden=m["hidden"], ffn_hidden=m["ffn_hidden"], heads=m["heads"],
+                             kv_heads=m.get("kv_heads") or m["heads"], vocab=m["vocab"],
+                             tied_embeddings=bool(m.get("tied_embeddings", False)),
+                             max_seq_len=m.get("max_seq_len", 0), dropout=m.get("dropout", 0.0))
+    except (KeyError, TypeError, ZeroDivisionError):
+        spec = None
+    return ((spec.name, spec.params()) if spec is not None else None), seq_len
