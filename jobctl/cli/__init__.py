@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     try:
         code = main()
+    except KeyboardInterrupt:  # between the command's own handlers (e.g. while importing)
+        sys.stderr.write("interrupted\n")
+        code = 130
     except Exception:
         import traceback
 
