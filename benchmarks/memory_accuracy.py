@@ -196,10 +196,11 @@ def activation_rows(seq, batch, detail=False):
                 emb_pred = term_bytes(bd, "embedding dropout mask")
                 elems = seq * batch * c["vocab"]
                 lsm = _logsoftmax_bytes(res)
-                saved_pred = term_bytes(bd, "layer activations") + emb_pred + 4 * elems
+                saved_pred = (term_bytes(bd, "layer activations") + emb_pred
+                              + term_bytes(bd, "final norm and output input") + 4 * elems)
                 rows.append(_row("total", label, "all saved tensors", saved_pred, res["total"], "act",
-                                 "jobctl: layer activations + embedding dropout mask + 4·sbV log-probs; "
-                                 "measured includes the unmodelled head/embedding rows"))
+                                 "jobctl: layer activations + embedding dropout mask + final norm and output "
+                                 "input + 4·sbV log-probs; measured also has token ids and targets (8·sb each)"))
                 # embedding and head do not depend on the recompute policy: print them once,
                 # and again only if they differ.
                 head = (res["embedding"], res["head"], lsm)

@@ -574,9 +574,13 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         per = logits_bytes_per_elem(w)
         # The final norm keeps what a layer's norm keeps and the output layer its input:
         # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (tests/torch_reference.py).
+        # Measured: the norm's input and output (2·e·sbh); eager RMSNorm also keeps an fp32
+        # copy (4·sbh) — in fp32 training the input itself is that copy, still 4·sbh.
         rep = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
-        head_in = (w.seq_len / plan.cp) * b * m.hidden * (4 if (m.family == "gpt" or w.framework in FUSED_FRAMEWORKS) else 8)
-        add("final norm and output input", head_in * w.act_bytes / 2 / rep, "activations",
+        e_ = w.act_bytes
+        per_token = 2 * e_ if (m.family == "gpt" or w.framework in FUSED_FRAMEWORKS) else 4 + 2 * e_
+        head_in = (w.seq_len / plan.cp) * b * m.hidden * per_token
+        add("final norm and output input", head_in / rep, "activations",
             lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")
         add("logits and loss", elems * per, "logits", lambda:
             f"s·b·V/t = {elems:.4g} logits x {per:g} B (16-bit logits, fp32 log-probs and gradients)"
