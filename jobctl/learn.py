@@ -7,7 +7,6 @@ history (read-only, and not at all when there is no history file: `plan` is run 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,16 +151,10 @@ def _layout(p: dict) -> str:
 # --- reading the history (the edge) ----------------------------------------------------------------
 
 def history_path() -> Path:
-    """The history file, by store.default_path's rule. Repeated here because importing
-    jobctl.store (sqlite3, uuid, hashlib) costs `plan` ~10 ms even when there is no history;
-    tests/test_requeue_learn.py checks that both agree."""
-    env = os.environ
-    if env.get("JOBCTL_HOME"):
-        return Path(env["JOBCTL_HOME"]).expanduser() / "history.sqlite"
-    xdg = env.get("XDG_STATE_HOME", "")
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "jobctl" / "history.sqlite"
-    return Path.home() / ".local" / "state" / "jobctl" / "history.sqlite"
+    """The history file (jobctl.paths: light, so `plan` does not import the store)."""
+    from jobctl.paths import history_path as path
+
+    return path()
 
 
 def history_for(report: dict, path: Path | None = None) -> dict:

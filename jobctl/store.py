@@ -99,14 +99,9 @@ class AmbiguousJobError(UsageError):
 
 def default_path(env: Mapping[str, str] | None = None) -> Path:
     """The history file: $JOBCTL_HOME, else $XDG_STATE_HOME/jobctl, else ~/.local/state/jobctl."""
-    env = os.environ if env is None else env
-    if env.get("JOBCTL_HOME"):
-        return Path(env["JOBCTL_HOME"]).expanduser() / "history.sqlite"
-    xdg = env.get("XDG_STATE_HOME", "")
-    # The XDG spec says relative values are invalid and must be ignored.
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "jobctl" / "history.sqlite"
-    return Path.home() / ".local" / "state" / "jobctl" / "history.sqlite"
+    from jobctl.paths import history_path
+
+    return history_path(env)
 
 
 def utc_now() -> datetime:
