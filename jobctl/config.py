@@ -360,6 +360,22 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
     shown = str(path)
     issues: list[ConfigIssue] = []
     failed: set = set()
+    text = None
+    if not overrides:
+        from jobctl import validcache
+
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = None  # the full path below reports it
+        hit = validcache.get(_kind(model_cls), text) if text is not None else None
+        if hit is not None:  # the same text validated before: no YAML, no pydantic
+            value, data = hit
+            return Loaded(shown, value, data, None, {})
+    if isinstance(model_cls, str):  # named lazily so that a cache hit never imports pydantic
+        from jobctl import schema
+
+        model_cls = getattr(schema, model_cls)
     fast = _plain_document(p, overrides)
     if fast is not None:  # nothing for omegaconf to do: skip its import (start-up time)
         data, lines = fast
@@ -381,7 +397,15 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
         issues += [i for i in check(data, where) if not any(i.key == k or i.key.startswith(k + ".") for k in failed_keys)]
     if issues:
         raise ConfigError(_ordered(issues))
+    if fast is not None and text is not None:
+        from jobctl import validcache
+
+        validcache.put(_kind(model_cls), text, value, data)
     return Loaded(shown, value, data, node, lines)
+
+
+def _kind(model_cls) -> str:
+    return model_cls if isinstance(model_cls, str) else model_cls.__name__
 
 
 def resolve_launch(recipe_data: dict, plan: dict, path: str = "<recipe>") -> dict:

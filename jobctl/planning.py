@@ -58,22 +58,24 @@ def _check_gpus(data: dict, where) -> list[ConfigIssue]:
 
 def load_recipe(path: str, overrides: list[str]):
     """Load and validate a recipe (a path or a name from recipes/); ConfigError lists every problem."""
-    from jobctl import config, schema
+    from jobctl import config
     from jobctl.workspace import find_recipe
 
-    return config.load(find_recipe(path), schema.Recipe, overrides, checks=(_check_preset,))
+    return config.load(find_recipe(path), "Recipe", overrides, checks=(_check_preset,))
 
 
 def load_inventory(name_or_path: str, overrides: list[str] | None = None):
     """Load and validate an inventory (a name from clusters/ or a path); None path = embedded local."""
-    from jobctl import config, schema
+    from jobctl import config
     from jobctl.workspace import EMBEDDED_LOCAL, find_cluster
 
     path = find_cluster(name_or_path)
     if path is None:
+        from jobctl import schema
+
         inv = schema.Inventory.model_validate(EMBEDDED_LOCAL)
         return config.Loaded("<embedded local>", inv, dict(EMBEDDED_LOCAL), None, {})
-    return config.load(path, schema.Inventory, overrides, checks=(_check_gpus,))
+    return config.load(path, "Inventory", overrides, checks=(_check_gpus,))
 
 
 def load_request(recipe: str, overrides: list[str], clusters: list[str]):

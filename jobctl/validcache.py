@@ -1,0 +1,127 @@
+"""A cache of validated recipes and inventories, so that `jobctl plan` run in a loop on
+unchanged files skips YAML parsing and pydantic (most of its start-up time).
+
+Keyed by the file's text, the kind of document and the source of the modules that define
+what "valid" means; a hit returns `Values`, a read-only attribute view with the same fields
+as the pydantic model. Anything unexpected (no cache dir, a corrupt entry) is a miss.
+Set JOBCTL_NO_CACHE=1 to turn it off.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from pathlib import Path
+
+MARK = "__jobctl_model__"
+_DEFINITIONS = ("schema.py", "config.py", "validation.py", "catalog.py", "planner/models.py", "validcache.py")
+
+
+class Values:
+    """Read-only attribute access to validated data (a cache hit's stand-in for the model)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict):
+        object.__setattr__(self, "_data", data)
+
+    def __getattr__(self, name):
+        try:
+            return _view(self._data[name])
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("validated values are read-only")
+
+    def model_dump(self, **_) -> dict:
+        return _plain(self._data)
+
+    def __repr__(self) -> str:
+        return f"Values({_plain(self._data)!r})"
+
+
+def _view(value):
+    if isinstance(value, dict):
+        return Values(value) if value.get(MARK) else value
+    if isinstance(value, list):
+        return [_view(v) for v in value]
+    return value
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if k != MARK}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return copy.copy(value)
+
+
+def _marked(model) -> dict:
+    """A pydantic model as plain data, with the dicts that were models marked."""
+    from pydantic import BaseModel
+
+    def walk(v):
+        if isinstance(v, BaseModel):
+            out = {name: walk(getattr(v, name)) for name in type(v).model_fields}
+            out[MARK] = 1
+            return out
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(model)
+
+
+def _cache_dir() -> Path | None:
+    """$JOBCTL_CACHE, else $XDG_CACHE_HOME/jobctl, else ~/.cache/jobctl (a cache, not state:
+    deleting it only costs time)."""
+    env = os.environ
+    if env.get("JOBCTL_NO_CACHE"):
+        return None
+    if env.get("JOBCTL_CACHE"):
+        return Path(env["JOBCTL_CACHE"]).expanduser() / "validated"
+    xdg = env.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "jobctl" / "validated"
+
+
+def key(kind: str, text: str) -> str:
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256(kind.encode() + b"\0" + text.encode("utf-8", "surrogateescape"))
+    for name in _DEFINITIONS:
+        try:
+            h.update((here / name).read_bytes())
+        except OSError:
+            h.update(name.encode())
+    return h.hexdigest()
+
+
+def get(kind: str, text: str):
+    """(value, data) from the cache, or None."""
+    d = _cache_dir()
+    if d is None:
+        return None
+    try:
+        entry = json.loads((d / f"{key(kind, text)}.json").read_text())
+        return Values(entry["value"]), entry["data"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def put(kind: str, text: str, value, data: dict) -> None:
+    d = _cache_dir()
+    if d is None:
+        return
+    try:
+        entry = json.dumps({"value": _marked(value), "data": data})
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{os.getpid()}.tmp"
+        tmp.write_text(entry)
+        tmp.replace(d / f"{key(kind, text)}.json")
+    except (OSError, TypeError, ValueError):
+        pass  # a cache that cannot be written is only a slower plan
