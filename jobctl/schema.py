@@ -159,6 +159,31 @@ class SlurmOptions(_Strict):
     setup: list[str] = Field(default_factory=list)
 
 
+class Login(_Strict):
+    """How to reach a cluster's login node over SSH (jobctl.remote); ~/.ssh/config is honoured.
+
+    Values set here win over the ssh config's (as on the ssh command line); unset ones come
+    from the config entry for `host` (HostName, User, Port, IdentityFile, ProxyJump)."""
+
+    host: str = Field(min_length=1, description="host name, address or ~/.ssh/config alias")
+    user: str | None = Field(default=None, min_length=1)
+    port: int | None = Field(default=None, gt=0, le=65535)
+    key_file: str | None = Field(default=None, min_length=1, description="private key (the ssh agent is used too)")
+    known_hosts: str = "~/.ssh/known_hosts"
+    remote_python: str = Field(default="python3", min_length=1, description="python with jobctl on the login node")
+    workdir: str = Field(default="~/jobctl", min_length=1, description="jobctl's directory on the login node")
+    connect_timeout_s: float = Field(default=10, gt=0, le=600)
+    ssh_config: str = "~/.ssh/config"
+
+    @field_validator("host")
+    @classmethod
+    def _bare_host(cls, v: str) -> str:
+        if "@" in v or any(c.isspace() for c in v) or v.startswith("-"):
+            raise ValueError(f"must be a bare host name or ssh alias, got {v!r} (put the user in `user:`, "
+                             "the port in `port:`)")
+        return v
+
+
 class Inventory(_Strict):
     name: str = Field(min_length=1)
     scheduler: Literal["slurm", "local"] = "slurm"
@@ -169,6 +194,7 @@ class Inventory(_Strict):
     memory: MemoryKnobs = Field(default_factory=MemoryKnobs)
     workdir: str | None = Field(default=None, description="where job folders live (shared with the nodes); "
                                 "default: $JOBCTL_HOME/jobs")
+    login: Login | None = Field(default=None, description="reach the cluster over SSH (runs jobctl on the login node)")
 
     @model_validator(mode="after")
     def _unique(self):

@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
 # dev-cluster.sh - run a small, real Slurm cluster on this machine for jobctl's tests.
 #
-#   scripts/dev-cluster.sh up       install packages if missing, start everything, wait until ready;
-#                                   the LAST line on stdout is `export SLURM_CONF=...` (eval-able)
-#   scripts/dev-cluster.sh down     cancel all jobs, stop the daemons named by the pid files
-#   scripts/dev-cluster.sh status   say which daemons run (+ sinfo); exit 0 only if all are up
+#   scripts/dev-cluster.sh up [--ssh]  install packages if missing, start everything, wait until
+#                                   ready; the LAST line on stdout is `export SLURM_CONF=...`
+#                                   (all of stdout is eval-able)
+#   scripts/dev-cluster.sh down [--ssh-only]
+#                                   cancel all jobs, stop the daemons named by the pid files
+#                                   (sshd first); --ssh-only stops only the sshd of `up --ssh`
+#   scripts/dev-cluster.sh status [--ssh]
+#                                   say which daemons run (+ sinfo); exit 0 only if all Slurm
+#                                   daemons are up (and the sshd too, with --ssh)
 #
 # Cluster "jobctl-dev": munged + MariaDB + slurmdbd + slurmctld + two slurmd (node1, node2),
 # each node advertising CPUs=16 RealMemory=64000 Gres=gpu:h100:8 (fake GPUs: character
 # devices made with mknod), one partition "gpu". Needs root and Debian 12 (apt-get).
 #
-# Everything (config, state, logs, pids, sockets, DB) lives under ONE directory:
+# `up --ssh` also makes the cluster a "remote" one reached over SSH on loopback: a local user
+# jobctl-remote (key login only), an sshd of its own on 127.0.0.1 (own config and host key
+# under $DIR/ssh, SLURM_CONF set for sessions), a venv /home/jobctl-remote/venv made with the
+# system /usr/bin/python3, and the inventory $DIR/clusters/dev-ssh.yaml (host, port, user,
+# key_file, known_hosts, remote_python, workdir). Its path is printed on stdout as
+# `export JOBCTL_DEV_SSH_INVENTORY=...`; `export JOBCTL_CLUSTERS=$DIR/clusters` makes it
+# visible to jobctl as `--cluster dev-ssh` (it is generated, never part of the repository).
+#
+# Everything (config, state, logs, pids, sockets, DB, keys) lives under ONE directory:
 #   JOBCTL_DEV_CLUSTER_DIR        (default /tmp/jobctl-dev-cluster)
 # Ports (all bound to / used on 127.0.0.1):
 #   JOBCTL_DEV_MYSQL_PORT         (default 13306)  MariaDB
 #   JOBCTL_DEV_SLURMDBD_PORT      (default 16819)  slurmdbd
 #   JOBCTL_DEV_SLURMCTLD_PORT     (default 16817)  slurmctld
 #   JOBCTL_DEV_SLURMD_PORT_BASE   (default 17001)  slurmd of node1; node2 uses base+1
+#   JOBCTL_DEV_SSH_PORT           (default 2222)   sshd (only with `up --ssh`)
 # Timeouts:
 #   JOBCTL_DEV_TIMEOUT            (default 60)  seconds to wait for each daemon to be ready
 #
@@ -30,6 +44,7 @@ MYSQL_PORT="${JOBCTL_DEV_MYSQL_PORT:-13306}"
 DBD_PORT="${JOBCTL_DEV_SLURMDBD_PORT:-16819}"
 CTLD_PORT="${JOBCTL_DEV_SLURMCTLD_PORT:-16817}"
 SLURMD_PORT_BASE="${JOBCTL_DEV_SLURMD_PORT_BASE:-17001}"
+SSH_PORT="${JOBCTL_DEV_SSH_PORT:-2222}"
 TIMEOUT="${JOBCTL_DEV_TIMEOUT:-60}"
 
 CLUSTER_NAME=jobctl-dev
@@ -68,6 +83,24 @@ CTLD_PID="$RUNDIR/slurmctld.pid"
 CTLD_LOG="$LOGDIR/slurmctld.log"
 slurmd_pid() { echo "$RUNDIR/slurmd-$1.pid"; }
 slurmd_log() { echo "$LOGDIR/slurmd-$1.log"; }
+
+# `up --ssh`: the remote user, sshd and the inventory
+SSH_USER=jobctl-remote
+SSH_HOME=/home/$SSH_USER
+SSH_VENV=$SSH_HOME/venv
+SSH_WORKDIR=$SSH_HOME/jobctl
+SYSTEM_PYTHON=/usr/bin/python3
+SSHD_BIN=/usr/sbin/sshd
+SSH_DIR="$DIR/ssh"
+SSHD_CONFIG="$SSH_DIR/sshd_config"
+SSH_HOST_KEY="$SSH_DIR/ssh_host_ed25519_key"
+SSH_CLIENT_KEY="$SSH_DIR/id_ed25519"
+SSH_KNOWN_HOSTS="$SSH_DIR/known_hosts"
+SSHD_PID="$RUNDIR/sshd.pid"
+SSHD_LOG="$LOGDIR/sshd.log"
+SSH_KEY_COMMENT="jobctl-dev-cluster:$DIR"
+INVENTORY_DIR="$DIR/clusters"
+INVENTORY="$INVENTORY_DIR/dev-ssh.yaml"
 
 export SLURM_CONF="$SLURM_CONF_FILE"
 
@@ -164,13 +197,28 @@ pkg_installed() {
   [[ $s == "install ok installed" ]]
 }
 
+# ensure_packages PKG...: install with apt-get those that are missing
 ensure_packages() {
   local p missing=()
   if command -v dpkg-query >/dev/null 2>&1; then
-    for p in "${PACKAGES[@]}"; do pkg_installed "$p" || missing+=("$p"); done
+    for p in "$@"; do pkg_installed "$p" || missing+=("$p"); done
   else
-    for p in munged mariadbd slurmdbd slurmctld slurmd sbatch; do
-      command -v "$p" >/dev/null 2>&1 || missing+=("$p")
+    # no dpkg: look for each package's programs instead
+    local prog progs
+    for p in "$@"; do
+      case $p in
+        munge) progs=(munged) ;;
+        mariadb-server) progs=(mariadbd) ;;
+        slurmdbd|slurmctld|slurmd) progs=("$p") ;;
+        slurm-client) progs=(sbatch sacct) ;;
+        openssh-server) progs=("$SSHD_BIN") ;;
+        openssh-client) progs=(ssh ssh-keygen sftp) ;;
+        python3|python3-venv) progs=("$SYSTEM_PYTHON") ;;
+        *) progs=("$p") ;;
+      esac
+      for prog in "${progs[@]}"; do
+        if ! command -v "$prog" >/dev/null 2>&1; then missing+=("$p"); break; fi
+      done
     done
   fi
   (( ${#missing[@]} == 0 )) && return 0
@@ -179,6 +227,7 @@ ensure_packages() {
   log "installing: ${missing[*]} (log: $LOGDIR/apt.log)"
   if [[ ! -e $POLICY_RC ]]; then
     # keep package scripts from starting system services on the default ports
+    # (openssh-server would start an sshd on port 22)
     printf '#!/bin/sh\nexit 101\n' >"$POLICY_RC"
     chmod 0755 "$POLICY_RC"
     CREATED_POLICY_RC=1
@@ -495,6 +544,277 @@ start_slurmds() {
   done
 }
 
+# ---------------------------------------------------------------------------- sshd (up --ssh)
+
+# openssh for sshd/ssh/sftp/ssh-keygen; python3-venv so that the system python3 makes venvs
+SSH_PACKAGES=(openssh-server openssh-client python3 python3-venv)
+
+# the host name as ssh writes it in known_hosts
+known_hosts_host() {
+  if [[ $SSH_PORT == 22 ]]; then echo 127.0.0.1; else echo "[127.0.0.1]:$SSH_PORT"; fi
+}
+
+# ssh_remote CMD...: run CMD as $SSH_USER through our sshd (key login, strict host key check)
+ssh_remote() {
+  timeout 30 ssh -F /dev/null -i "$SSH_CLIENT_KEY" -o IdentitiesOnly=yes -o BatchMode=yes \
+    -o UserKnownHostsFile="$SSH_KNOWN_HOSTS" -o GlobalKnownHostsFile=/dev/null \
+    -o StrictHostKeyChecking=yes -o ConnectTimeout=10 -o LogLevel=ERROR \
+    -p "$SSH_PORT" "$SSH_USER@127.0.0.1" "$@" </dev/null
+}
+
+sshd_config_text() {
+  cat <<CONF
+# Generated by scripts/dev-cluster.sh - loopback sshd of the local dev cluster; do not use in production.
+Port $SSH_PORT
+ListenAddress 127.0.0.1
+AddressFamily inet
+HostKey $SSH_HOST_KEY
+PidFile $SSHD_PID
+PubkeyAuthentication yes
+AuthorizedKeysFile .ssh/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitEmptyPasswords no
+HostbasedAuthentication no
+# UsePAM no: a password field '!' (locked) is refused; $SSH_USER has '*'
+UsePAM no
+PermitRootLogin no
+AllowUsers $SSH_USER
+StrictModes yes
+# no AcceptEnv: nothing from the client's environment is passed on; Slurm clients get:
+SetEnv SLURM_CONF=$SLURM_CONF_FILE
+X11Forwarding no
+AllowAgentForwarding no
+PrintMotd no
+MaxStartups 100:30:200
+Subsystem sftp internal-sftp
+LogLevel INFO
+CONF
+}
+
+inventory_text() {
+  cat <<YAML
+# Generated by scripts/dev-cluster.sh up --ssh: the dev Slurm cluster reached over SSH on
+# loopback. Machine-specific: do not commit. Use with JOBCTL_CLUSTERS=$INVENTORY_DIR
+name: dev-ssh
+scheduler: slurm
+login:
+  host: 127.0.0.1
+  port: $SSH_PORT
+  user: $SSH_USER
+  key_file: $SSH_CLIENT_KEY
+  known_hosts: $SSH_KNOWN_HOSTS
+  remote_python: $SSH_VENV/bin/python
+  workdir: $SSH_WORKDIR
+partitions:
+  - name: gpu
+    gpu: h100-sxm-80gb
+    gpus_per_node: $NGPUS
+    nodes: ${#NODES[@]}
+    cpus_per_node: 16
+    mem_gib: 62
+YAML
+}
+
+# new_key PATH COMMENT: an ed25519 key pair without passphrase, unless a whole pair is there
+new_key() {
+  if [[ ! -s $1 || ! -s $1.pub ]]; then
+    rm -f "$1" "$1.pub"
+    ssh-keygen -q -t ed25519 -N '' -C "$2" -f "$1" </dev/null >&2 || die "ssh-keygen failed for $1"
+    SSH_CHANGED=1
+  fi
+  chown root:root "$1" "$1.pub"
+  chmod 0600 "$1"
+  chmod 0644 "$1.pub"
+}
+
+ensure_ssh_files() {
+  install -d -o root -g root -m 0755 "$SSH_DIR" "$INVENTORY_DIR"
+  new_key "$SSH_HOST_KEY" "jobctl-dev-sshd"
+  new_key "$SSH_CLIENT_KEY" "$SSH_KEY_COMMENT"
+  CONFIG_CHANGED=0
+  # the host key line comes from the key file itself, not from a scan of the running sshd
+  # (write_file not in a pipeline: it sets CONFIG_CHANGED in this shell)
+  write_file "$SSH_KNOWN_HOSTS" 0644 \
+    <<<"$(known_hosts_host) $(cut -d' ' -f1,2 "$SSH_HOST_KEY.pub")"
+  write_file "$SSHD_CONFIG" 0644 < <(sshd_config_text)
+  (( CONFIG_CHANGED )) && SSH_CHANGED=1
+  # privilege separation directory (sshd -t wants it too): root-owned, not group/world-writable
+  install -d -o root -g root -m 0755 /run/sshd
+  local out
+  if ! out="$("$SSHD_BIN" -t -f "$SSHD_CONFIG" 2>&1)"; then
+    printf '%s\n' "$out" >&2
+    die "$SSHD_CONFIG is not valid"
+  fi
+}
+
+ensure_ssh_user() {
+  if ! getent passwd "$SSH_USER" >/dev/null; then
+    log "creating user $SSH_USER"
+    useradd --create-home --home-dir "$SSH_HOME" --shell /bin/bash --user-group \
+      --password '*' --comment "jobctl dev cluster over ssh" "$SSH_USER" >&2 \
+      || die "useradd $SSH_USER failed"
+  fi
+  local home group pw
+  home="$(getent passwd "$SSH_USER" | cut -d: -f6)"
+  [[ $home == "$SSH_HOME" ]] || die "user $SSH_USER exists with home $home, expected $SSH_HOME"
+  # key login only: '*' (no password can match) rather than '!' (locked: refused with UsePAM no)
+  pw="$(getent shadow "$SSH_USER" | cut -d: -f2)"
+  if [[ $pw != '*' ]]; then
+    usermod -p '*' "$SSH_USER" || die "could not set the password field of $SSH_USER to '*'"
+  fi
+  group="$(id -gn "$SSH_USER")"
+  # StrictModes: home and ~/.ssh not writable by others
+  install -d -m 0755 "$SSH_HOME"
+  chown "$SSH_USER:$group" "$SSH_HOME"
+  chmod 0755 "$SSH_HOME"
+  install -d -m 0700 "$SSH_HOME/.ssh"
+  chown "$SSH_USER:$group" "$SSH_HOME/.ssh"
+  chmod 0700 "$SSH_HOME/.ssh"
+
+  # authorized_keys: this cluster's key (by its comment) replaced, other lines kept
+  local ak="$SSH_HOME/.ssh/authorized_keys" tmp line
+  tmp="$(mktemp "$ak.XXXXXX")"
+  if [[ -f $ak ]]; then
+    while IFS= read -r line || [[ -n $line ]]; do
+      [[ $line == *" $SSH_KEY_COMMENT" ]] && continue
+      printf '%s\n' "$line"
+    done <"$ak" >"$tmp"
+  fi
+  cat "$SSH_CLIENT_KEY.pub" >>"$tmp"
+  chown "$SSH_USER:$group" "$tmp"
+  chmod 0600 "$tmp"
+  if [[ -f $ak ]] && cmp -s "$tmp" "$ak"; then
+    rm -f "$tmp"
+    chown "$SSH_USER:$group" "$ak"
+    chmod 0600 "$ak"
+  else
+    mv -f "$tmp" "$ak"
+  fi
+}
+
+# what the remote user needs from the cluster: slurm.conf readable, the munge socket usable
+check_remote_user_access() {
+  [[ $(stat -c '%a %U' "$DBD_CONF") == "600 root" ]] || die "$DBD_CONF must be mode 0600, owned by root"
+  if ! runuser -u "$SSH_USER" -- test -r "$SLURM_CONF_FILE"; then
+    die "$SSH_USER cannot read $SLURM_CONF_FILE: $DIR and its parent folders must be world-executable"
+  fi
+  if ! runuser -u "$SSH_USER" -- sh -c 'munge -S "$1" -n | unmunge -S "$1" >/dev/null' sh "$MUNGE_SOCK" \
+      >/dev/null 2>&1; then
+    ls -ld "$MUNGE_DIR" "$MUNGE_SOCK" >&2 || true
+    die "$SSH_USER cannot use the munge socket $MUNGE_SOCK (its folder must be world-executable)"
+  fi
+}
+
+ensure_remote_venv() {
+  [[ -x $SYSTEM_PYTHON ]] || die "$SYSTEM_PYTHON not found (Debian package python3)"
+  local ok='import sys; sys.exit(0 if sys.prefix != sys.base_prefix and sys.base_prefix == "/usr" else 1)'
+  if (cd / && runuser -u "$SSH_USER" -- "$SSH_VENV/bin/python" -c "$ok") >/dev/null 2>&1; then
+    return 0
+  fi
+  log "creating $SSH_VENV with $SYSTEM_PYTHON (log: $LOGDIR/venv.log)"
+  rm -rf "$SSH_VENV"
+  if ! (cd / && runuser -u "$SSH_USER" -- "$SYSTEM_PYTHON" -m venv "$SSH_VENV") >>"$LOGDIR/venv.log" 2>&1; then
+    tail_log "$LOGDIR/venv.log"
+    die "could not create $SSH_VENV (is python3-venv installed?)"
+  fi
+}
+
+# port_answers: something accepts connections on 127.0.0.1:$SSH_PORT
+port_answers() { (exec 3<>"/dev/tcp/127.0.0.1/$SSH_PORT") 2>/dev/null; }
+
+# check_sshd_banner: OUR sshd listens (it writes its pid file only once it has bound the port;
+# it daemonizes before binding, so its exit status says nothing about that) and the port
+# answers with an SSH banner
+check_sshd_banner() {
+  daemon_alive "$SSHD_PID" sshd || return 1
+  (
+    exec 3<>"/dev/tcp/127.0.0.1/$SSH_PORT" || exit 1
+    IFS= read -r -t 5 banner <&3 || exit 1
+    [[ $banner == SSH-2.0-* ]]
+  )
+}
+
+check_ssh_sinfo() { ssh_remote sinfo -h -o %P | grep -q '^gpu'; }
+
+# proc_descendants PID: all processes below PID (for the sshd: its sessions and what runs in them)
+proc_descendants() {
+  local f rest pid ppid
+  declare -A children=()
+  for f in /proc/[0-9]*/stat; do
+    rest="$(cat "$f" 2>/dev/null)" || continue
+    pid=${f#/proc/}; pid=${pid%/stat}
+    rest=${rest##*) }            # after "(comm) ": state ppid ...
+    ppid=$(cut -d' ' -f2 <<<"$rest")
+    children[$ppid]+=" $pid"
+  done
+  local queue=("$1") p c
+  while (( ${#queue[@]} )); do
+    p=${queue[0]}; queue=("${queue[@]:1}")
+    for c in ${children[$p]:-}; do echo "$c"; queue+=("$c"); done
+  done
+}
+
+stop_sshd() {
+  local pid procs p
+  pid="$(read_pid "$SSHD_PID")"
+  procs=""
+  proc_alive "$pid" sshd && procs="$(proc_descendants "$pid")"
+  stop_daemon sshd "$SSHD_PID" sshd 15 || return 1
+  # sessions (and the commands they run) outlive the listener: end those of our sshd too
+  if [[ -n $procs ]]; then
+    log "ending ssh sessions: $(tr '\n' ' ' <<<"$procs")"
+    for p in $procs; do kill -TERM "$p" 2>/dev/null || true; done
+  fi
+  return 0
+}
+
+start_sshd() {
+  install -d -o root -g root -m 0755 /run/sshd
+  if daemon_alive "$SSHD_PID" sshd; then
+    if (( SSH_CHANGED )); then
+      log "sshd configuration or keys changed; restarting sshd"
+      stop_sshd || die "could not stop sshd"
+    else
+      log "sshd already running"
+    fi
+  fi
+  if ! daemon_alive "$SSHD_PID" sshd; then
+    if port_answers; then
+      die "127.0.0.1:$SSH_PORT is in use by another program; choose another port with JOBCTL_DEV_SSH_PORT"
+    fi
+    log "starting sshd on 127.0.0.1:$SSH_PORT"
+    rm -f "$SSHD_PID"
+    if ! "$SSHD_BIN" -f "$SSHD_CONFIG" -E "$SSHD_LOG" </dev/null >>"$LOGDIR/sshd.out" 2>&1; then
+      tail_log "$LOGDIR/sshd.out" "$SSHD_LOG"
+      die "sshd failed to start"
+    fi
+  fi
+  wait_ready sshd "$SSHD_PID" sshd "$TIMEOUT" check_sshd_banner "$SSHD_LOG" "$LOGDIR/sshd.out"
+}
+
+setup_ssh() {
+  SSH_CHANGED=0
+  ensure_ssh_files
+  ensure_ssh_user
+  check_remote_user_access
+  ensure_remote_venv
+  start_sshd
+  wait_ready "ssh login as $SSH_USER (sinfo)" "$SSHD_PID" sshd "$TIMEOUT" check_ssh_sinfo \
+    "$SSHD_LOG" "$LOGDIR/sshd.out"
+  CONFIG_CHANGED=0
+  write_file "$INVENTORY" 0644 < <(inventory_text)
+  log "inventory $INVENTORY (export JOBCTL_CLUSTERS=$INVENTORY_DIR to use it as --cluster dev-ssh)"
+}
+
+ssh_already_up() {
+  daemon_alive "$SSHD_PID" sshd || return 1
+  [[ -s $SSH_CLIENT_KEY && -s $SSH_KNOWN_HOSTS && -s $INVENTORY && -x $SSH_VENV/bin/python ]] || return 1
+  cmp -s "$SSHD_CONFIG" <(sshd_config_text) || return 1
+  cmp -s "$INVENTORY" <(inventory_text) || return 1
+  check_ssh_sinfo
+}
+
 # ---------------------------------------------------------------------------- subcommands
 
 all_pids_alive() {
@@ -517,27 +837,48 @@ already_up() {
   done
 }
 
+print_exports() {  # WANT_SSH
+  if (( $1 )); then echo "export JOBCTL_DEV_SSH_INVENTORY=$INVENTORY"; fi
+  echo "export SLURM_CONF=$SLURM_CONF_FILE"
+}
+
 cmd_up() {
-  local t0=$SECONDS
-  if already_up >/dev/null 2>&1; then
+  local want_ssh=0 arg
+  for arg in "$@"; do
+    case $arg in
+      --ssh) want_ssh=1 ;;
+      *) usage; exit 2 ;;
+    esac
+  done
+  local t0=$SECONDS slurm_up=0
+  if already_up >/dev/null 2>&1; then slurm_up=1; fi
+  if (( slurm_up )) && { (( ! want_ssh )) || ssh_already_up >/dev/null 2>&1; }; then
     log "cluster $CLUSTER_NAME is already up ($DIR)"
-    echo "export SLURM_CONF=$SLURM_CONF_FILE"
+    if (( want_ssh )); then log "sshd is already up on 127.0.0.1:$SSH_PORT (inventory $INVENTORY)"; fi
+    print_exports "$want_ssh"
     return 0
   fi
   (( EUID == 0 )) || die "'up' needs root (it runs munged/mariadbd as their users and slurmd as root)"
   install -d -m 0755 "$DIR" "$LOGDIR"
-  ensure_packages
-  write_configs
-  if (( CONFIG_CHANGED )) && { daemon_alive "$CTLD_PID" slurmctld || daemon_alive "$DBD_PID" slurmdbd; }; then
-    log "WARNING: configuration changed while some daemons run; run '$0 down' then '$0 up' to apply it"
+  local packages=("${PACKAGES[@]}")
+  if (( want_ssh )); then packages+=("${SSH_PACKAGES[@]}"); fi
+  ensure_packages "${packages[@]}"
+  if (( slurm_up )); then
+    log "cluster $CLUSTER_NAME is already up ($DIR)"
+  else
+    write_configs
+    if (( CONFIG_CHANGED )) && { daemon_alive "$CTLD_PID" slurmctld || daemon_alive "$DBD_PID" slurmdbd; }; then
+      log "WARNING: configuration changed while some daemons run; run '$0 down' then '$0 up' to apply it"
+    fi
+    start_munged
+    start_mariadb
+    start_slurmdbd
+    start_slurmctld
+    start_slurmds
   fi
-  start_munged
-  start_mariadb
-  start_slurmdbd
-  start_slurmctld
-  start_slurmds
+  if (( want_ssh )); then setup_ssh; fi
   log "cluster $CLUSTER_NAME is up in $((SECONDS - t0))s ($DIR)"
-  echo "export SLURM_CONF=$SLURM_CONF_FILE"
+  print_exports "$want_ssh"
 }
 
 # stop_daemon WHAT PIDFILE COMM TIMEOUT
@@ -567,7 +908,17 @@ stop_daemon() {
 }
 
 cmd_down() {
-  local rc=0 n
+  local rc=0 n arg ssh_only=0
+  for arg in "$@"; do
+    case $arg in
+      --ssh-only) ssh_only=1 ;;
+      *) usage; exit 2 ;;
+    esac
+  done
+  if (( ssh_only )); then
+    stop_sshd || return 1
+    return 0
+  fi
   if daemon_alive "$CTLD_PID" slurmctld && [[ -f $SLURM_CONF_FILE ]] && command -v squeue >/dev/null 2>&1; then
     local ids
     ids="$(squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ' || true)"
@@ -586,6 +937,7 @@ cmd_down() {
       done
     fi
   fi
+  stop_sshd || rc=1
   for n in "${NODES[@]}"; do
     stop_daemon "slurmd $n" "$(slurmd_pid "$n")" slurmd 30 || rc=1
   done
@@ -598,7 +950,13 @@ cmd_down() {
 }
 
 cmd_status() {
-  local all=0 n pid
+  local all=0 n pid arg want_ssh=0
+  for arg in "$@"; do
+    case $arg in
+      --ssh) want_ssh=1 ;;
+      *) usage; exit 2 ;;
+    esac
+  done
   report() {  # WHAT PIDFILE COMM
     pid="$(read_pid "$2")"
     if proc_alive "$pid" "$3"; then
@@ -613,22 +971,33 @@ cmd_status() {
   report slurmdbd "$DBD_PID" slurmdbd
   report slurmctld "$CTLD_PID" slurmctld
   for n in "${NODES[@]}"; do report "slurmd $n" "$(slurmd_pid "$n")" slurmd; done
+  # sshd (up --ssh) is optional: it counts for the exit status only with `status --ssh`
+  local ssh_running=0
+  pid="$(read_pid "$SSHD_PID")"
+  if proc_alive "$pid" sshd; then
+    printf '%-14s running (pid %s)\n' sshd "$pid"
+    ssh_running=1
+  else
+    printf '%-14s stopped\n' sshd
+    (( want_ssh )) && all=1
+  fi
   if (( all == 0 )); then
     echo
     sinfo || all=1
+    (( ssh_running && want_ssh )) && echo "export JOBCTL_DEV_SSH_INVENTORY=$INVENTORY"
     echo "export SLURM_CONF=$SLURM_CONF_FILE"
   fi
   return "$all"
 }
 
 usage() {
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,/^# Facts this follows/p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
-  status) cmd_status ;;
+  up) shift; cmd_up "$@" ;;
+  down) shift; cmd_down "$@" ;;
+  status) shift; cmd_status "$@" ;;
   -h|--help|help) usage ;;
   *) usage; exit 2 ;;
 esac
