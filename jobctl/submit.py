@@ -22,6 +22,9 @@ from pathlib import Path
 from jobctl.errors import SchedulerError, UsageError
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+# Seconds before the time limit at which Slurm signals the job (submitit's USR2: checkpoint
+# and requeue). Also used to render the dry-run script, so it equals the submitted one.
+SIGNAL_DELAY_S = 30
 # What happens after a failure, by classification (monitor/classify.py): the OOM ladder for
 # CUDA OOM; timeouts and preemption use submitit's requeue (the runner is checkpointable);
 # host OOM, NCCL and user errors are not retried unless configured.
@@ -130,9 +133,12 @@ def sbatch_script(sub: Submission, folder: Path) -> str:
     """The sbatch script submitit would write (its own renderer, so it is the same text)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
+    import shlex
+
     params = dict(sub.slurm)
-    command = f"{shutil.which('python3') or sys.executable} -u -m submitit.core._submit '{folder}'"
-    return _make_sbatch_string(command=command, folder=folder, **params)
+    # the command submitit's SlurmExecutor itself renders (slurm.py: python -u -m submitit.core._submit)
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return _make_sbatch_string(command=command, folder=folder, signal_delay_s=SIGNAL_DELAY_S, **params)
 
 
 def test_only(sub: Submission) -> tuple[bool, str]:
@@ -183,7 +189,7 @@ def _executor(sub: Submission, folder: Path):
 
     if sub.scheduler == "slurm":
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=3)
-        ex.update_parameters(**sub.slurm, signal_delay_s=30)
+        ex.update_parameters(**sub.slurm, signal_delay_s=SIGNAL_DELAY_S)
     else:
         ex = submitit.LocalExecutor(folder=folder, max_num_timeout=3)
         ex.update_parameters(timeout_min=sub.slurm["timeout_min"], tasks_per_node=1, nodes=1)

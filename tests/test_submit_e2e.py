@@ -69,7 +69,11 @@ def test_tiny_recipe_one_node_completes_on_slurm(slurm_cluster, home):
     for name in ("recipe.yaml", "plan.json", "inventory.yaml", "sbatch.sh", "job.json"):
         assert (folder / name).exists(), name
     assert "step   20  loss" in (folder / "logs" / "node-0.log").read_text()
-    assert "#SBATCH --nodes=1" in (folder / "sbatch.sh").read_text()
+    rendered = (folder / "sbatch.sh").read_text()
+    assert "#SBATCH --nodes=1" in rendered
+    # the script jobctl keeps (and shows with --dry-run) is the one submitit handed to sbatch
+    (submitted,) = folder.glob("*_submission.sh")
+    assert rendered == submitted.read_text()
 
 
 def test_two_nodes_torchrun_world_and_environment(slurm_cluster, home, tmp_path):
