@@ -525,3 +525,22 @@ def render_report(rep: dict) -> None:
         con.print(Text("measured peak: nothing measured, so the prediction cannot be checked"), soft_wrap=True)
     con.print(attempts_table(rep["chain"]))
     con.print(_chain_line(rep["chain"], rep["chain_text"]), soft_wrap=True)
+
+
+def render_drift(cluster: str, rows: list[dict], drift: bool) -> None:
+    """`jobctl clusters check`: the inventory against the cluster, one row per value."""
+    from rich.table import Table
+    from rich.text import Text
+
+    styles = {"ok": "green", "changed": "bold yellow", "missing": "bold red", "extra": "yellow"}
+    table = Table(title=f"Drift of {cluster} (inventory vs cluster now)", title_justify="left", pad_edge=False)
+    for col in ("partition", "what", "inventory", "cluster", "status"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(Text(r["partition"]), Text(r["what"]), Text(r["inventory"]), Text(r["cluster"]),
+                      Text(r["status"], style=styles.get(r["status"], "")))
+    con = _console()
+    con.print(table)
+    n = sum(1 for r in rows if r["status"] != "ok")
+    con.print(Text(f"{n} value(s) drifted: update the inventory (`jobctl clusters discover`) or the cluster"
+                   if drift else "no drift", style="bold yellow" if drift else "green"), soft_wrap=True)

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 MARK = "__jobctl_model__"
+SET = "__jobctl_fields_set__"  # the fields the document gave (pydantic's model_fields_set)
 _DEFINITIONS = ("schema.py", "config.py", "validation.py", "catalog.py", "planner/models.py", "validcache.py")
 
 
@@ -28,6 +29,8 @@ class Values:
         object.__setattr__(self, "_data", data)
 
     def __getattr__(self, name):
+        if name.startswith("__jobctl"):
+            raise AttributeError(name)
         try:
             return _view(self._data[name])
         except KeyError:
@@ -38,6 +41,10 @@ class Values:
 
     def model_dump(self, **_) -> dict:
         return _plain(self._data)
+
+    @property
+    def model_fields_set(self) -> set[str]:
+        return set(self._data.get(SET, ()))
 
     def __repr__(self) -> str:
         return f"Values({_plain(self._data)!r})"
@@ -53,7 +60,7 @@ def _view(value):
 
 def _plain(value):
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if k != MARK}
+        return {k: _plain(v) for k, v in value.items() if k not in (MARK, SET)}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return copy.copy(value)
@@ -67,6 +74,7 @@ def _marked(model) -> dict:
         if isinstance(v, BaseModel):
             out = {name: walk(getattr(v, name)) for name in type(v).model_fields}
             out[MARK] = 1
+            out[SET] = sorted(v.model_fields_set)
             return out
         if isinstance(v, dict):
             return {k: walk(x) for k, x in v.items()}

@@ -52,3 +52,18 @@ def test_a_corrupt_entry_is_a_miss(tmp_path):
     for entry in (tmp_path / "validated").glob("*.json"):
         entry.write_text("{not json")
     assert plan_json(tmp_path) == first
+
+
+def test_a_hit_keeps_which_fields_the_document_gave(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBCTL_CACHE", str(tmp_path))
+    from jobctl.planning import load_inventory
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("name: x\nlogin: {host: 127.0.0.1, port: 2222}\n"
+                   "partitions: [{name: p, gpu: cpu, gpus_per_node: 1, nodes: 1, mem_gib: 16}]\n")
+    cold = load_inventory(str(inv)).value
+    warm = load_inventory(str(inv)).value
+    assert type(warm).__name__ == "Values"  # the second load came from the cache
+    assert warm.login.model_fields_set == cold.login.model_fields_set == {"host", "port"}
+    assert warm.login.known_hosts == cold.login.known_hosts
+    assert warm.model_dump() == cold.model_dump()

@@ -25,6 +25,7 @@ COMMANDS = [
     ("jobctl.cli.status", "status"), ("jobctl.cli.logs", "logs"), ("jobctl.cli.cancel", "cancel"), ("jobctl.cli.history", "history"),
     ("jobctl.cli.requeue", "requeue"),
     ("jobctl.cli.watch", "watch"), ("jobctl.cli.report", "report"),
+    ("jobctl.cli.clusters", "clusters"),
 ]
 
 

@@ -1,0 +1,260 @@
+"""Discover a Slurm cluster's partitions as an inventory, or check an inventory against the cluster.
+
+`discover` runs `sinfo -h -o '%P|%a|%l|%D|%c|%m|%G|%N'`, `scontrol show partition -o` and
+`scontrol show node -o` (locally, or over SSH on a login node with strict host key checking) and
+prints an inventory YAML on stdout, with comments saying where each value came from.
+GRES types are mapped onto the GPU catalog (h100 -> h100-sxm-80gb, mi300x -> mi300x-192gb ...);
+when a type is ambiguous (`a100`: 40 or 80 GB; untyped `gpu:8`) jobctl asks on a terminal, and
+otherwise stops with exit code 2 naming the --gpu-map to pass.
+
+`check` compares an inventory with what the cluster reports now: partitions missing or extra,
+node counts, drained/down nodes, GPUs per node, CPUs, memory, time limit, and (with a `login:`
+block) whether the login works.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from jobctl.errors import EXIT_OK, SchedulerError, UsageError
+
+EXIT_DRIFT = 3
+
+HELP = "discover a Slurm cluster as an inventory, or check an inventory for drift"
+EPILOG = """examples:
+  jobctl clusters discover > clusters/mine.yaml          # this machine's Slurm
+  jobctl clusters discover login.example.org --name big  # over SSH (~/.ssh/config aliases work)
+  jobctl clusters discover --cluster big                 # over SSH, with big's `login:` block
+  jobctl clusters discover --gpu-map a100=a100-sxm-40gb --gpu-map gpu=h100-sxm-80gb
+  jobctl clusters check big
+
+--gpu-map GRESTYPE=KEY: the catalog key for a GRES type; `gpu=KEY` is for untyped GRES (gpu:8).
+
+exit codes: 0 ok / no drift, 2 bad input (or an ambiguous GPU type without a terminal to ask on),
+            3 check: the inventory has drifted from the cluster (missing, changed or extra values),
+            4 the cluster cannot be reached (sinfo/scontrol failed, SSH failed)."""
+
+TIMEOUT_S = 60
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=("discover", "check"), help="discover: print an inventory; check: drift report")
+    p.add_argument("target", nargs="?", metavar="HOST|NAME",
+                   help="discover: login host or ssh alias (default: run locally); check: inventory name or path")
+    p.add_argument("--cluster", "-c", help="discover: reach the cluster with this inventory's `login:` block")
+    p.add_argument("--name", help="discover: the inventory's name (default: Slurm's ClusterName, or the host)")
+    p.add_argument("--gpu-map", action="append", default=[], metavar="GRESTYPE=KEY",
+                   help="discover: map a GRES type onto a GPU catalog key (repeatable; `gpu=KEY` for untyped GRES)")
+    p.add_argument("--json", action="store_true", dest="as_json", help="print JSON on stdout")
+
+
+def run(args) -> int:
+    if args.action == "discover":
+        return _discover(args)
+    if not args.target:
+        raise UsageError("`jobctl clusters check` needs an inventory name or path",
+                         hint="e.g. `jobctl clusters check dev`")
+    if args.cluster or args.name or args.gpu_map:
+        raise UsageError("--cluster, --name and --gpu-map are options of `clusters discover`, not `check`")
+    return _check(args)
+
+
+# --- running the commands ------------------------------------------------------------------------
+
+
+class _Runner:
+    """Runs the read-only Slurm commands locally or on a login node (context manager)."""
+
+    def __init__(self, login=None, cluster: str | None = None):
+        self.login = login
+        self.remote = None
+        self.cluster = cluster
+
+    def __enter__(self):
+        if self.login is not None:
+            from jobctl.remote import Remote
+
+            self.remote = Remote(self.login, cluster=self.cluster).__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.remote is not None:
+            return self.remote.__exit__(*exc)
+        return False
+
+    @property
+    def where(self) -> str:
+        return f"{self.remote}" if self.remote is not None else "this machine"
+
+    def run(self, argv: list[str], required: bool = True) -> str:
+        if self.remote is not None:
+            res = self.remote.run(argv, idempotent=True, timeout_s=TIMEOUT_S)
+            rc, out, err = res.rc, res.stdout, res.stderr
+        else:
+            import subprocess
+
+            try:
+                res = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+            except FileNotFoundError:
+                if not required:
+                    return ""
+                raise SchedulerError(f"`{argv[0]}` is not installed on this machine",
+                                     hint="run on a Slurm login node, or pass HOST / --cluster to go over SSH") from None
+            except subprocess.TimeoutExpired:
+                raise SchedulerError(f"`{' '.join(argv)}` did not answer within {TIMEOUT_S} s") from None
+            rc, out, err = res.returncode, res.stdout, res.stderr
+        if rc != 0:
+            if not required:
+                return ""
+            tail = (err.strip() or out.strip() or f"exit code {rc}").splitlines()[-1][:300]
+            hint = "is sinfo on the PATH there?" if rc == 127 else "is slurmctld up? (`scontrol ping`)"
+            raise SchedulerError(f"`{' '.join(argv)}` failed on {self.where}: {tail}", hint=hint)
+        return out
+
+
+def _snapshot(runner: _Runner):
+    from jobctl import discover as d
+
+    sinfo = runner.run(d.SINFO_ARGV)
+    parts = runner.run(d.PARTITION_ARGV)
+    nodes = runner.run(d.NODE_ARGV)
+    try:
+        facts = d.cluster_facts(sinfo, parts, nodes)
+    except ValueError as e:
+        raise SchedulerError(f"cannot read Slurm's answer on {runner.where}: {e}") from e
+    return facts
+
+
+# --- discover -------------------------------------------------------------------------------------
+
+
+def _gpu_map(items: list[str], keys: list[str]) -> dict[str, str]:
+    from jobctl.catalog import unknown_message
+
+    out = {}
+    for item in items:
+        gres, sep, key = item.partition("=")
+        if not sep or not gres or not key:
+            raise UsageError(f"--gpu-map {item!r}: expected GRESTYPE=CATALOGKEY, e.g. a100=a100-sxm-80gb")
+        if key not in keys:
+            raise UsageError(f"--gpu-map {item!r}: " + unknown_message("GPU", key, keys))
+        out[gres.lower()] = key
+    return out
+
+
+def _ask(err, gpu_map: dict[str, str]) -> dict[str, str]:
+    """Ask on the terminal which catalog key each ambiguous GRES type is."""
+    out = dict(gpu_map)
+    for key, (choices, partitions) in err.questions.items():
+        what = "untyped GRES gpu:N" if key == "gpu" else f"GRES type {key!r}"
+        sys.stderr.write(f"{what} (partition {', '.join(partitions)}) could be several GPUs:\n")
+        for i, c in enumerate(choices, 1):
+            sys.stderr.write(f"  {i}) {c}\n")
+        while True:
+            sys.stderr.write(f"which one? [1-{len(choices)}] ")
+            sys.stderr.flush()
+            line = sys.stdin.readline()
+            if not line:
+                raise UsageError(err.message())
+            answer = line.strip()
+            if answer.isdigit() and 1 <= int(answer) <= len(choices):
+                out[key] = choices[int(answer) - 1]
+                break
+            if answer in choices:
+                out[key] = answer
+                break
+    return out
+
+
+def _discover(args) -> int:
+    from jobctl import discover as d
+    from jobctl import ui
+    from jobctl.catalog import gpu_names
+
+    keys = gpu_names()
+    gpu_map = _gpu_map(args.gpu_map, keys)
+    if args.target and args.cluster:
+        raise UsageError("give either HOST or --cluster NAME, not both")
+    login, login_block, name = None, None, args.name
+    if args.cluster:
+        from jobctl.planning import load_inventory
+
+        loaded = load_inventory(args.cluster)
+        inv = loaded.value
+        if inv.login is None:
+            raise UsageError(f"cluster {inv.name!r} has no `login:` block to reach it with",
+                             hint="pass the login host instead: `jobctl clusters discover HOST`")
+        login = loaded.value.login
+        login_block = {k: v for k, v in dict(loaded.data.get("login") or {}).items() if v is not None}
+        name = name or inv.name
+    elif args.target:
+        from pydantic import ValidationError
+
+        from jobctl.schema import Login
+
+        try:
+            login = Login(host=args.target)
+        except ValidationError as e:
+            raise UsageError(f"HOST {args.target!r}: {e.errors()[0]['msg']}") from None
+        login_block = {"host": args.target}
+        name = name or args.target.split(".")[0]
+    with _Runner(login, cluster=name) as runner:
+        facts = _snapshot(runner)
+        if not name:
+            name = d.parse_cluster_name(runner.run(d.CONFIG_ARGV, required=False)) or "discovered"
+        where = runner.where
+    if not any(f.nodes for f in facts):
+        raise SchedulerError(f"Slurm on {where} reports no partitions with nodes")
+    try:
+        gpus = d.resolve_gpus(facts, gpu_map, keys)
+    except d.AmbiguousGPU as e:
+        if not sys.stdin.isatty():
+            raise UsageError(e.message(), hint="pass --gpu-map GRESTYPE=KEY for each (see `jobctl clusters --help`)")
+        gpus = d.resolve_gpus(facts, _ask(e, gpu_map), keys)
+    text = d.inventory_yaml(name, facts, gpus, source=where, login=login_block)
+    _validate(text)
+    if args.as_json:
+        import yaml
+
+        ui.print_json(yaml.safe_load(text))
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _validate(text: str) -> None:
+    """The YAML written must be a valid inventory (a bug otherwise)."""
+    import yaml
+
+    from jobctl.schema import Inventory
+
+    Inventory.model_validate(yaml.safe_load(text))
+
+
+# --- check ----------------------------------------------------------------------------------------
+
+
+def _check(args) -> int:
+    from jobctl import discover as d
+    from jobctl import ui
+    from jobctl.catalog import gpu_names
+    from jobctl.planning import load_inventory
+
+    loaded = load_inventory(args.target)
+    inv = loaded.value
+    if inv.scheduler != "slurm":
+        raise UsageError(f"cluster {inv.name!r} is not a Slurm cluster (scheduler: {inv.scheduler})")
+    login_row = None
+    with _Runner(loaded.value.login, cluster=inv.name) as runner:
+        facts = _snapshot(runner)
+        if inv.login is not None:
+            login_row = d.Drift("-", "login", inv.login.host, f"ok ({runner.where})", "ok")
+    rows = d.compare(inv, facts, gpu_names())
+    if login_row:
+        rows.insert(0, login_row)
+    drift = d.has_drift(rows)
+    if args.as_json:
+        ui.print_json({"cluster": inv.name, "drift": drift, "rows": [r.as_dict() for r in rows]})
+    else:
+        ui.render_drift(inv.name, [r.as_dict() for r in rows], drift)
+    return EXIT_DRIFT if drift else EXIT_OK
