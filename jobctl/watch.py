@@ -7,9 +7,7 @@ import time
 
 from jobctl.errors import EXIT_INTERNAL, EXIT_OK
 from jobctl.scheduler import JobState
-
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-            "BOOT_FAIL", "DEADLINE", "SUBMIT_FAILED"}
+from jobctl.store import TERMINAL_STATES as TERMINAL  # the history's one list of ended states
 
 
 def refresh(history, records) -> dict:
