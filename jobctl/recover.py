@@ -219,4 +219,5 @@ def next_submission(folder: Path, job: dict, info: dict | None = None, *, smalle
     sub.parent_id = int(job["jobctl_id"])
     sub.policy = dict(job.get("policy") or sub.policy)
     sub.attempt = int(job.get("attempt", 1)) + 1
+    sub.cwd = job.get("cwd")  # the same directory as the first attempt (a synced working tree)
     return NextAttempt(sub, rung, reason)

@@ -707,6 +707,20 @@ class Remote:
 
         return self._sftp_op(f"read {path}", op)
 
+    def get_bytes(self, remote: str, *, offset: int = 0) -> bytes:
+        """The bytes of a remote file from `offset` to its end (safe to repeat)."""
+        path = self.remote_path(remote)
+
+        def op(sftp: paramiko.SFTPClient) -> bytes:
+            with sftp.open(path, "rb") as fh:
+                if offset:
+                    fh.seek(offset)
+                else:
+                    fh.prefetch()  # pipelined reads: a log of many MB in one round trip's time
+                return fh.read()
+
+        return self._sftp_op(f"read {path}", op)
+
     def sync_tree(self, local_dir: str | os.PathLike, remote_dir: str, *, force: bool = False) -> SyncResult:
         """Mirror a working tree to the login node, sending only files that changed.
 

@@ -411,6 +411,18 @@ class History:
             self._set_state(row, new, detail, now)
             return True
 
+    def set_exit_reason(self, job_id: int, exit_reason: str | None) -> None:
+        """Correct why job ``job_id`` ended (a later, better verdict: CUDA_OOM instead of 1:0)."""
+        with self._write():
+            self._row(job_id)
+            self._db.execute("UPDATE jobs SET exit_reason = ? WHERE id = ?", (exit_reason, job_id))
+
+    def set_extra(self, job_id: int, extra: Mapping[str, Any]) -> None:
+        """Replace the free-form ``extra`` of job ``job_id`` (e.g. where a remote job lives)."""
+        with self._write():
+            self._row(job_id)
+            self._db.execute("UPDATE jobs SET extra_json = ? WHERE id = ?", (json.dumps(dict(extra)), job_id))
+
     def set_measured_peak(self, job_id: int, measured_peak_bytes: int) -> None:
         """Record the largest GPU memory peak measured on any rank of the job."""
         with self._write():

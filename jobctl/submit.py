@@ -61,6 +61,8 @@ class Submission:
     recipe_source: dict = field(default_factory=dict)  # the recipe as loaded, launch unresolved (re-planning)
     inventory_source: dict = field(default_factory=dict)
     policy: dict = field(default_factory=lambda: dict(DEFAULT_POLICY))
+    token: str | None = None  # idempotency: a second submit_all with the same token submits nothing
+    cwd: str | None = None  # where the job runs (Slurm starts it in sbatch's directory); None: here
 
     def resource_key(self) -> str:
         """Jobs with equal keys can share one job array (one sbatch call)."""
@@ -212,6 +214,7 @@ def _write_folder(sub: Submission, folder: Path, job_id: int) -> None:
         "parameters": sub.slurm, "env": sub.env, "command": sub.command, "launcher": sub.launcher,
         "overrides": sub.overrides, "recipe_path": sub.recipe_path, "attempt": sub.attempt,
         "parent_id": sub.parent_id, "policy": sub.policy, "history_path": str(default_path()),
+        "cwd": sub.cwd or os.getcwd(),
     }, indent=2, default=str) + "\n", encoding="utf-8")
     if sub.scheduler == "slurm":
         (folder / "sbatch.sh").write_text(sbatch_script(sub, folder), encoding="utf-8")
@@ -226,18 +229,33 @@ def submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
     """
     import submitit
 
-    groups: dict[str, list[Submission]] = {}
-    for s in subs:
-        groups.setdefault(s.resource_key(), []).append(s)
-    check_scheduler(subs[0].scheduler)
     results = []
+    todo = []
+    for s in subs:
+        done = _submitted_before(s, history)
+        if done is not None:
+            results.append(done)
+            if progress:
+                progress(f"#{done['id']} was already submitted with this token as {s.scheduler} job "
+                         f"{done['scheduler_job_id']}: not submitted again")
+        else:
+            todo.append(s)
+    groups: dict[str, list[Submission]] = {}
+    for s in todo:
+        groups.setdefault(s.resource_key(), []).append(s)
+    if todo:
+        check_scheduler(todo[0].scheduler)
+    for s in todo:
+        if s.cwd and not os.path.isdir(s.cwd):
+            raise UsageError(f"the job's directory {s.cwd} does not exist (any more)",
+                             hint="the job runs where it was first submitted; recreate it or submit the recipe again")
     for group in groups.values():
         ids, folders = [], []
         for s in group:
             jid = history.prepare(recipe_name=s.recipe_name, recipe_text=s.recipe_text, plan=s.plan,
                                   cluster=s.cluster, scheduler=s.scheduler, partition=s.partition,
                                   recipe_path=s.recipe_path, parent_id=s.parent_id, sweep_id=s.sweep_id,
-                                  attempt=s.attempt if s.parent_id else None,
+                                  attempt=s.attempt if s.parent_id else None, token=s.token,
                                   predicted_peak_bytes=s.plan_report["memory"]["total_bytes"],
                                   extra={"overrides": s.overrides})
             folder = s.workdir / f"{jid}-{s.recipe_name}"
@@ -248,7 +266,7 @@ def submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
         ex = _executor(group[0], exec_folder)
         runners = [NodeRunner.from_submission(s, f, jid) for s, f, jid in zip(group, folders, ids)]
         try:
-            with _job_stdio(group[0].scheduler):
+            with _job_stdio(group[0].scheduler), _in_dir(group[0].cwd):
                 if len(group) == 1:
                     jobs = [ex.submit(runners[0])]
                 else:
@@ -271,6 +289,43 @@ def submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
             if progress:
                 progress(f"submitted #{jid} as {group[0].scheduler} job {job.job_id} ({folder})")
     return results
+
+
+def _submitted_before(sub: Submission, history) -> dict | None:
+    """The result of an earlier submission with `sub.token` (an idempotent retry), or None.
+
+    A token whose job never reached the scheduler's answer is refused: whether sbatch ran
+    cannot be known from here, and guessing could run the job twice."""
+    from jobctl.store import State
+
+    rec = history.find_by_token(sub.token) if sub.token else None
+    if rec is None:
+        return None
+    if rec.scheduler_job_id:
+        return {"id": rec.id, "scheduler_job_id": rec.scheduler_job_id, "job_folder": rec.job_folder,
+                "recipe": rec.recipe_name, "job": None, "existing": True}
+    if rec.state is State.SUBMIT_FAILED:
+        raise UsageError(f"submission token {sub.token!r} belongs to job #{rec.id}, which the scheduler refused "
+                         f"({rec.exit_reason or 'no reason recorded'})", hint="submit again without --token "
+                         "(or with a new one)")
+    raise SchedulerError(f"submission token {sub.token!r} belongs to job #{rec.id}, recorded PREPARED: an earlier "
+                         "submission with it was interrupted before the scheduler's answer was recorded",
+                         hint=f"check `squeue --me` for a job named {rec.recipe_name!r}; if there is none, submit "
+                              "again with a new token")
+
+
+@contextlib.contextmanager
+def _in_dir(path: str | None):
+    """Submit from `path`: the job starts (and its command runs) in sbatch's directory."""
+    if not path or os.path.abspath(path) == os.getcwd():
+        yield
+        return
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
 
 
 @contextlib.contextmanager

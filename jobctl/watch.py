@@ -12,9 +12,13 @@ from jobctl.store import TERMINAL_STATES as TERMINAL  # the history's one list o
 
 def refresh(history, records) -> dict:
     """Ask the scheduler once about `records` and record transitions; return {id: JobState}."""
+    from jobctl import remote_jobs
     from jobctl.scheduler import states
 
+    remote, records = remote_jobs.split(records)
     current = states(records)
+    if remote:  # the login node asks its Slurm; the changes are mirrored here (remote_jobs.mirror)
+        current.update(remote_jobs.refresh(history, remote))
     for r in records:
         st = current.get(r.id)
         if st is not None and st.state != r.state:
@@ -30,8 +34,12 @@ def successor(history, record, grace_s: float = 5.0) -> int | None:
     import json
     from pathlib import Path
 
+    from jobctl import remote_jobs
+
     folder = Path(record.job_folder or "")
+    remote = remote_jobs.cluster_of(record) is not None
     deadline = time.monotonic() + grace_s
+    asked = False
     while True:
         meta = folder / "successor.json"
         if meta.exists():
@@ -39,7 +47,15 @@ def successor(history, record, grace_s: float = 5.0) -> int | None:
                 return int(json.loads(meta.read_text())["jobctl_id"])
             except (OSError, ValueError, KeyError):
                 pass
-        if (folder / "final.json").exists() or not (folder / "job.json").exists() or time.monotonic() > deadline:
+        if (folder / "final.json").exists() or not (folder / "job.json").exists():
+            break
+        if remote and (not asked or time.monotonic() <= deadline):
+            # the folder is a copy: the first node may have written its verdict since it was made
+            remote_jobs.sync(history, [record])
+            asked = True
+            if (folder / "successor.json").exists() or (folder / "final.json").exists():
+                continue
+        if time.monotonic() > deadline:
             break
         time.sleep(0.5)
     children = [r for r in history.chain(record.id) if r.parent_id == record.id]

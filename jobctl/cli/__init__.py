@@ -25,7 +25,7 @@ COMMANDS = [
     ("jobctl.cli.status", "status"), ("jobctl.cli.logs", "logs"), ("jobctl.cli.cancel", "cancel"), ("jobctl.cli.history", "history"),
     ("jobctl.cli.requeue", "requeue"),
     ("jobctl.cli.watch", "watch"), ("jobctl.cli.report", "report"),
-    ("jobctl.cli.clusters", "clusters"),
+    ("jobctl.cli.clusters", "clusters"), ("jobctl.cli.remote", "remote"),
 ]
 
 
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0
     except BrokenPipeError:
         return 0
+    finally:
+        if "jobctl.remote_jobs" in sys.modules:  # the SSH connections this command opened
+            sys.modules["jobctl.remote_jobs"].close_all()
 
 
 def run() -> None:

@@ -34,40 +34,10 @@ def run(args) -> int:
     from jobctl import ui
     from jobctl.cli.history import resolve
     from jobctl.store import History
-    from jobctl.watch import refresh
 
-    results = {}
     with History.open() as history:
         records = resolve(history, args.jobs)  # all known, or nothing is cancelled
-        live = [r for r in records if r.scheduler_job_id and not r.terminal]
-        if live:  # a job the history thinks is running may have ended meanwhile
-            refresh(history, live)
-        todo = []
-        for r in records:
-            cur = history.get(r.id)
-            if cur.terminal:
-                results[cur.id] = _result(cur, "already ended")
-                ui.info(f"#{cur.id} already ended ({cur.state.value}): nothing to cancel")
-            elif not cur.scheduler_job_id:
-                results[cur.id] = _result(cur, "never submitted")
-                ui.info(f"#{cur.id} was never submitted ({cur.state.value}): nothing to cancel")
-            else:
-                todo.append(cur)
-        slurm = [r for r in todo if r.scheduler == "slurm"]
-        if slurm:
-            scancel([r.scheduler_job_id for r in slurm])
-        for r in todo:
-            if r.scheduler == "local":
-                stop_local(r)
-        if slurm:  # record what Slurm says now; the job may also have ended on its own just before
-            refresh(history, slurm)
-        for r in todo:
-            cur = history.get(r.id)
-            if not cur.terminal:
-                history.transition(r.id, "CANCELLED", detail="cancelled with jobctl cancel")
-                cur = history.get(r.id)
-            results[cur.id] = _result(cur, "cancelled" if cur.state.value == "CANCELLED" else "ended")
-            ui.info(f"#{cur.id} ({cur.scheduler} job {cur.scheduler_job_id}): {cur.state.value}")
+        results = cancel_records(history, records, say=ui.info)
     ordered = [results[r.id] for r in records]  # in the order asked
     if args.as_json:
         ui.print_json(ordered)
@@ -75,6 +45,48 @@ def run(args) -> int:
         for res in ordered:
             sys.stdout.write(f"#{res['id']}\t{res['state']}\t{res['action']}\n")
     return 0
+
+
+def cancel_records(history, records, say=lambda text: None) -> dict[int, dict]:
+    """Cancel the history's `records` that have not ended; {id: result}. Jobs on a remote
+    cluster are cancelled there (jobctl.remote_jobs), Slurm ones with one scancel call."""
+    from jobctl import remote_jobs
+    from jobctl.watch import refresh
+
+    results = {}
+    live = [r for r in records if r.scheduler_job_id and not r.terminal]
+    if live:  # a job the history thinks is running may have ended meanwhile
+        refresh(history, live)
+    todo = []
+    for r in records:
+        cur = history.get(r.id)
+        if cur.terminal:
+            results[cur.id] = _result(cur, "already ended")
+            say(f"#{cur.id} already ended ({cur.state.value}): nothing to cancel")
+        elif not cur.scheduler_job_id:
+            results[cur.id] = _result(cur, "never submitted")
+            say(f"#{cur.id} was never submitted ({cur.state.value}): nothing to cancel")
+        else:
+            todo.append(cur)
+    remote, here = remote_jobs.split(todo)
+    if remote:
+        remote_jobs.cancel(history, remote)
+    slurm = [r for r in here if r.scheduler == "slurm"]
+    if slurm:
+        scancel([r.scheduler_job_id for r in slurm])
+    for r in here:
+        if r.scheduler == "local":
+            stop_local(r)
+    if slurm:  # record what Slurm says now; the job may also have ended on its own just before
+        refresh(history, slurm)
+    for r in todo:
+        cur = history.get(r.id)
+        if not cur.terminal:
+            history.transition(r.id, "CANCELLED", detail="cancelled with jobctl cancel")
+            cur = history.get(r.id)
+        results[cur.id] = _result(cur, "cancelled" if cur.state.value == "CANCELLED" else "ended")
+        say(f"#{cur.id} ({cur.scheduler} job {cur.scheduler_job_id}): {cur.state.value}")
+    return results
 
 
 def _result(rec, action: str) -> dict:

@@ -38,6 +38,11 @@ def run(args) -> int:
     try:
         with History.open() as history:
             rec = resolve(history, [args.job])[0]
+            from jobctl import remote_jobs
+
+            if remote_jobs.cluster_of(rec) and rec.scheduler_job_id:  # copy what changed in its folder
+                remote_jobs.sync(history, [rec])
+                rec = history.get(rec.id)
             nodes = int(rec.plan.get("nodes") or 1)
             if not 0 <= args.node < nodes:
                 raise UsageError(f"job #{rec.id} has {nodes} node(s), so no node {args.node}",

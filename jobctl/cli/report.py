@@ -40,6 +40,11 @@ def run(args) -> int:
             raise UsageError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist")
     with History.open() as history:
         (record,) = resolve(history, [args.job])
+        from jobctl import remote_jobs
+
+        if remote_jobs.cluster_of(record):  # bring the local copy of its chain's folders up to date
+            remote_jobs.sync(history, [r for r in history.chain(record.id) if r.scheduler_job_id])
+            record = history.get(record.id)
         rep, samples = build(history, record)
     if args.plot:
         series = memory_series(samples)

@@ -37,11 +37,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import ui
+    from jobctl import remote_jobs, ui
     from jobctl.cli.history import resolve
-    from jobctl.recover import failure_figures, next_submission, read_outcomes
     from jobctl.store import History
-    from jobctl.submit import submit_all
 
     if args.tried_to_allocate is not None:
         if not args.smaller:
@@ -51,20 +49,12 @@ def run(args) -> int:
             raise UsageError(f"--tried-to-allocate: expected a positive size in GiB, got {args.tried_to_allocate}")
     with History.open() as history:
         (record,) = resolve(history, [args.job])
-        record = _ended(history, record)
-        folder = _folder(record)
-        # The history is the source of truth for the lineage: its id and attempt, not the file's.
-        job = json.loads((folder / "job.json").read_text()) | {"jobctl_id": record.id, "attempt": record.attempt}
-        info = {}
-        if args.smaller:
-            info = failure_figures(job, read_outcomes(folder))
-            if args.tried_to_allocate is not None:
-                info["tried_to_allocate_bytes"] = int(args.tried_to_allocate * (1 << 30))
-        step = next_submission(folder, job, info, smaller=args.smaller)
-        if not args.as_json:
-            _note_earlier(history, record)
-        (res,) = submit_all([step.submission], history, progress=None if args.as_json else ui.info)
-        out = step.summary(res)
+        tried = None if args.tried_to_allocate is None else int(args.tried_to_allocate * (1 << 30))
+        say = (lambda text: None) if args.as_json else ui.info
+        if remote_jobs.cluster_of(record):
+            out, res = remote_jobs.requeue(history, record, smaller=args.smaller, tried_to_allocate_bytes=tried)
+        else:
+            out, res = requeue_record(history, record, smaller=args.smaller, tried_to_allocate_bytes=tried, say=say)
         if not args.as_json:
             ui.info(f"#{out['jobctl_id']}: attempt {out['attempt']}, parent #{record.id}"
                     + (f"; {out['rung']}: {out['reason']}" if out["rung"] else "; the same plan"))
@@ -78,6 +68,28 @@ def run(args) -> int:
     elif not args.wait:
         sys.stdout.write(f"#{out['jobctl_id']}\t{out['scheduler_job_id']}\t{out['job_folder']}\n")
     return code
+
+
+def requeue_record(history, record, *, smaller: bool, tried_to_allocate_bytes: int | None = None,
+                   say=lambda text: None) -> tuple[dict, dict]:
+    """Submit `record` again (the same plan, or the ladder's next with `smaller`), its parent
+    recorded; (summary, submit_all result). Also what a login node runs for a remote requeue."""
+    from jobctl.recover import failure_figures, next_submission, read_outcomes
+    from jobctl.submit import submit_all
+
+    record = _ended(history, record)
+    folder = _folder(record)
+    # The history is the source of truth for the lineage: its id and attempt, not the file's.
+    job = json.loads((folder / "job.json").read_text()) | {"jobctl_id": record.id, "attempt": record.attempt}
+    info = {}
+    if smaller:
+        info = failure_figures(job, read_outcomes(folder))
+        if tried_to_allocate_bytes is not None:
+            info["tried_to_allocate_bytes"] = tried_to_allocate_bytes
+    step = next_submission(folder, job, info, smaller=smaller)
+    _note_earlier(history, record, say)
+    (res,) = submit_all([step.submission], history, progress=say)
+    return step.summary(res), res
 
 
 def _ended(history, record):
@@ -107,11 +119,9 @@ def _folder(record) -> Path:
     return folder
 
 
-def _note_earlier(history, record) -> None:
+def _note_earlier(history, record, say) -> None:
     """Say so when the job was already continued (by its own OOM recovery or an earlier requeue)."""
-    from jobctl import ui
-
     children = [r.id for r in history.chain(record.id) if r.parent_id == record.id]
     if children:
-        ui.info(f"note: #{record.id} was already continued as " + ", ".join(f"#{i}" for i in children)
+        say(f"note: #{record.id} was already continued as " + ", ".join(f"#{i}" for i in children)
                 + "; this makes another attempt beside it")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 
 from jobctl.errors import EXIT_NO_FIT, EXIT_OK, EXIT_SCHEDULER, UsageError
@@ -13,6 +14,14 @@ EPILOG = """examples:
   jobctl submit recipes/llama70b.yaml --cluster h100             # plan + sbatch
   jobctl submit recipes/llama70b.yaml --cluster h100 --dry-run --check   # show it, ask sbatch --test-only
   jobctl submit recipes/tiny.yaml -c dev --sweep train.lr=1e-4,3e-4 --sweep train.seq_len=32,64
+  jobctl submit recipes/llama8b.yaml -c big --sync . --token run-42   # over SSH (`login:` in big's inventory)
+
+A cluster whose inventory has a `login:` block is reached over SSH: the plan is made here, the
+recipe, plan and inventory go to the login node over SFTP and jobctl submits there (install it
+with `jobctl remote bootstrap CLUSTER`). --sync DIR uploads a working tree (respecting
+.gitignore, changed files only) and runs the job in it. A submission carries a token: run the
+command again with the same --token after a failure and it returns the job it created instead
+of submitting a second one.
 
 exit codes: 0 submitted (with --wait: completed), 3 nothing fits, 2 bad input,
             4 the scheduler refused or cannot be reached, 1 with --wait: the job failed."""
@@ -35,6 +44,9 @@ def add_arguments(p) -> None:
                    help="record CUDA allocation history (costly) and dump a snapshot on OOM (jobctl.hooks)")
     p.add_argument("--retry", action="append", default=[], metavar="KIND=ACTION",
                    help="override the retry policy, e.g. --retry HOST_OOM=ladder or --retry CUDA_OOM=none")
+    p.add_argument("--token", metavar="TOKEN",
+                   help="idempotency token: a submission with a token already used returns that job (default: new)")
+    p.add_argument("--sync", metavar="DIR", help="remote clusters: upload this working tree and run the job in it")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON on stdout")
 
 
@@ -72,6 +84,15 @@ def run(args) -> int:
                              "USER_ERROR and ACTION ladder or none")
         policy["retry"][kind.upper()] = action
     inv = load_inventory(args.cluster)
+    remote = inv.value.login is not None
+    if args.sync and not remote:
+        raise UsageError(f"--sync is for clusters reached over SSH; {inv.value.name!r} has no `login:` block",
+                         hint="run the job from this directory instead (its command runs where jobctl is started)")
+    if args.token is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", args.token):
+        raise UsageError(f"--token {args.token!r}: expected 1 to 128 letters, digits, '.', '_' or '-'")
+    from jobctl.remote_jobs import new_token
+
+    token = args.token or new_token()
     subs = []
     combos = sweep_combinations(args.sweep)
     sweep_id = None
@@ -93,6 +114,10 @@ def run(args) -> int:
         sub.sweep_id = sweep_id
         sub.policy = {**policy, "hooks": sub.policy.get("hooks", False)}
         subs.append(sub)
+    for i, sub in enumerate(subs):
+        sub.token = token if len(subs) == 1 else f"{token}.{i}"
+    if remote:
+        return _submit_remote(args, subs, inv, token)
     if args.dry_run:
         out = [render(s) for s in subs]
         if args.check:
@@ -122,4 +147,34 @@ def run(args) -> int:
     elif not args.wait:
         for r in results:
             sys.stdout.write(f"#{r['id']}\t{r['scheduler_job_id']}\t{r['job_folder']}\n")
+    return code
+
+
+def _submit_remote(args, subs, inv, token: str) -> int:
+    """The same, through the cluster's login node (jobctl.remote_jobs)."""
+    from jobctl import remote_jobs, ui
+    from jobctl.store import History
+
+    say = None if args.as_json else ui.info
+    if args.dry_run:
+        with History.open() as history:
+            out = remote_jobs.submit(subs, inv, history, token=token, sync_dir=args.sync, dry_run=True,
+                                     check=args.check)
+        if args.as_json:
+            ui.print_json(out if len(out) > 1 else out[0])
+        else:
+            ui.render_dry_run(out)
+        return EXIT_SCHEDULER if args.check and any(not o.get("check", {"ok": True})["ok"] for o in out) else EXIT_OK
+    with History.open() as history:
+        results = remote_jobs.submit(subs, inv, history, token=token, sync_dir=args.sync, progress=say)
+        code = EXIT_OK
+        if args.wait:
+            from jobctl.watch import wait_for
+
+            code = wait_for(results, history, quiet=args.as_json)
+    if args.as_json:
+        ui.print_json([{k: v for k, v in r.items() if k != "job"} for r in results])
+    elif not args.wait:
+        for r in results:
+            sys.stdout.write(f"#{r['id']}\t{r['scheduler_job_id']}\t{r['remote_folder']}\n")
     return code

@@ -1,0 +1,340 @@
+"""Jobs on a cluster reached over SSH, seen from the laptop.
+
+A cluster whose inventory has a `login:` block is driven through its login node: jobctl runs
+itself there (`jobctl remote agent ACTION`, jobctl.agent) as short-lived commands answering
+JSON, over one connection per cluster for the whole command (`session`), version-checked once.
+
+The login node's history is the source of truth for its jobs (their in-job OOM recovery
+writes there). This history mirrors it: each remote job has a row here with the same
+submission token (so mirroring is idempotent), `extra.remote = {cluster, id}`, its parent
+mapped to the local id, and a local copy of its job folder (`mirror_folder`) that is brought up
+to date over SFTP (only what changed; logs and sampler CSVs from where the copy ends) each
+time the job is refreshed. So `logs`, `watch`, `report` and `history` read local files and
+rows, as for local jobs. Ids inside copied files (successor.json) are translated to local ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+from jobctl.errors import SchedulerError, UsageError
+from jobctl.scheduler import JobState
+
+_SESSIONS: dict = {}  # cluster name -> connected, version-checked Remote
+
+
+# --- which jobs are remote ------------------------------------------------------------------
+
+def cluster_of(record) -> str | None:
+    """The remote cluster of a history record, or None for a job submitted from here."""
+    try:
+        remote = json.loads(record.extra_json).get("remote")
+    except (ValueError, AttributeError):
+        return None
+    return remote.get("cluster") if isinstance(remote, dict) else None
+
+
+def split(records) -> tuple[list, list]:
+    """(remote records, the others)."""
+    remote = [r for r in records if cluster_of(r)]
+    return remote, [r for r in records if not cluster_of(r)]
+
+
+def _by_cluster(records) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in records:
+        out.setdefault(cluster_of(r), []).append(r)
+    return out
+
+
+# --- connections ---------------------------------------------------------------------------
+
+def session(cluster: str, inventory=None):
+    """The open connection to `cluster`'s login node (opened and version-checked on first use)."""
+    if cluster in _SESSIONS:
+        return _SESSIONS[cluster]
+    from jobctl.remote import Remote
+
+    if inventory is None:
+        from jobctl.planning import load_inventory
+
+        inventory = load_inventory(cluster).value
+    remote = Remote.for_inventory(inventory)
+    try:
+        remote.connect()
+        remote.check_version()
+    except BaseException:
+        remote.close()
+        raise
+    _SESSIONS[cluster] = remote
+    return remote
+
+
+def close_all() -> None:
+    while _SESSIONS:
+        _, remote = _SESSIONS.popitem()
+        remote.close()
+
+
+def agent(remote, action: str, request: dict, *, timeout_s: float = 600.0):
+    """Run `jobctl remote agent ACTION` on the login node; every action is safe to repeat
+    (submissions by their token), so a dropped connection is retried."""
+    argv = [*remote.python_argv(), "-m", "jobctl", "remote", "agent", action]
+    return remote.json_command(argv, idempotent=True, input_text=json.dumps(request), timeout_s=timeout_s)
+
+
+# --- submitting ---------------------------------------------------------------------------
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def submit(subs: list, inv_loaded, history, *, token: str, sync_dir: str | None = None,
+           dry_run: bool = False, check: bool = False, progress=None) -> list[dict]:
+    """Submit prepared Submissions on a remote cluster; results like submit.submit_all's.
+
+    The files each job needs go over SFTP into <workdir>/requests/<token>/; with `sync_dir`,
+    that working tree goes to <workdir>/trees/<name> (changed files only) and the job runs there.
+    A local PREPARED row is recorded (with the token) before the login node is asked."""
+    say = progress or (lambda text: None)
+    inv = inv_loaded.value
+    remote = session(inv.name, inv)
+    workdir = remote.workdir
+    stage = posixpath.join(workdir, "requests", token)
+    chdir = None
+    if sync_dir:
+        src = Path(sync_dir).expanduser().resolve()
+        if not src.is_dir():
+            raise UsageError(f"--sync {sync_dir}: not a directory")
+        import hashlib
+
+        tag = hashlib.sha256(str(src).encode()).hexdigest()[:8]
+        chdir = posixpath.join(workdir, "trees", f"{src.name}-{tag}")
+        res = remote.sync_tree(src, chdir)
+        say(f"synced {src} to {remote}:{chdir}: {res.uploaded} file(s) uploaded, {res.unchanged} unchanged, {res.deleted} removed")
+    inv_data = {k: v for k, v in inv_loaded.data.items() if k != "login"}
+    inv_data["workdir"] = posixpath.join(workdir, "jobs")
+    request = {"token": token, "inventory": remote.put_text(json.dumps(inv_data, default=str),
+                                                             posixpath.join(stage, "inventory.json")),
+               "sweep_id": subs[0].sweep_id, "chdir": chdir, "dry_run": dry_run, "check": check, "jobs": []}
+    for i, sub in enumerate(subs):
+        sub.token = token if len(subs) == 1 else f"{token}.{i}"
+        request["jobs"].append({
+            "recipe": remote.put_text(json.dumps(sub.recipe_source, default=str), posixpath.join(stage, f"recipe-{i}.json")),
+            "plan": remote.put_text(json.dumps(sub.plan_report, default=str), posixpath.join(stage, f"plan-{i}.json")),
+            "overrides": sub.overrides, "recipe_path": sub.recipe_path, "policy": sub.policy, "token": sub.token})
+    if dry_run:
+        return agent(remote, "submit", request)["dry_run"]
+    ids = []
+    for sub in subs:
+        known = history.find_by_token(sub.token)
+        ids.append(known.id if known else history.prepare(
+            recipe_name=sub.recipe_name, recipe_text=sub.recipe_text, plan=sub.plan, cluster=sub.cluster,
+            scheduler=sub.scheduler, partition=sub.partition, recipe_path=sub.recipe_path, sweep_id=sub.sweep_id,
+            token=sub.token, predicted_peak_bytes=sub.plan_report["memory"]["total_bytes"],
+            extra={"overrides": sub.overrides, "remote": {"cluster": inv.name}}))
+    try:
+        answer = agent(remote, "submit", request)
+    except SchedulerError as e:
+        if "may or may not" in e.message or "lost the connection" in e.message:
+            raise SchedulerError(e.message, hint=f"run the same command again with --token {token}: it returns the "
+                                 "job if it was submitted, and submits it if not") from None
+        for jid in ids:
+            if history.get(jid).state.value == "PREPARED":
+                history.mark_submit_failed(jid, e.message)
+        raise
+    mirror(history, inv.name, remote, answer["records"])
+    results = []
+    for jid in ids:
+        rec = history.get(jid)
+        again = rec.token in answer.get("existing", [])
+        results.append({"id": rec.id, "scheduler_job_id": rec.scheduler_job_id, "job_folder": rec.job_folder,
+                        "recipe": rec.recipe_name, "job": None, "remote_folder": _remote_folder(rec),
+                        "token": rec.token, "existing": again})
+        say(f"#{rec.id} was already submitted with token {rec.token} as slurm job {rec.scheduler_job_id} on "
+            f"{inv.name}: not submitted again" if again else
+            f"submitted #{rec.id} as slurm job {rec.scheduler_job_id} on {inv.name} ({_remote_folder(rec)})")
+    return results
+
+
+# --- mirroring -----------------------------------------------------------------------------
+
+def mirror_root() -> Path:
+    from jobctl.store import default_path
+
+    return default_path().parent / "remote"
+
+
+def _remote_folder(record) -> str | None:
+    try:
+        return json.loads(record.extra_json)["remote"].get("folder")
+    except (ValueError, KeyError, AttributeError):
+        return None
+
+
+def mirror(history, cluster: str, remote, described: list[dict]) -> dict[int, int]:
+    """Record the login node's jobs (agent.describe) in this history and copy their folders'
+    changed files; {remote id: local id}."""
+    id_map: dict[int, int] = {}
+    for d in sorted(described, key=lambda d: d["id"]):  # parents before children
+        rec = history.find_by_token(d["token"])
+        if rec is None:
+            parent = history.find_by_token(d["parent_token"]) if d.get("parent_token") else None
+            extra = {**json.loads(d.get("extra_json") or "{}"), "remote": {"cluster": cluster}}
+            jid = history.prepare(
+                recipe_name=d["recipe_name"], recipe_text=d["recipe_text"], plan=d["plan_json"], cluster=d["cluster"],
+                scheduler=d["scheduler"], partition=d.get("partition"), recipe_path=d.get("recipe_path"),
+                parent_id=parent.id if parent else None, attempt=d["attempt"], token=d["token"],
+                predicted_peak_bytes=d.get("predicted_peak_bytes"), sweep_id=d.get("sweep_id"), extra=extra)
+            rec = history.get(jid)
+        id_map[d["id"]] = rec.id
+        if not _remote_folder(rec) or json.loads(rec.extra_json)["remote"].get("id") != d["id"]:
+            extra = json.loads(rec.extra_json)
+            extra["remote"] = {"cluster": cluster, "id": d["id"], "folder": d.get("job_folder")}
+            history.set_extra(rec.id, extra)
+        folder = mirror_root() / cluster / f"{rec.id}-{rec.recipe_name}"
+        if d.get("scheduler_job_id") and not rec.scheduler_job_id:
+            history.mark_submitted(rec.id, d["scheduler_job_id"], folder)
+        state = d["state"]
+        if state == "SUBMIT_FAILED" and rec.state.value == "PREPARED":
+            history.mark_submit_failed(rec.id, d.get("exit_reason") or f"refused on {cluster}")
+        elif state not in ("PREPARED", "SUBMIT_FAILED") and state != history.get(rec.id).state.value:
+            if d.get("started_at") and not history.get(rec.id).started_at and state != "RUNNING":
+                # it ran between two looks: record when it started, as the login node did
+                history.transition(rec.id, "RUNNING", detail=f"on {cluster}", at=datetime.fromisoformat(d["started_at"]))
+            at = d.get("ended_at") if state in _terminal() else d.get("started_at") if state == "RUNNING" else None
+            history.transition(rec.id, state, detail=f"on {cluster}", exit_reason=d.get("exit_reason"),
+                               at=datetime.fromisoformat(at) if at else None)
+        now = history.get(rec.id)
+        if now.state.value == state and d.get("exit_reason") and d["exit_reason"] != now.exit_reason:
+            history.set_exit_reason(rec.id, d["exit_reason"])  # the first node's verdict came after sacct's
+        if d.get("measured_peak_bytes") and d["measured_peak_bytes"] != rec.measured_peak_bytes:
+            history.set_measured_peak(rec.id, int(d["measured_peak_bytes"]))
+    for d in described:
+        if d.get("files"):
+            _copy_files(remote, mirror_root() / cluster / f"{id_map[d['id']]}-{d['recipe_name']}", d["files"], id_map)
+    return id_map
+
+
+def _terminal():
+    from jobctl.store import TERMINAL_STATES
+
+    return {s.value for s in TERMINAL_STATES}
+
+
+def _safe_name(name: str) -> bool:
+    """A file name from the login node that stays inside the copy (no absolute path, no '..')."""
+    parts = name.split("/")
+    return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts) and "\\" not in name
+
+
+def _copy_files(remote, folder: Path, files: list[dict], id_map: dict[int, int]) -> None:
+    """Bring the copy of a job folder up to date: files whose size or time changed; files that only
+    grow (logs, CSVs) from where the copy ends."""
+    from jobctl.agent import APPENDED
+
+    folder.mkdir(parents=True, exist_ok=True)
+    seen_path = folder / ".remote-files.json"
+    try:
+        seen = json.loads(seen_path.read_text())
+    except (OSError, ValueError):
+        seen = {}
+    changed = False
+    for f in files:
+        name = f.get("name", "")
+        if not _safe_name(name):
+            continue
+        stamp = [f["size"], f["mtime"]]
+        if seen.get(name) == stamp:
+            continue
+        local = folder / name
+        local.parent.mkdir(parents=True, exist_ok=True)
+        have = local.stat().st_size if local.exists() else 0
+        if name.endswith(APPENDED) and name in seen and 0 < have <= f["size"]:
+            data = remote.get_bytes(f["path"], offset=have)
+            with open(local, "ab") as out:
+                out.write(data)
+        else:
+            data = remote.get_bytes(f["path"])
+            data = _translate(name, data, id_map, folder)
+            tmp = local.with_name(local.name + ".part")
+            tmp.write_bytes(data)
+            os.replace(tmp, local)
+        seen[name] = stamp
+        changed = True
+    if changed:
+        seen_path.write_text(json.dumps(seen))
+
+
+def _translate(name: str, data: bytes, id_map: dict[int, int], folder: Path) -> bytes:
+    """Files that name jobs or places: the login node's ids become this history's, and
+    submitit's folder becomes the copy (so that `jobctl logs` finds its output files)."""
+    if name not in ("successor.json", "submitit.json"):
+        return data
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return data
+    if name == "successor.json":
+        for key in ("jobctl_id", "parent_id"):
+            if isinstance(doc.get(key), int):
+                doc[key] = id_map.get(doc[key], doc[key])
+    else:
+        doc["remote_submitit_folder"] = doc.get("submitit_folder")
+        doc["submitit_folder"] = str(folder)
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+# --- what the other commands ask -------------------------------------------------------------
+
+def _ask(history, records, action: str, extra: dict | None = None) -> list[dict]:
+    out = []
+    for cluster, recs in _by_cluster(records).items():
+        remote = session(cluster)
+        answer = agent(remote, action, {"tokens": [r.token for r in recs], **(extra or {})})
+        mirror(history, cluster, remote, answer["records"])
+        out += answer["records"]
+    return out
+
+
+def refresh(history, records) -> dict[int, JobState]:
+    """Ask each remote cluster once about `records` (and the attempts continuing them), mirror
+    what changed; {local id: JobState} for the records asked about."""
+    states = {}
+    for d in _ask(history, records, "status"):
+        rec = history.find_by_token(d["token"])
+        states[rec.id] = JobState(d["state"], d.get("exit_reason"), None, d.get("started_at"), d.get("ended_at"))
+    return {r.id: states[r.id] for r in records if r.id in states}
+
+
+def sync(history, records) -> None:
+    """Bring the copies of these jobs' folders (and their rows) up to date, ended or not."""
+    remote, _ = split(records)
+    if remote:
+        _ask(history, remote, "status")
+
+
+def cancel(history, records) -> None:
+    _ask(history, records, "cancel")
+
+
+def requeue(history, record, *, smaller: bool, tried_to_allocate_bytes: int | None) -> tuple[dict, dict]:
+    """`jobctl requeue` of a remote job, done on the login node; (summary, result) in local ids."""
+    cluster = cluster_of(record)
+    remote = session(cluster)
+    answer = agent(remote, "requeue", {"token": record.token, "smaller": smaller,
+                                       "tried_to_allocate_bytes": tried_to_allocate_bytes})
+    id_map = mirror(history, cluster, remote, answer["records"])
+    out = dict(answer["job"])
+    out["remote_job_folder"] = out.get("job_folder")
+    out["jobctl_id"] = id_map[out["jobctl_id"]]
+    out["parent_id"] = id_map.get(out.get("parent_id"), record.id)
+    new = history.get(out["jobctl_id"])
+    out["job_folder"] = new.job_folder
+    return out, {"id": new.id, "scheduler_job_id": new.scheduler_job_id, "job_folder": new.job_folder,
+                 "recipe": new.recipe_name, "job": None}
