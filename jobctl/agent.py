@@ -7,6 +7,7 @@ answer describes jobs the same way (`describe`): the history row, the token of i
 the files of its folder so that the laptop can fetch what changed over SFTP.
 
 Actions (request -> answer):
+  version  {}                                         -> {version, source} (source: source_digest())
   submit   {token, inventory, jobs: [{recipe, plan, overrides, recipe_path, policy, token}],
             sweep_id, chdir, dry_run, check}          -> {records} or {dry_run: [...]}
   status   {tokens}                                   -> {records} (each token's job and its descendants)
@@ -36,12 +37,31 @@ APPENDED = (".log", ".out", ".err", ".csv")  # files that only grow: fetched fro
 
 
 def handle(action: str, request: dict) -> dict:
-    handlers = {"submit": submit, "status": status, "cancel": cancel, "requeue": requeue}
+    handlers = {"version": version, "submit": submit, "status": status, "cancel": cancel, "requeue": requeue}
     if action not in handlers:
         raise UsageError(f"unknown agent action {action!r}; expected one of {', '.join(handlers)}")
     if not isinstance(request, dict):
         raise UsageError("the agent's request must be a JSON object")
     return handlers[action](request)
+
+
+def source_digest() -> str:
+    """SHA-256 over this jobctl's Python files (path and content): two installs of the same
+    version number built from different sources differ here."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def version(request: dict) -> dict:
+    from jobctl import __version__
+
+    return {"version": __version__, "source": source_digest()}
 
 
 # --- describing jobs -------------------------------------------------------------------------

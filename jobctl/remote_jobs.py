@@ -67,12 +67,34 @@ def session(cluster: str, inventory=None):
     remote = Remote.for_inventory(inventory)
     try:
         remote.connect()
-        remote.check_version()
+        check_same_jobctl(remote)
     except BaseException:
         remote.close()
         raise
     _SESSIONS[cluster] = remote
     return remote
+
+
+def check_same_jobctl(remote) -> str:
+    """Refuse (UsageError, exit 2) unless the login node runs this very jobctl: the same
+    version, built from the same sources (agent.source_digest); returns the version."""
+    from jobctl import __version__
+    from jobctl.agent import source_digest
+    from jobctl.errors import JobctlError
+
+    try:
+        answer = agent(remote, "version", {})
+    except JobctlError:
+        remote.check_version()  # no jobctl there, or one without the agent: say which, and how to fix it
+        raise
+    if answer.get("version") != __version__:
+        raise UsageError(f"remote jobctl {answer.get('version')} != local {__version__} on {remote}",
+                         hint=f"run `jobctl remote bootstrap {remote.cluster}` to install jobctl {__version__} there")
+    if answer.get("source") != source_digest():
+        raise UsageError(f"the jobctl {__version__} on {remote} was built from other sources than this one "
+                         f"(source digest {str(answer.get('source'))[:12]} there, {source_digest()[:12]} here)",
+                         hint=f"run `jobctl remote bootstrap {remote.cluster}` to install this build there")
+    return __version__
 
 
 def close_all() -> None:

@@ -311,3 +311,20 @@ def test_agent_answers_errors_as_json(bootstrapped: SSHCluster) -> None:
     assert err["type"] == "UsageError" and err["exit_code"] == 2 and "tokens" in err["message"]
     res = _remote(bootstrapped, bootstrapped.remote_python, "-m", "jobctl", "remote", "agent", "frobnicate")
     assert res.returncode == 2 and "unknown agent action" in json.loads(res.stdout)["error"]["message"]
+
+
+def test_a_different_build_of_the_same_version_is_refused(bootstrapped: SSHCluster, tmp_path: Path) -> None:
+    """The version number alone would not tell an old build from this one: the remote jobctl's
+    sources are compared too. (Runs last: it changes the remote install, then bootstraps again.)"""
+    env = _env(bootstrapped, tmp_path)
+    where = _remote(bootstrapped, bootstrapped.remote_python, "-c",
+                    "import jobctl.examples.tiny_train as m; print(m.__file__)").stdout.strip()
+    assert where.endswith("tiny_train.py")
+    assert _remote(bootstrapped, "sh", "-c", f"echo '# changed' >> {where}").returncode == 0
+    res = jobctl("submit", "recipes/tiny.yaml", "-c", "dev-ssh", env=env)
+    assert res.returncode == 2
+    assert "built from other sources" in res.stderr and "jobctl remote bootstrap dev-ssh" in res.stderr
+    assert not (tmp_path / "history.sqlite").exists() or _rows(tmp_path) == []
+    fixed = jobctl("remote", "bootstrap", "dev-ssh", env=env, timeout=900)
+    assert fixed.returncode == 0, fixed.stderr
+    assert jobctl("remote", "check", "dev-ssh", env=env).returncode == 0

@@ -130,8 +130,10 @@ def check(remote, say) -> dict:
                              hint="jobctl submits with sbatch on the login node: check PATH and SLURM_CONF in "
                                   "the login shell there")
     sbatch = res.stdout.strip()
-    version = remote.check_version(__version__)
-    say(f"{remote}: jobctl {version} (same as here), {sbatch}")
+    from jobctl.remote_jobs import check_same_jobctl
+
+    version = check_same_jobctl(remote)
+    say(f"{remote}: jobctl {version} (the same build as here), {sbatch}")
     return {"remote_version": version, "local_version": __version__, "remote_python": shlex.join(remote.python_argv()),
             "sbatch": sbatch}
 
