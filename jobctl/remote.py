@@ -70,6 +70,11 @@ _ERROR_BY_EXIT = {UsageError.exit_code: UsageError, InfeasibleError.exit_code: I
 T = TypeVar("T")
 
 
+class OutcomeUnknownError(SchedulerError):
+    """The connection dropped (or the command timed out) after a command was sent: it may or
+    may not have run. Callers with an idempotency token can say how to find out."""
+
+
 @dataclass(frozen=True)
 class RemoteResult:
     """What a remote command left: its exit code (-1: ended without one, e.g. killed by a signal)."""
@@ -439,21 +444,24 @@ class Remote:
     def _retrying(self, what: str, attempt: Callable[[], T], *, idempotent: bool) -> T:
         delays = list(self._retry_delays_s)
         tries = 1
+        sent_before = False  # whether any attempt reached the server (then its outcome is unknown)
         while True:
             try:
                 return attempt()
             except _Dropped as d:
                 self.close()
                 if d.sent and not idempotent:
-                    raise SchedulerError(
+                    raise OutcomeUnknownError(
                         f"the connection to {self} dropped while running {what}: the command may or may not have "
                         f"run ({type(d.cause).__name__}: {d.cause}); it was not retried because running it twice is "
                         "not safe", hint="check with `jobctl status` whether it took effect before trying again",
                     ) from d.cause
+                sent_before = sent_before or d.sent
                 if not delays:
-                    raise SchedulerError(f"lost the connection to {self} and could not get it back after {tries} "
-                                         f"attempts ({what}): {type(d.cause).__name__}: {d.cause}",
-                                         hint="check the network or VPN, then run the command again") from d.cause
+                    raise (OutcomeUnknownError if sent_before else SchedulerError)(
+                        f"lost the connection to {self} and could not get it back after {tries} attempts ({what}): "
+                        f"{type(d.cause).__name__}: {d.cause}",
+                        hint="check the network or VPN, then run the command again") from d.cause
                 delay = delays.pop(0)
                 log.info("connection to %s dropped (%s); reconnecting in %.1f s", self, type(d.cause).__name__, delay)
                 self._sleep(delay)
@@ -474,7 +482,7 @@ class Remote:
             return self._retrying(what, lambda: self._run_once(command, input_text, timeout_s), idempotent=idempotent)
         except _CommandTimeout:
             still = "" if idempotent else "; it may still be running there"
-            raise SchedulerError(f"{what} did not finish within {timeout_s:g} s on {self}{still}",
+            raise OutcomeUnknownError(f"{what} did not finish within {timeout_s:g} s on {self}{still}",
                                  hint="run it again with a longer timeout, or check the login node's load") from None
 
     def _run_once(self, command: str, input_text: str | None, timeout_s: float) -> RemoteResult:

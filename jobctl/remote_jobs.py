@@ -160,12 +160,15 @@ def submit(subs: list, inv_loaded, history, *, token: str, sync_dir: str | None 
             scheduler=sub.scheduler, partition=sub.partition, recipe_path=sub.recipe_path, sweep_id=sub.sweep_id,
             token=sub.token, predicted_peak_bytes=sub.plan_report["memory"]["total_bytes"],
             extra={"overrides": sub.overrides, "remote": {"cluster": inv.name}}))
+    from jobctl.errors import JobctlError
+    from jobctl.remote import OutcomeUnknownError
+
     try:
         answer = agent(remote, "submit", request)
-    except SchedulerError as e:
-        if "may or may not" in e.message or "lost the connection" in e.message:
-            raise SchedulerError(e.message, hint=f"run the same command again with --token {token}: it returns the "
-                                 "job if it was submitted, and submits it if not") from None
+    except OutcomeUnknownError as e:  # the rows stay PREPARED: whether it was submitted is not known here
+        raise SchedulerError(e.message, hint=f"run the same command again with --token {token}: it returns the "
+                             "job if it was submitted, and submits it if not") from None
+    except JobctlError as e:  # the login node answered: it did not submit
         for jid in ids:
             if history.get(jid).state.value == "PREPARED":
                 history.mark_submit_failed(jid, e.message)
