@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 from pathlib import Path
@@ -45,6 +46,7 @@ def handle(action: str, request: dict) -> dict:
     return handlers[action](request)
 
 
+@functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """SHA-256 over this jobctl's Python files (path and content): two installs of the same
     version number built from different sources differ here."""
@@ -183,7 +185,7 @@ def submit(request: dict) -> dict:
     is the laptop's), then submit them all through submitit, idempotently by token."""
     from jobctl import config, schema
     from jobctl.store import History
-    from jobctl.submit import prepare, render, submit_all, test_only
+    from jobctl.submit import dry_run, prepare, submit_all
 
     token = request.get("token")
     if not isinstance(token, str) or not token:
@@ -207,13 +209,7 @@ def submit(request: dict) -> dict:
         sub.cwd = request.get("chdir")  # the synced working tree: Slurm starts the job there
         subs.append(sub)
     if request.get("dry_run"):
-        out = [render(s) for s in subs]
-        if request.get("check"):
-            for o, s in zip(out, subs):
-                if s.scheduler == "slurm":
-                    ok, text = test_only(s)
-                    o["check"] = {"ok": ok, "sbatch": text}
-        return {"dry_run": out}
+        return {"dry_run": dry_run(subs, check=bool(request.get("check")))}
     with _token_lock(Path(inv_path).parent / ".submit.lock"), History.open() as history:
         results = submit_all(subs, history)
         answer = _records(history, [history.get(r["id"]) for r in results])

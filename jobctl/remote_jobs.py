@@ -116,13 +116,14 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def submit(subs: list, inv_loaded, history, *, token: str, sync_dir: str | None = None,
+def submit(subs: list, inv_loaded, history=None, *, token: str, sync_dir: str | None = None,
            dry_run: bool = False, check: bool = False, progress=None) -> list[dict]:
     """Submit prepared Submissions on a remote cluster; results like submit.submit_all's.
 
     The files each job needs go over SFTP into <workdir>/requests/<token>/; with `sync_dir`,
     that working tree goes to <workdir>/trees/<name> (changed files only) and the job runs there.
-    A local PREPARED row is recorded (with the token) before the login node is asked."""
+    A local PREPARED row is recorded (with the token) before the login node is asked; a dry run
+    (rendered on the login node) records nothing and needs no history."""
     say = progress or (lambda text: None)
     inv = inv_loaded.value
     remote = session(inv.name, inv)
@@ -178,9 +179,7 @@ def submit(subs: list, inv_loaded, history, *, token: str, sync_dir: str | None 
     for jid in ids:
         rec = history.get(jid)
         again = rec.token in answer.get("existing", [])
-        results.append({"id": rec.id, "scheduler_job_id": rec.scheduler_job_id, "job_folder": rec.job_folder,
-                        "recipe": rec.recipe_name, "job": None, "remote_folder": _remote_folder(rec),
-                        "token": rec.token, "existing": again})
+        results.append({**_result(rec), "existing": again})
         say(f"#{rec.id} was already submitted with token {rec.token} as slurm job {rec.scheduler_job_id} on "
             f"{inv.name}: not submitted again" if again else
             f"submitted #{rec.id} as slurm job {rec.scheduler_job_id} on {inv.name} ({_remote_folder(rec)})")
@@ -317,24 +316,23 @@ def _translate(name: str, data: bytes, id_map: dict[int, int], folder: Path) -> 
 
 # --- what the other commands ask -------------------------------------------------------------
 
-def _ask(history, records, action: str, extra: dict | None = None) -> list[dict]:
-    out = []
+def _ask(history, records, action: str) -> dict[int, dict]:
+    """Ask each remote cluster once about `records`, mirror the answer; {local id: described job}."""
+    out = {}
     for cluster, recs in _by_cluster(records).items():
         remote = session(cluster)
-        answer = agent(remote, action, {"tokens": [r.token for r in recs], **(extra or {})})
-        mirror(history, cluster, remote, answer["records"])
-        out += answer["records"]
+        answer = agent(remote, action, {"tokens": [r.token for r in recs]})
+        ids = mirror(history, cluster, remote, answer["records"])
+        out.update((ids[d["id"]], d) for d in answer["records"])
     return out
 
 
 def refresh(history, records) -> dict[int, JobState]:
     """Ask each remote cluster once about `records` (and the attempts continuing them), mirror
     what changed; {local id: JobState} for the records asked about."""
-    states = {}
-    for d in _ask(history, records, "status"):
-        rec = history.find_by_token(d["token"])
-        states[rec.id] = JobState(d["state"], d.get("exit_reason"), None, d.get("started_at"), d.get("ended_at"))
-    return {r.id: states[r.id] for r in records if r.id in states}
+    described = _ask(history, records, "status")
+    return {r.id: JobState(d["state"], d.get("exit_reason"), None, d.get("started_at"), d.get("ended_at"))
+            for r in records if (d := described.get(r.id)) is not None}
 
 
 def sync(history, records) -> None:
@@ -361,5 +359,10 @@ def requeue(history, record, *, smaller: bool, tried_to_allocate_bytes: int | No
     out["parent_id"] = id_map.get(out.get("parent_id"), record.id)
     new = history.get(out["jobctl_id"])
     out["job_folder"] = new.job_folder
-    return out, {"id": new.id, "scheduler_job_id": new.scheduler_job_id, "job_folder": new.job_folder,
-                 "recipe": new.recipe_name, "job": None}
+    return out, _result(new)
+
+
+def _result(rec) -> dict:
+    """A mirrored job as submit.submit_all describes what it submitted."""
+    return {"id": rec.id, "scheduler_job_id": rec.scheduler_job_id, "job_folder": rec.job_folder,
+            "recipe": rec.recipe_name, "job": None, "remote_folder": _remote_folder(rec), "token": rec.token}

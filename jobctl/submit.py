@@ -131,6 +131,17 @@ def render(sub: Submission, folder: Path | None = None) -> dict:
     return out
 
 
+def dry_run(subs: list[Submission], check: bool = False) -> list[dict]:
+    """`render` of each submission; with `check`, Slurm's answer to `sbatch --test-only` too."""
+    out = [render(s) for s in subs]
+    if check:
+        for o, s in zip(out, subs):
+            if s.scheduler == "slurm":
+                ok, text = test_only(s)
+                o["check"] = {"ok": ok, "sbatch": text}
+    return out
+
+
 def sbatch_script(sub: Submission, folder: Path) -> str:
     """The sbatch script submitit would write (its own renderer, so it is the same text)."""
     from submitit.slurm.slurm import _make_sbatch_string

@@ -67,7 +67,7 @@ def sweep_combinations(sweeps: list[str]) -> list[list[str]]:
 def run(args) -> int:
     from jobctl import ui
     from jobctl.planning import load_inventory, load_recipe, plan_on
-    from jobctl.submit import prepare, render, submit_all, test_only
+    from jobctl.submit import dry_run, prepare, submit_all
 
     if args.check and not args.dry_run:
         raise UsageError("--check goes with --dry-run", hint="jobctl submit RECIPE -c CLUSTER --dry-run --check")
@@ -116,15 +116,14 @@ def run(args) -> int:
         subs.append(sub)
     for i, sub in enumerate(subs):
         sub.token = token if len(subs) == 1 else f"{token}.{i}"
-    if remote:
-        return _submit_remote(args, subs, inv, token)
+    from jobctl import remote_jobs
+    from jobctl.store import History
+
     if args.dry_run:
-        out = [render(s) for s in subs]
-        if args.check:
-            for o, s in zip(out, subs):
-                if s.scheduler == "slurm":
-                    ok, text = test_only(s)
-                    o["check"] = {"ok": ok, "sbatch": text}
+        if remote:  # rendered on the login node: its python, paths and sbatch
+            out = remote_jobs.submit(subs, inv, None, token=token, sync_dir=args.sync, dry_run=True, check=args.check)
+        else:
+            out = dry_run(subs, check=args.check)
         if args.as_json:
             ui.print_json(out if len(out) > 1 else out[0])
         else:
@@ -132,10 +131,12 @@ def run(args) -> int:
         if args.check and any(not o.get("check", {"ok": True})["ok"] for o in out):
             return EXIT_SCHEDULER
         return EXIT_OK
-    from jobctl.store import History
-
+    say = None if args.as_json else ui.info
     with History.open() as history:
-        results = submit_all(subs, history, progress=None if args.as_json else ui.info)
+        if remote:
+            results = remote_jobs.submit(subs, inv, history, token=token, sync_dir=args.sync, progress=say)
+        else:
+            results = submit_all(subs, history, progress=say)
         if args.wait:
             from jobctl.watch import wait_for
 
@@ -145,36 +146,6 @@ def run(args) -> int:
     if args.as_json:
         ui.print_json([{k: v for k, v in r.items() if k != "job"} for r in results])
     elif not args.wait:
-        for r in results:
-            sys.stdout.write(f"#{r['id']}\t{r['scheduler_job_id']}\t{r['job_folder']}\n")
-    return code
-
-
-def _submit_remote(args, subs, inv, token: str) -> int:
-    """The same, through the cluster's login node (jobctl.remote_jobs)."""
-    from jobctl import remote_jobs, ui
-    from jobctl.store import History
-
-    say = None if args.as_json else ui.info
-    if args.dry_run:
-        with History.open() as history:
-            out = remote_jobs.submit(subs, inv, history, token=token, sync_dir=args.sync, dry_run=True,
-                                     check=args.check)
-        if args.as_json:
-            ui.print_json(out if len(out) > 1 else out[0])
-        else:
-            ui.render_dry_run(out)
-        return EXIT_SCHEDULER if args.check and any(not o.get("check", {"ok": True})["ok"] for o in out) else EXIT_OK
-    with History.open() as history:
-        results = remote_jobs.submit(subs, inv, history, token=token, sync_dir=args.sync, progress=say)
-        code = EXIT_OK
-        if args.wait:
-            from jobctl.watch import wait_for
-
-            code = wait_for(results, history, quiet=args.as_json)
-    if args.as_json:
-        ui.print_json([{k: v for k, v in r.items() if k != "job"} for r in results])
-    elif not args.wait:
-        for r in results:
-            sys.stdout.write(f"#{r['id']}\t{r['scheduler_job_id']}\t{r['remote_folder']}\n")
+        for r in results:  # a remote job's folder: where it is on the login node
+            sys.stdout.write(f"#{r['id']}\t{r['scheduler_job_id']}\t{r.get('remote_folder') or r['job_folder']}\n")
     return code
