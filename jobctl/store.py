@@ -391,12 +391,18 @@ class History:
             self._set_state(row, State.SUBMIT_FAILED, reason, now)
 
     def transition(self, job_id: int, state: str | State, detail: str | None = None,
-                   at: datetime | None = None, *, exit_reason: str | None = None) -> bool:
+                   at: datetime | None = None, *, exit_reason: str | None = None,
+                   expect: str | State | None = None) -> bool:
         """Move job ``job_id`` to ``state``; True if that changed it (same state: nothing recorded).
 
         Entering RUNNING sets started_at (the first time only); entering a terminal state sets
         ended_at (and ``exit_reason`` when given); leaving a terminal state (a requeue after
         preemption) clears ended_at.
+
+        ``expect``: the state the caller's decision was based on. When the row holds another
+        one, someone recorded a change since the caller read it (the job's first node writing
+        its CUDA_OOM verdict while the scheduler still says RUNNING): nothing is recorded, and
+        the caller's next look decides from fresh data.
         """
         new = parse_state(state)
         if new is State.PREPARED:
@@ -405,6 +411,8 @@ class History:
         with self._write():
             row = self._row(job_id)
             if row["state"] == new.value:
+                return False
+            if expect is not None and row["state"] != parse_state(expect).value:
                 return False
             if exit_reason is not None:
                 self._db.execute("UPDATE jobs SET exit_reason = ? WHERE id = ?", (exit_reason, job_id))

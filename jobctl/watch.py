@@ -22,8 +22,10 @@ def refresh(history, records) -> dict:
     for r in records:
         st = current.get(r.id)
         if st is not None and st.state != r.state:
+            # expect: only from the state this decision saw (the job may have recorded its own
+            # verdict since `records` were read, and sacct can lag it)
             history.transition(r.id, st.state, detail=st.reason, exit_reason=st.exit_code
-                               if st.state in TERMINAL and st.state != "COMPLETED" else None)
+                               if st.state in TERMINAL and st.state != "COMPLETED" else None, expect=r.state)
     return current
 
 

@@ -213,6 +213,37 @@ def test_transition_at_is_used_and_requeue_clears_ended_at(h):
     assert h.get(job).started_at == "2025-03-02T06:30:00.000000+00:00"  # the first start is kept
 
 
+def test_a_verdict_recorded_while_sacct_lags_is_kept(h, monkeypatch):
+    """The race CI once hit: a status reads the job as SUBMITTED; the job runs, fails, and its
+    first node records FAILED (CUDA_OOM) while Slurm still says RUNNING (the node is submitting
+    the next attempt); the status then records what sacct said. It must not take the job back
+    to RUNNING, nor replace CUDA_OOM by sacct's exit code "1:0" on the next look."""
+    from jobctl import scheduler, watch
+    from jobctl.scheduler import JobState
+
+    job = prep(h)
+    h.mark_submitted(job, "77", "/f")
+    h.transition(job, "SUBMITTED")
+    seen = [h.get(job)]  # what the status read
+    h.transition(job, "FAILED", "CUDA out of memory", exit_reason="CUDA_OOM")  # the job's first node
+    answers = iter([{job: JobState("RUNNING")}, {job: JobState("FAILED", "1:0")}])
+    monkeypatch.setattr(scheduler, "states", lambda records: next(answers))
+    watch.refresh(h, seen)
+    assert (h.get(job).state.value, h.get(job).exit_reason) == ("FAILED", "CUDA_OOM")
+    watch.refresh(h, [h.get(job)])  # a later look, once Slurm has the job ended
+    assert (h.get(job).state.value, h.get(job).exit_reason) == ("FAILED", "CUDA_OOM")
+    assert [t.state.value for t in h.transitions(job)][-2:] == ["SUBMITTED", "FAILED"]
+
+
+def test_transition_expect(h):
+    job = prep(h)
+    h.mark_submitted(job, "77", "/f")
+    assert not h.transition(job, "RUNNING", expect="PENDING")  # the row says SUBMITTED
+    assert h.get(job).state.value == "SUBMITTED"
+    assert h.transition(job, "RUNNING", expect="SUBMITTED")
+    assert h.get(job).state.value == "RUNNING"
+
+
 def test_transition_errors(h):
     job = prep(h)
     with pytest.raises(UsageError, match="unknown job state 'DONE'"):
