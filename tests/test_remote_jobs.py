@@ -15,7 +15,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from jobctl_run import jobctl  # noqa: E402
+from jobctl_run import ROOT, jobctl  # noqa: E402
 
 from jobctl import remote_jobs  # noqa: E402
 from jobctl.cli.remote import error_payload  # noqa: E402
@@ -146,6 +146,54 @@ def test_local_submission_token_returns_the_same_job(tmp_path):
     con = sqlite3.connect(tmp_path / "history.sqlite")
     assert con.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 1
     con.close()
+
+
+def test_concurrent_submissions_with_one_token_make_one_job(tmp_path, monkeypatch):
+    """Two submissions with one token at the same moment (a retry racing the first attempt), each
+    with its own connection to the history: one reaches the scheduler, the other waits for it and
+    returns its job. The scheduler is a stand-in that takes 0.5 s to answer, so that without the
+    lock both would check the token before either had recorded it, and both would submit."""
+    import threading
+    import time
+
+    from jobctl import submit
+    from jobctl.planning import load_inventory, load_recipe, plan_on
+
+    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    rec, inv = load_recipe("recipes/tiny.yaml", []), load_inventory("local")
+    report = plan_on(rec, inv).data
+    calls = []
+
+    class SlowScheduler:
+        def __init__(self, *a, **k):
+            pass
+
+        def submit(self, runner):
+            calls.append(runner)
+            time.sleep(0.5)
+            return type("Job", (), {"job_id": str(4000 + len(calls))})()
+
+    monkeypatch.setattr(submit, "_executor", lambda sub, folder: SlowScheduler())
+    results, errors = [], []
+
+    def one() -> None:
+        sub = submit.prepare(rec, inv, report, [])
+        sub.token = "race"
+        try:
+            with History.open() as h:
+                results.append(submit.submit_all([sub], h)[0])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(calls) == 1
+    assert len({(r["id"], r["scheduler_job_id"]) for r in results}) == 1 and len(results) == 2
+    assert sorted(bool(r.get("existing")) for r in results) == [False, True]
 
 
 def test_bad_token_and_sync_without_login_are_usage_errors(tmp_path):
