@@ -259,7 +259,10 @@ def _token_locks(tokens: list[str], home: Path):
     with contextlib.ExitStack() as stack:
         for digest in sorted({hashlib.sha256(t.encode()).hexdigest()[:24] for t in tokens}):
             f = stack.enter_context(open(folder / f"token-{digest}.lock", "a"))
-            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+            except OSError:  # a filesystem without locks (Lustre mounted noflock): the token
+                break        # check alone still makes a sequential retry safe
         yield
 
 
