@@ -318,7 +318,7 @@ def test_up_again_is_quick(ssh_cluster: SSHCluster) -> None:
         f"export SLURM_CONF={ssh_cluster.slurm_conf}",
     ]
     assert "already up" in res.stderr
-    assert elapsed < 10, f"up --ssh took {elapsed:.1f}s when everything was up"
+    assert elapsed < 30, f"up --ssh took {elapsed:.1f}s when everything was up"  # a rebuild takes minutes
 
     status = _run(["bash", str(SCRIPT), "status", "--ssh"])
     assert status.returncode == 0, status.stdout + status.stderr

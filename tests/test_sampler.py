@@ -203,7 +203,7 @@ def test_stop_returns_promptly_when_the_backend_hangs(tmp_path):
     assert entered.wait(2)
     t0 = time.monotonic()
     ended = sampler.stop(timeout_s=0.5)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 5.0  # not the backend's 10 s (a generous bound: shared machines stall)
     assert ended is False and sampler.running
     assert all(t.daemon for t in sampler_threads(7))  # cannot keep the job's process alive
 
