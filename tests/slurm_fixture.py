@@ -31,6 +31,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "scripts" / "dev-cluster.sh"
+# The states in which Slurm says a job has ended (squeue(1), JOB STATE CODES), for tests that wait.
+TERMINAL_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                             "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"})
 
 # From a bare machine `up` takes ~20-60 s (apt install included); leave room for slow mirrors.
 UP_TIMEOUT_S = 900

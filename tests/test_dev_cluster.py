@@ -8,27 +8,11 @@ JOBCTL_REQUIRE_SLURM=1 (see tests/slurm_fixture.py).
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
+from slurm_fixture import TERMINAL_STATES, slurm_cluster  # noqa: F401  (pytest fixture)
 
-from slurm_fixture import slurm_cluster  # noqa: E402,F401  (pytest fixture)
-
-TERMINAL_STATES = {
-    "BOOT_FAIL",
-    "CANCELLED",
-    "COMPLETED",
-    "DEADLINE",
-    "FAILED",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "TIMEOUT",
-}
 ALL_GPUS = ",".join(str(i) for i in range(8))
 
 

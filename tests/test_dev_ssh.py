@@ -13,7 +13,6 @@ import os
 import pwd
 import stat
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,25 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-
-from slurm_fixture import REPO_ROOT, SCRIPT, slurm_cluster  # noqa: F401  (pytest fixture)
+from slurm_fixture import REPO_ROOT, SCRIPT, TERMINAL_STATES, slurm_cluster  # noqa: F401  (pytest fixture)
 from ssh_fixture import SSHCluster, ssh_cluster  # noqa: F401  (pytest fixture)
 
 SSH_TIMEOUT_S = 60
-TERMINAL_STATES = {
-    "BOOT_FAIL",
-    "CANCELLED",
-    "COMPLETED",
-    "DEADLINE",
-    "FAILED",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "TIMEOUT",
-}
 
 
 def _run(

@@ -13,17 +13,12 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
-
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
 
 from jobctl_run import jobctl  # noqa: E402
 from slurm_fixture import slurm_cluster  # noqa: E402,F401  (pytest fixture)

@@ -6,14 +6,9 @@ for the SFTP reads; the end-to-end path over a real sshd is tests/test_remote_e2
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
 
 from jobctl_run import ROOT, jobctl  # noqa: E402
 

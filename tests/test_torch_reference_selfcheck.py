@@ -1,13 +1,9 @@
 """Self-check of tests/torch_reference.py (CPU, a few seconds)."""
 
-import os
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_reference as tr  # noqa: E402
 
 LLAMA = dict(family="llama", layers=2, hidden=64, ffn_hidden=160, heads=4, kv_heads=2, vocab=100,
