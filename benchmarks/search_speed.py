@@ -24,7 +24,7 @@ def main() -> int:
     from jobctl.planner.memory import _layer_bytes, _stage_params_cached, _stage_state_elements
     from jobctl.planner.search import search
     from jobctl.planning import load_inventory, load_recipe
-    from jobctl.workspace import all_cluster_names
+    from jobctl.config.workspace import all_cluster_names
 
     def clear():  # each measurement starts cold
         for f in (_layer_bytes, _stage_params_cached, _stage_state_elements):

@@ -49,7 +49,7 @@ def mark(name, t0):
     seen = now
 t0 = t(); import jobctl.cli, jobctl.cli.plan; mark("import jobctl.cli (+ cli.plan)", t0)
 t0 = t(); from jobctl.planning import load_inventory, load_recipe, plan_on; mark("import jobctl.planning", t0)
-t0 = t(); import jobctl.schema; mark("import jobctl.schema (pydantic models; load_recipe imports it)", t0)
+t0 = t(); import jobctl.config.schema; mark("import jobctl.config.schema (pydantic models; load_recipe imports it)", t0)
 t0 = t(); rec = load_recipe(recipe, []); mark("load recipe (read YAML, validate)", t0)
 t0 = t(); inv = load_inventory(cluster); mark("load inventory", t0)
 t0 = t(); res = plan_on(rec, inv); mark("search (plan_on)", t0)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jobctl.monitor.classify import (
+from jobctl.runtime.classify import (
     DEFAULT_RETRY, EVIDENCE_MAX_CHARS, SCAN_TAIL_CHARS, Failure, FailureKind, OOMFigures, Retry, classify,
     parse_oom, parse_size,
 )

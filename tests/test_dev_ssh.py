@@ -84,7 +84,7 @@ def test_inventory(ssh_cluster: SSHCluster) -> None:
 def test_inventory_found_through_jobctl_clusters(
     ssh_cluster: SSHCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobctl.workspace import find_cluster
+    from jobctl.config.workspace import find_cluster
 
     monkeypatch.setenv("JOBCTL_CLUSTERS", str(ssh_cluster.inventory.parent))
     found = find_cluster("dev-ssh")

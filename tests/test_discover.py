@@ -16,10 +16,10 @@ import pytest
 import yaml
 from ssh_fixture import ssh_cluster  # noqa: F401  (pytest fixture)
 
-from jobctl import discover as d
-from jobctl.catalog import gpu_names
+from jobctl.backends import discover as d
+from jobctl.planner.catalog import gpu_names
 from jobctl.cli import main
-from jobctl.schema import Inventory
+from jobctl.config.schema import Inventory
 
 DATA = Path(__file__).parent / "data" / "slurm"
 

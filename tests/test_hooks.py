@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jobctl import hooks
+from jobctl.runtime import hooks
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2 ** 30
@@ -138,7 +138,7 @@ def test_site_env_puts_the_sitecustomize_first():
 def test_without_cuda_install_says_so_once_and_step_does_nothing(tmp_path):
     proc = run_child(tmp_path, textwrap.dedent("""
         import torch
-        from jobctl import hooks
+        from jobctl.runtime import hooks
         print(hooks.install(), hooks.install(interval_steps=1))
         for i in range(200):
             hooks.step(i)
@@ -162,7 +162,7 @@ def test_without_a_job_folder_the_hooks_are_off(tmp_path):
 
 def test_step_records_every_n_steps_per_rank(tmp_path):
     proc = run_child(tmp_path, FAKE_CUDA + textwrap.dedent("""
-        from jobctl import hooks
+        from jobctl.runtime import hooks
         assert hooks.install(interval_steps=50) is True
         for i in range(120):
             hooks.step(i)
@@ -213,7 +213,7 @@ def test_an_oom_fails_as_pytorch_would_and_leaves_a_record_and_a_snapshot(tmp_pa
 def test_on_oom_in_the_scripts_own_except_records_once(tmp_path):
     proc = run_child(tmp_path, FAKE_CUDA + textwrap.dedent("""
         import torch
-        from jobctl import hooks
+        from jobctl.runtime import hooks
         hooks.install()
         try:
             raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
@@ -232,7 +232,7 @@ def test_on_oom_in_the_scripts_own_except_records_once(tmp_path):
 def test_other_errors_and_a_broken_folder_pass_through_untouched(tmp_path):
     (tmp_path / "job").write_text("a file where the job folder should be")
     proc = run_child(tmp_path, FAKE_CUDA + textwrap.dedent("""
-        from jobctl import hooks
+        from jobctl.runtime import hooks
         hooks.install()
         hooks.step(0)
         raise torch.OutOfMemoryError("CUDA out of memory.")

@@ -20,7 +20,7 @@ if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` p
     sys.path.insert(0, str(REPO))
 
 from jobctl import cli  # noqa: E402
-from jobctl.store import History  # noqa: E402
+from jobctl.store.history import History  # noqa: E402
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE", "SUBMIT_FAILED"}

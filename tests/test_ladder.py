@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from jobctl.catalog import GIB, lookup_gpu
+from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.ladder import (
     MIN_MARGIN_FRACTION, RUNGS, LadderStep, OOMInfo, ladder, learned_usable_bytes, next_plan,
 )

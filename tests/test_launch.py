@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobctl.launch import (
+from jobctl.backends.launch import (
     LaunchError,
     command_argv,
     job_environment,
@@ -19,7 +19,7 @@ from jobctl.launch import (
     slurm_parameters,
 )
 from jobctl.planner.plan import Plan
-from jobctl.schema import Inventory, Launch, Partition, Recipe, Resources, SlurmOptions, Train
+from jobctl.config.schema import Inventory, Launch, Partition, Recipe, Resources, SlurmOptions, Train
 
 # Strings a shell would act on. Every one must come back exactly as it went in.
 HOSTILE = [
@@ -492,7 +492,7 @@ def test_rdzv_port_is_deterministic_and_in_range():
 
 
 def test_rdzv_port_is_stable_across_processes():
-    code = "from jobctl.launch import rdzv_port; print(rdzv_port('4242'), rdzv_port('77_3'))"
+    code = "from jobctl.backends.launch import rdzv_port; print(rdzv_port('4242'), rdzv_port('77_3'))"
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout for seed in ("1", "2")}
     assert outs == {f"{rdzv_port('4242')} {rdzv_port('77_3')}\n"}

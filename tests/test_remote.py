@@ -1,4 +1,4 @@
-"""jobctl.remote against a real OpenSSH sshd on 127.0.0.1:2223, started by this module.
+"""jobctl.remote.ssh against a real OpenSSH sshd on 127.0.0.1:2223, started by this module.
 
 The session fixture `sshd` (root only; skips otherwise unless JOBCTL_REQUIRE_SLURM is set)
 installs openssh-server if needed, creates the user `jobctl-rtest`, makes host and client
@@ -25,8 +25,8 @@ import pytest
 from pydantic import ValidationError
 
 from jobctl.errors import ConfigError, InfeasibleError, SchedulerError, UsageError
-from jobctl.remote import MANIFEST, Remote, error_from_payload
-from jobctl.schema import Inventory, Login
+from jobctl.remote.ssh import MANIFEST, Remote, error_from_payload
+from jobctl.config.schema import Inventory, Login
 
 SSHD = "/usr/sbin/sshd"
 PORT = 2223  # not 2222: the dev cluster's ssh mode may use that

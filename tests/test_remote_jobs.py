@@ -1,6 +1,6 @@
 """The laptop side of remote jobs without SSH: mirroring the login node's answers into a real
 sqlite history and a local copy of job folders, the remote error shape, and submission tokens.
-The login node is replaced by recorded answers (jobctl.agent.describe's shape) and a stand-in
+The login node is replaced by recorded answers (jobctl.jobs.agent.describe's shape) and a stand-in
 for the SFTP reads; the end-to-end path over a real sshd is tests/test_remote_e2e.py."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 
 from jobctl_run import ROOT, jobctl  # noqa: E402
 
-from jobctl import remote_jobs  # noqa: E402
+from jobctl.remote import client as remote_jobs  # noqa: E402
 from jobctl.cli.remote import error_payload  # noqa: E402
 from jobctl.errors import ConfigError, ConfigIssue, SchedulerError, UsageError  # noqa: E402
-from jobctl.remote import error_from_payload  # noqa: E402
-from jobctl.store import History  # noqa: E402
+from jobctl.remote.ssh import error_from_payload  # noqa: E402
+from jobctl.store.history import History  # noqa: E402
 
 
 class FakeFiles:
@@ -151,7 +151,7 @@ def test_concurrent_submissions_with_one_token_make_one_job(tmp_path, monkeypatc
     import threading
     import time
 
-    from jobctl import submit
+    from jobctl.jobs import submission as submit
     from jobctl.planning import load_inventory, load_recipe, plan_on
 
     monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))

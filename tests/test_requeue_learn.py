@@ -13,8 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-from jobctl import cli, learn
-from jobctl.store import History, default_path
+from jobctl import cli
+from jobctl.planning import learn
+from jobctl.store.history import History, default_path
 
 GIB = 1 << 30
 
@@ -96,7 +97,7 @@ def test_requeue_smaller_then_same_of_a_finished_local_job(capsys, tmp_path):
 def test_requeue_at_the_bottom_of_the_ladder_exits_3(capsys, tmp_path):
     """A job whose plan is the ladder's last one: nothing smaller, exit 3, nothing submitted."""
     from jobctl.planning import after_oom, load_request, plan_on
-    from jobctl.submit import _write_folder, prepare
+    from jobctl.jobs.submission import _write_folder, prepare
 
     rec, (inv,) = load_request("recipes/tiny.yaml", [], ["local"])
     report = plan_on(rec, inv).data
@@ -165,7 +166,7 @@ def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkey
     """A real Slurm job OOMs (its own recovery turned off); `requeue --smaller` steps down with
     the figures of its outcome record, and the new job completes. Then a scheduler failure."""
     from jobctl.planning import after_oom, load_request
-    from jobctl.recover import failure_figures, read_outcomes
+    from jobctl.jobs.recovery import failure_figures, read_outcomes
 
     code, _, err = jobctl(capsys, "submit", oom_recipe(tmp_path, budget=4), "--cluster", "dev",
                           "--retry", "CUDA_OOM=none", "--wait", "--json")  # quiet: the job's log has PyTorch's traceback
@@ -210,7 +211,7 @@ def _record(report: dict, *, state: str, exit_reason: str | None = None, plan: d
             plan_json=None) -> int:
     """A job in the history as submit records it: the resolved recipe text, the plan."""
     from jobctl.planning import load_request
-    from jobctl.submit import prepare
+    from jobctl.jobs.submission import prepare
 
     rec, (inv,) = load_request(report["recipe"], [f"train.seq_len={report['train']['seq_len']}"], ["h100"])
     sub = prepare(rec, inv, report)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from jobctl.catalog import GIB, gpu_names, lookup_gpu
+from jobctl.planner.catalog import GIB, gpu_names, lookup_gpu
 from jobctl.planner.ladder import MIN_MARGIN_FRACTION, OOMInfo, next_plan
 from jobctl.planner.memory import Workload, estimate
 from jobctl.planner.models import ModelSpec

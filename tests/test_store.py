@@ -13,10 +13,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from jobctl import store
+from jobctl.store import history as store
 from jobctl.errors import UsageError
 from jobctl.planner.plan import Plan
-from jobctl.store import (
+from jobctl.store.history import (
     SCHEMA_VERSION,
     AmbiguousJobError,
     History,
@@ -218,8 +218,9 @@ def test_a_verdict_recorded_while_sacct_lags_is_kept(h, monkeypatch):
     first node records FAILED (CUDA_OOM) while Slurm still says RUNNING (the node is submitting
     the next attempt); the status then records what sacct said. It must not take the job back
     to RUNNING, nor replace CUDA_OOM by sacct's exit code "1:0" on the next look."""
-    from jobctl import scheduler, watch
-    from jobctl.scheduler import JobState
+    from jobctl.backends import scheduler
+    from jobctl.jobs import watch
+    from jobctl.backends.scheduler import JobState
 
     job = prep(h)
     h.mark_submitted(job, "77", "/f")
@@ -291,7 +292,7 @@ def test_ctrl_c_between_prepare_and_submit_leaves_a_prepared_row(db_path):
     """A process killed by SIGINT after prepare(): the PREPARED row is on disk, listed as such."""
     code = textwrap.dedent(f"""
         import os, signal
-        from jobctl.store import History
+        from jobctl.store.history import History
         h = History.open({str(db_path)!r})
         h.prepare(recipe_name="tiny", recipe_text="x", plan={{}}, cluster="dev", scheduler="slurm", token="t1")
         os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C while "talking to Slurm"

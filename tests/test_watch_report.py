@@ -23,10 +23,10 @@ if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` p
     sys.path.insert(0, str(REPO))
 
 from jobctl import cli  # noqa: E402
-from jobctl.monitor.sampler import COLUMNS, GPUSampler, sample_rows  # noqa: E402
-from jobctl.recover import write_outcome  # noqa: E402
-from jobctl.store import History  # noqa: E402
-from jobctl.submit import DEFAULT_POLICY  # noqa: E402
+from jobctl.runtime.sampler import COLUMNS, GPUSampler, sample_rows  # noqa: E402
+from jobctl.jobs.recovery import write_outcome  # noqa: E402
+from jobctl.store.history import History  # noqa: E402
+from jobctl.jobs.submission import DEFAULT_POLICY  # noqa: E402
 
 GIB = 1 << 30
 OOM_LOG = REPO / "tests" / "data" / "failures" / "cuda_oom--torch2x-h100-torchrun.txt"
@@ -111,7 +111,7 @@ def run_sampler(path: Path, node: int, samples: list[list[dict]]) -> None:
 
 
 def hooks_lines(folder: Path, rank: int, reserved_gib: list[float]) -> None:
-    """memory/rank-<N>.jsonl as jobctl.hooks writes it: installed, then one line per interval."""
+    """memory/rank-<N>.jsonl as jobctl.runtime.hooks writes it: installed, then one line per interval."""
     path = folder / "memory" / f"rank-{rank}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [{"event": "installed", "time_s": 1.0, "rank": rank, "local_rank": rank % 4, "pid": 100 + rank,
@@ -505,7 +505,7 @@ def _has_matplotlib() -> bool:
 
 def test_sampler_tail_reads_only_what_the_csv_gained(tmp_path):
     """watch reads the CSVs incrementally; a line still being written waits for the next poll."""
-    from jobctl.report import SamplerTail
+    from jobctl.jobs.report import SamplerTail
 
     path = tmp_path / "gpu" / "node-0.csv"
     total = 80 * GIB

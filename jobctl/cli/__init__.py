@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     finally:
-        if "jobctl.remote_jobs" in sys.modules:  # the SSH connections this command opened
-            sys.modules["jobctl.remote_jobs"].close_all()
+        if "jobctl.remote.client" in sys.modules:  # the SSH connections this command opened
+            sys.modules["jobctl.remote.client"].close_all()
 
 
 def run() -> None:

@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from jobctl import ui
     from jobctl.cli.history import resolve
-    from jobctl.store import History
+    from jobctl.store.history import History
 
     with History.open() as history:
         records = resolve(history, args.jobs)  # all known, or nothing is cancelled
@@ -49,9 +49,9 @@ def run(args) -> int:
 
 def cancel_records(history, records, say=lambda text: None) -> dict[int, dict]:
     """Cancel the history's `records` that have not ended; {id: result}. Jobs on a remote
-    cluster are cancelled there (jobctl.remote_jobs), Slurm ones with one scancel call."""
-    from jobctl import remote_jobs
-    from jobctl.watch import refresh
+    cluster are cancelled there (jobctl.remote.client), Slurm ones with one scancel call."""
+    from jobctl.remote import client as remote_jobs
+    from jobctl.jobs.watch import refresh
 
     results = {}
     live = [r for r in records if r.scheduler_job_id and not r.terminal]

@@ -72,7 +72,7 @@ class _Runner:
 
     def __enter__(self):
         if self.login is not None:
-            from jobctl.remote import Remote
+            from jobctl.remote.ssh import Remote
 
             self.remote = Remote(self.login, cluster=self.cluster).__enter__()
         return self
@@ -113,7 +113,7 @@ class _Runner:
 
 
 def _snapshot(runner: _Runner):
-    from jobctl import discover as d
+    from jobctl.backends import discover as d
 
     sinfo = runner.run(d.SINFO_ARGV)
     parts = runner.run(d.PARTITION_ARGV)
@@ -129,7 +129,7 @@ def _snapshot(runner: _Runner):
 
 
 def _gpu_map(items: list[str], keys: list[str]) -> dict[str, str]:
-    from jobctl.catalog import unknown_message
+    from jobctl.planner.catalog import unknown_message
 
     out = {}
     for item in items:
@@ -167,9 +167,9 @@ def _ask(err, gpu_map: dict[str, str]) -> dict[str, str]:
 
 
 def _discover(args) -> int:
-    from jobctl import discover as d
+    from jobctl.backends import discover as d
     from jobctl import ui
-    from jobctl.catalog import gpu_names
+    from jobctl.planner.catalog import gpu_names
 
     keys = gpu_names()
     gpu_map = _gpu_map(args.gpu_map, keys)
@@ -190,7 +190,7 @@ def _discover(args) -> int:
     elif args.target:
         from pydantic import ValidationError
 
-        from jobctl.schema import Login
+        from jobctl.config.schema import Login
 
         try:
             login = Login(host=args.target)
@@ -226,7 +226,7 @@ def _validate(text: str) -> None:
     """The YAML written must be a valid inventory (a bug otherwise)."""
     import yaml
 
-    from jobctl.schema import Inventory
+    from jobctl.config.schema import Inventory
 
     Inventory.model_validate(yaml.safe_load(text))
 
@@ -235,9 +235,9 @@ def _validate(text: str) -> None:
 
 
 def _check(args) -> int:
-    from jobctl import discover as d
+    from jobctl.backends import discover as d
     from jobctl import ui
-    from jobctl.catalog import gpu_names
+    from jobctl.planner.catalog import gpu_names
     from jobctl.planning import load_inventory
 
     loaded = load_inventory(args.target)

@@ -32,7 +32,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from jobctl import ui
-    from jobctl.store import History, parse_state
+    from jobctl.store.history import History, parse_state
 
     if args.limit < 0:
         raise UsageError(f"--limit {args.limit}: expected 0 (all) or a positive number")
@@ -63,7 +63,7 @@ def resolve(history, refs: list[str]) -> list:
     """The history records the references name (12, #12, slurm:4242, ...), each once, in order.
 
     An unknown reference is a usage error naming the newest jobs the history does know."""
-    from jobctl.store import UnknownJobError
+    from jobctl.store.history import UnknownJobError
 
     out, seen = [], set()
     for ref in refs:

@@ -33,12 +33,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from jobctl.cli.history import resolve
-    from jobctl.store import History
+    from jobctl.store.history import History
 
     try:
         with History.open() as history:
             rec = resolve(history, [args.job])[0]
-            from jobctl import remote_jobs
+            from jobctl.remote import client as remote_jobs
 
             if remote_jobs.cluster_of(rec) and rec.scheduler_job_id:  # copy what changed in its folder
                 remote_jobs.sync(history, [rec])
@@ -126,7 +126,7 @@ def follow(history, rec, paths: dict, node: int, poll_s: float = POLL_S, refresh
     """Print the log as it grows; ask the scheduler every `refresh_s` whether the job has
     ended (recording what changed) and stop, after a last read, when it has."""
     from jobctl import ui
-    from jobctl.watch import refresh
+    from jobctl.jobs.watch import refresh
 
     tails: list[_Tail] = []
     asked = 0.0

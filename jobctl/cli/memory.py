@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from jobctl import ui
-    from jobctl.calculator import calculate
+    from jobctl.planning.calculator import calculate
 
     result = calculate(
         params=args.params, model_size_gb=args.model_size_gb, model=args.model, gpu_memory_gb=args.gpu_memory_gb,

@@ -30,13 +30,13 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from jobctl import ui
     from jobctl.planning import load_request, plan_on
-    from jobctl.workspace import all_cluster_names
+    from jobctl.config.workspace import all_cluster_names
 
     if args.after_oom:
         return _after_oom(args)
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster] if args.cluster else all_cluster_names())
     if args.cluster:
-        from jobctl.learn import history_for
+        from jobctl.planning.learn import history_for
 
         result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain)
         past = history_for(result.data)  # reads nothing when there is no history file

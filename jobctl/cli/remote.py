@@ -8,7 +8,7 @@ version. Run it again after upgrading jobctl here: every remote command refuses 
 two versions differ.
 
 `check CLUSTER` does the checks only. `agent ACTION` is what jobctl itself runs on the login
-node (one JSON request on stdin, one JSON answer on stdout, jobctl.agent); it is not meant to be
+node (one JSON request on stdin, one JSON answer on stdout, jobctl.jobs.agent); it is not meant to be
 typed by hand.
 """
 
@@ -47,7 +47,7 @@ def run(args) -> int:
         return _agent(args.target)
     from jobctl import ui
     from jobctl.planning import load_inventory
-    from jobctl.remote import Remote
+    from jobctl.remote.ssh import Remote
 
     inv = load_inventory(args.target).value
     say = (lambda text: None) if args.as_json else ui.info
@@ -64,27 +64,50 @@ def run(args) -> int:
 
 
 def build_wheel(dest: str) -> str:
-    """A wheel of this jobctl (no dependencies) in `dest`; its path."""
-    import subprocess
-    from importlib.util import find_spec
+    """A wheel of the jobctl that is running (no dependencies) in `dest`; its path.
 
+    Assembled from the installed package's own files and its distribution metadata, not built
+    from a source tree: it works from a wheel install as from a checkout, and it holds exactly
+    the files the source digest covers (a build folder left from an earlier layout cannot add
+    stale modules)."""
+    import base64
+    import hashlib
+    import importlib.metadata
+    import zipfile
+    from pathlib import Path
+
+    import jobctl
     from jobctl import __version__
-    from jobctl.workspace import REPO_ROOT
 
-    if not (REPO_ROOT / "pyproject.toml").is_file():
-        raise UsageError(f"cannot build a wheel: {REPO_ROOT} is not a jobctl source tree (jobctl was installed "
-                         "from a wheel?)", hint="install jobctl from its source (pip install -e .) to bootstrap, "
+    try:
+        dist = importlib.metadata.distribution("jobctl")
+        meta = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+        entry_points = dist.read_text("entry_points.txt")
+    except importlib.metadata.PackageNotFoundError:
+        meta = entry_points = None
+    if not meta or f"\nVersion: {__version__}\n" not in meta:
+        raise UsageError("cannot package this jobctl: it is not installed as a distribution (no metadata of "
+                         f"jobctl {__version__} found)", hint="install it (pip install . or pip install -e .), "
                          f"or install jobctl {__version__} on the login node yourself")
-    argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", dest, str(REPO_ROOT)]
-    if find_spec("setuptools") and find_spec("wheel"):
-        argv.insert(5, "--no-build-isolation")  # the build tools here: no download
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-    wheels = [n for n in os.listdir(dest) if n.startswith("jobctl-") and n.endswith(".whl")]
-    if p.returncode != 0 or len(wheels) != 1:
-        raise SchedulerError(f"building the jobctl wheel failed: {(p.stderr or p.stdout).strip()[-800:]}")
-    if f"-{__version__}-" not in wheels[0]:
-        raise SchedulerError(f"the wheel built is {wheels[0]}, not version {__version__}")
-    return os.path.join(dest, wheels[0])
+    pkg = Path(jobctl.__file__).resolve().parent
+    name = f"jobctl-{__version__}"
+    wheel = os.path.join(dest, f"{name}-py3-none-any.whl")
+    files = [(f"jobctl/{p.relative_to(pkg).as_posix()}", p.read_bytes()) for p in sorted(pkg.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")]
+    files += [(f"{name}.dist-info/METADATA", meta.encode()),
+              (f"{name}.dist-info/WHEEL", b"Wheel-Version: 1.0\nGenerator: jobctl\nRoot-Is-Purelib: true\n"
+                                          b"Tag: py3-none-any\n"),
+              (f"{name}.dist-info/entry_points.txt",
+               (entry_points or "[console_scripts]\njobctl = jobctl.cli:run\n").encode())]
+    record = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for arc, data in files:
+            z.writestr(arc, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{arc},sha256={digest},{len(data)}")
+        record.append(f"{name}.dist-info/RECORD,,")
+        z.writestr(f"{name}.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
 
 
 def bootstrap(remote, say) -> dict:
@@ -130,7 +153,7 @@ def check(remote, say) -> dict:
                              hint="jobctl submits with sbatch on the login node: check PATH and SLURM_CONF in "
                                   "the login shell there")
     sbatch = res.stdout.strip()
-    from jobctl.remote_jobs import check_same_jobctl
+    from jobctl.remote.client import check_same_jobctl
 
     version = check_same_jobctl(remote)
     say(f"{remote}: jobctl {version} (the same build as here), {sbatch}")
@@ -173,7 +196,7 @@ def _agent(action: str) -> int:
     import signal
     import traceback
 
-    from jobctl.agent import handle
+    from jobctl.jobs.agent import handle
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a dropped connection must not stop a submission halfway
     sys.stdout.flush()

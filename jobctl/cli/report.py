@@ -31,8 +31,8 @@ def run(args) -> int:
     from jobctl import ui
     from jobctl.cli.history import resolve
     from jobctl.errors import UsageError
-    from jobctl.report import import_pyplot, memory_series, plot_memory
-    from jobctl.store import History
+    from jobctl.jobs.report import import_pyplot, memory_series, plot_memory
+    from jobctl.store.history import History
 
     if args.plot:
         import_pyplot()  # fail before any work when the optional extra is missing
@@ -40,7 +40,7 @@ def run(args) -> int:
             raise UsageError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist")
     with History.open() as history:
         (record,) = resolve(history, [args.job])
-        from jobctl import remote_jobs
+        from jobctl.remote import client as remote_jobs
 
         if remote_jobs.cluster_of(record):  # bring the local copy of its chain's folders up to date
             remote_jobs.sync(history, [r for r in history.chain(record.id) if r.scheduler_job_id])
@@ -65,7 +65,7 @@ def run(args) -> int:
 def build(history, record) -> tuple[dict, list]:
     """The report of one job (the object --json prints) and its GPU samples (for the plot).
     Records each attempt's measured peak in the history on the way."""
-    from jobctl.report import (
+    from jobctl.jobs.report import (
         attempts,
         chain_text,
         error_pct,
@@ -77,7 +77,7 @@ def build(history, record) -> tuple[dict, list]:
         read_gpu_samples,
         sampler_notes,
     )
-    from jobctl.store import sync_measured_peak
+    from jobctl.store.history import sync_measured_peak
 
     records = lineage(history, record)
     states_note = _refresh(history, records)

@@ -37,9 +37,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import remote_jobs, ui
+    from jobctl import ui
+    from jobctl.remote import client as remote_jobs
     from jobctl.cli.history import resolve
-    from jobctl.store import History
+    from jobctl.store.history import History
 
     if args.tried_to_allocate is not None:
         if not args.smaller:
@@ -60,7 +61,7 @@ def run(args) -> int:
                     + (f"; {out['rung']}: {out['reason']}" if out["rung"] else "; the same plan"))
         code = EXIT_OK
         if args.wait:
-            from jobctl.watch import wait_for
+            from jobctl.jobs.watch import wait_for
 
             code = wait_for([res], history, quiet=args.as_json)
     if args.as_json:
@@ -74,8 +75,8 @@ def requeue_record(history, record, *, smaller: bool, tried_to_allocate_bytes: i
                    say=lambda text: None) -> tuple[dict, dict]:
     """Submit `record` again (the same plan, or the ladder's next with `smaller`), its parent
     recorded; (summary, submit_all result). Also what a login node runs for a remote requeue."""
-    from jobctl.recover import failure_figures, next_submission, read_outcomes
-    from jobctl.submit import submit_all
+    from jobctl.jobs.recovery import failure_figures, next_submission, read_outcomes
+    from jobctl.jobs.submission import submit_all
 
     record = _ended(history, record)
     folder = _folder(record)

@@ -29,7 +29,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from jobctl import ui
     from jobctl.cli.history import job_row
-    from jobctl.store import History
+    from jobctl.store.history import History
 
     if args.limit < 0:
         raise UsageError(f"--limit {args.limit}: expected 0 or a positive number")
@@ -66,7 +66,7 @@ def refresh_live(history, records) -> dict:
     Ended jobs are not asked about: their recorded state is final (a local job's folder
     cannot tell CANCELLED from FAILED, and sacct may have forgotten old jobs)."""
     from jobctl.errors import SchedulerError
-    from jobctl.watch import refresh
+    from jobctl.jobs.watch import refresh
 
     live = [r for r in records if r.scheduler_job_id and not r.terminal]
     try:

@@ -67,13 +67,13 @@ def sweep_combinations(sweeps: list[str]) -> list[list[str]]:
 def run(args) -> int:
     from jobctl import ui
     from jobctl.planning import load_inventory, load_recipe, plan_on
-    from jobctl.submit import dry_run, prepare, submit_all
+    from jobctl.jobs.submission import dry_run, prepare, submit_all
 
     if args.check and not args.dry_run:
         raise UsageError("--check goes with --dry-run", hint="jobctl submit RECIPE -c CLUSTER --dry-run --check")
     if not 1 <= args.max_attempts <= 100:
         raise UsageError(f"--max-attempts: expected 1 to 100, got {args.max_attempts}")
-    from jobctl.submit import DEFAULT_POLICY
+    from jobctl.jobs.submission import DEFAULT_POLICY
 
     policy = {**DEFAULT_POLICY, "retry": dict(DEFAULT_POLICY["retry"]), "max_attempts": args.max_attempts,
               "memory_snapshot": args.memory_snapshot}
@@ -90,7 +90,7 @@ def run(args) -> int:
                          hint="run the job from this directory instead (its command runs where jobctl is started)")
     if args.token is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", args.token):
         raise UsageError(f"--token {args.token!r}: expected 1 to 128 letters, digits, '.', '_' or '-'")
-    from jobctl.remote_jobs import new_token
+    from jobctl.remote.client import new_token
 
     token = args.token or new_token()
     subs = []
@@ -116,8 +116,8 @@ def run(args) -> int:
         subs.append(sub)
     for i, sub in enumerate(subs):
         sub.token = token if len(subs) == 1 else f"{token}.{i}"
-    from jobctl import remote_jobs
-    from jobctl.store import History
+    from jobctl.remote import client as remote_jobs
+    from jobctl.store.history import History
 
     if args.dry_run:
         if remote:  # rendered on the login node: its python, paths and sbatch
@@ -138,7 +138,7 @@ def run(args) -> int:
         else:
             results = submit_all(subs, history, progress=say)
         if args.wait:
-            from jobctl.watch import wait_for
+            from jobctl.jobs.watch import wait_for
 
             code = wait_for(results, history, quiet=args.as_json)
         else:

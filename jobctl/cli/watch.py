@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from jobctl import ui
     from jobctl.errors import UsageError
-    from jobctl.store import History
+    from jobctl.store.history import History
 
     if not args.interval_s > 0:
         raise UsageError(f"--interval-s {args.interval_s}: expected a positive number of seconds")
@@ -109,7 +109,7 @@ class Watcher:
         from jobctl.cli.history import job_row
         from jobctl.cli.status import refresh_live
         from jobctl.errors import SchedulerError
-        from jobctl.report import attempts, chain_text, lineage
+        from jobctl.jobs.report import attempts, chain_text, lineage
 
         tip = self._newest(self.history.get(self.tip.id))
         scheduler_error = None
@@ -142,8 +142,8 @@ class Watcher:
 
     def _newest(self, record):
         """Follow failed attempts to the attempt their first node submitted (watch.successor)."""
-        from jobctl.store import UnknownJobError
-        from jobctl.watch import successor
+        from jobctl.store.history import UnknownJobError
+        from jobctl.jobs.watch import successor
 
         seen = {record.id}
         while record.terminal and record.state.value != "COMPLETED":
@@ -172,7 +172,7 @@ class Watcher:
         return now - self._failed_at < RECOVERY_WAIT_S
 
     def _memory(self, tip) -> dict:
-        from jobctl.report import SamplerTail, folder_of, plan_memory, sampler_notes
+        from jobctl.jobs.report import SamplerTail, folder_of, plan_memory, sampler_notes
 
         if self._tail is None:
             self._tail = SamplerTail(folder_of(tip))
@@ -200,8 +200,8 @@ class Watcher:
 
 def pending_recovery(record) -> bool:
     """Whether the first node of a failed job is, by its folder, about to submit a successor."""
-    from jobctl.recover import job_failure
-    from jobctl.report import folder_of, outcomes, read_json
+    from jobctl.jobs.recovery import job_failure
+    from jobctl.jobs.report import folder_of, outcomes, read_json
 
     folder = folder_of(record)
     if folder is None or not (folder / "job.json").exists():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jobctl.catalog import gpu_names, lookup_gpu
+from jobctl.planner.catalog import gpu_names, lookup_gpu
 from jobctl.planner.memory import Workload
 from jobctl.planner.search import Constraints, SearchResult, Target, search
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jobctl.catalog import GIB
+from jobctl.planner.catalog import GIB
 from jobctl.planner.perf import INTRA_NODE_EFFICIENCY, NETWORK_EFFICIENCY
 from jobctl.planner.search import Candidate, Constraints, SearchResult, Target, search
 

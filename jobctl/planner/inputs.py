@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from jobctl.catalog import GIB, lookup_gpu
+from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.perf import Links

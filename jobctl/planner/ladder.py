@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 
-from jobctl.catalog import GIB
+from jobctl.planner.catalog import GIB
 from jobctl.planner.memory import SHARDINGS, MemoryBreakdown, Workload, estimate, stage_layers
 from jobctl.planner.plan import Plan
 from jobctl.planner.search import CP_FRAMEWORKS, MAX_CP, SP_FRAMEWORKS, Constraints, Target, divisors

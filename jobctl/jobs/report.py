@@ -3,7 +3,7 @@ prediction, each attempt's failure, and the attempt chain in one line; shared by
 and `report`.
 
 A job folder (jobctl/submit.py) holds plan.json (the `plan --json` report), the sampler's
-gpu/node-<R>.csv (jobctl/monitor/sampler.py), the training hooks' memory/rank-<N>.jsonl
+gpu/node-<R>.csv (jobctl/runtime/sampler.py), the training hooks' memory/rank-<N>.jsonl
 (jobctl/hooks.py), one outcome-node<R>.json per node and, after a failure, successor.json
 or final.json (jobctl/recover.py). Every reader here tolerates a missing or half-written
 file: a running job is still writing them. Nothing here prints or asks the scheduler.
@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 # How the attempt chain names a failure ("#12 → #13 (OOM, mbs 4→2)"): the classifier's
-# kinds (monitor/classify.py FailureKind), then scheduler states for jobs without records.
+# kinds (runtime/classify.py FailureKind), then scheduler states for jobs without records.
 FAILURE_WORDS = {
     "CUDA_OOM": "OOM", "HOST_OOM": "host OOM", "TIMEOUT": "timeout", "PREEMPTED": "preempted",
     "NODE_FAIL": "node failure", "NCCL": "NCCL error", "CANCELLED": "cancelled", "USER_ERROR": "error",
@@ -109,7 +109,7 @@ def gpu_usage(samples) -> list[dict]:
 
 def read_gpu_samples(folder: Path | None) -> list:
     """Every sample of every node of a job, node by node."""
-    from jobctl.monitor.sampler import read_samples
+    from jobctl.runtime.sampler import read_samples
 
     return [s for _, path in sampler_files(folder) for s in read_samples(path)]
 
@@ -125,7 +125,7 @@ class SamplerTail:
 
     def update(self) -> list[dict]:
         """Read what the CSVs gained since the last call; the usage per GPU (gpu_usage's rows)."""
-        from jobctl.monitor.sampler import parse_samples
+        from jobctl.runtime.sampler import parse_samples
 
         for _, path in sampler_files(self.folder):
             start = self._offsets.get(path, 0)
@@ -213,7 +213,7 @@ def failure_of(record) -> dict | None:
     """Why an attempt that did not complete ended: {"kind", "summary"}. The first node's
     verdict (successor.json / final.json), else the outcome records (recover.job_failure),
     else the history's exit reason, else its state. None for a job not ended, or completed."""
-    from jobctl.recover import job_failure
+    from jobctl.jobs.recovery import job_failure
 
     if not record.terminal or record.state.value == "COMPLETED":
         return None

@@ -6,14 +6,14 @@ import sys
 import time
 
 from jobctl.errors import EXIT_INTERNAL, EXIT_OK
-from jobctl.scheduler import JobState
-from jobctl.store import TERMINAL_STATES as TERMINAL  # the history's one list of ended states
+from jobctl.backends.scheduler import JobState
+from jobctl.store.history import TERMINAL_STATES as TERMINAL  # the history's one list of ended states
 
 
 def refresh(history, records) -> dict:
     """Ask the scheduler once about `records` and record transitions; return {id: JobState}."""
-    from jobctl import remote_jobs
-    from jobctl.scheduler import states
+    from jobctl.remote import client as remote_jobs
+    from jobctl.backends.scheduler import states
 
     remote, records = remote_jobs.split(records)
     current = states(records)
@@ -36,7 +36,7 @@ def successor(history, record, grace_s: float = 5.0) -> int | None:
     import json
     from pathlib import Path
 
-    from jobctl import remote_jobs
+    from jobctl.remote import client as remote_jobs
 
     folder = Path(record.job_folder or "")
     remote = remote_jobs.cluster_of(record) is not None

@@ -35,7 +35,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .errors import JobctlError, UsageError
+from jobctl.errors import JobctlError, UsageError
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000  # writers queue behind each other; a write holds the lock for ~ms
@@ -99,7 +99,7 @@ class AmbiguousJobError(UsageError):
 
 def default_path(env: Mapping[str, str] | None = None) -> Path:
     """The history file: $JOBCTL_HOME, else $XDG_STATE_HOME/jobctl, else ~/.local/state/jobctl."""
-    from jobctl.paths import history_path
+    from jobctl.store.paths import history_path
 
     return history_path(env)
 
@@ -252,7 +252,7 @@ class History:
         try:
             db.row_factory = sqlite3.Row
             db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = _when_unlocked(lambda: db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             if str(mode).lower() != "wal":
                 raise HistoryError(f"{p}: sqlite could not switch to WAL mode (got {mode!r})",
                                    hint="Put the history on a local disk: set JOBCTL_HOME.")
@@ -559,6 +559,24 @@ class History:
         rows = self._db.execute("SELECT job_id, at, state, detail FROM transitions WHERE job_id = ? ORDER BY id",
                                 (int(job_id),))
         return [Transition(r["job_id"], r["at"], State(r["state"]), r["detail"]) for r in rows]
+
+
+def _when_unlocked(op: Callable[[], Any], timeout_s: float = BUSY_TIMEOUT_MS / 1000):
+    """Run `op`, retrying while another connection holds the lock. Switching a new file to WAL
+    answers "database is locked" at once, without sqlite's busy handler, when another process
+    is creating the same history at that moment (two first submissions racing)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    delay = 0.01
+    while True:
+        try:
+            return op()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(0.5, delay * 2)
 
 
 class _WriteTransaction:

@@ -1,6 +1,6 @@
 """Run by Python at start-up when this folder is on PYTHONPATH: jobctl's memory hooks, when JOBCTL_HOOKS=1.
 
-The job runner puts this folder first on PYTHONPATH (jobctl.hooks.site_env). Being first
+The job runner puts this folder first on PYTHONPATH (jobctl.runtime.hooks.site_env). Being first
 hides any other sitecustomize (a distribution's, a virtual environment's), so that one is
 found further along sys.path and run first. Nothing here may stop Python from starting.
 """
@@ -25,7 +25,7 @@ def _run_next_sitecustomize() -> None:
 
 def _load_hooks():
     try:
-        from jobctl import hooks
+        from jobctl.runtime import hooks
         return hooks
     except ImportError:
         pass

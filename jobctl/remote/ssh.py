@@ -52,7 +52,7 @@ from jobctl.errors import (
     SchedulerError,
     UsageError,
 )
-from jobctl.schema import Inventory, Login
+from jobctl.config.schema import Inventory, Login
 
 log = logging.getLogger(__name__)
 

@@ -434,7 +434,7 @@ def _minutes(value: str | None):
     if value is None:
         return None
     from jobctl.errors import JobctlError
-    from jobctl.launch import parse_slurm_time
+    from jobctl.backends.launch import parse_slurm_time
 
     try:
         return parse_slurm_time(value, "time_limit")

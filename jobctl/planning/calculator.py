@@ -6,7 +6,7 @@ planner (planner/memory.py), and says which rules of thumb hold for the chosen r
 
 from __future__ import annotations
 
-from jobctl.catalog import GIB, unknown_message
+from jobctl.planner.catalog import GIB, unknown_message
 from jobctl.errors import UsageError
 
 OPTIMIZERS = ("adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum")

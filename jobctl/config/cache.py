@@ -17,7 +17,8 @@ from pathlib import Path
 
 MARK = "__jobctl_model__"
 SET = "__jobctl_fields_set__"  # the fields the document gave (pydantic's model_fields_set)
-_DEFINITIONS = ("schema.py", "config.py", "validation.py", "catalog.py", "planner/models.py", "validcache.py")
+_DEFINITIONS = ("config/schema.py", "config/loader.py", "config/validation.py", "planner/catalog.py", "planner/models.py",
+                "config/cache.py")
 
 
 class Values:
@@ -99,7 +100,7 @@ def _cache_dir() -> Path | None:
 
 
 def key(kind: str, text: str) -> str:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the jobctl package
     h = hashlib.sha256(kind.encode() + b"\0" + text.encode("utf-8", "surrogateescape"))
     for name in _DEFINITIONS:
         try:

@@ -32,12 +32,12 @@ def write_outcome(folder: Path, rank: int, exit_code: int | None, signal: int | 
                   argv: list[str], job_id: str, sampler_csv: Path | None) -> dict:
     """The node's outcome record: exit, signal, duration, peak GPU memory per GPU, and the
     failure classification of its log."""
-    from jobctl.monitor.classify import classify
+    from jobctl.runtime.classify import classify
 
     peaks: dict = {}
     if sampler_csv is not None and sampler_csv.exists():
         try:
-            from jobctl.monitor.sampler import peak_memory_by_gpu
+            from jobctl.runtime.sampler import peak_memory_by_gpu
 
             peaks = {str(k): int(v) for k, v in peak_memory_by_gpu(sampler_csv).items()}
         except Exception:  # a torn last line must not cost the outcome record
@@ -119,8 +119,8 @@ def recover(folder: Path, outcomes: list[dict]) -> dict | None:
     except InfeasibleError:
         return _final(folder, "CUDA out of memory and nothing smaller fits on this partition "
                               "(the ladder ended)", failure)
-    from jobctl.store import History
-    from jobctl.submit import submit_all
+    from jobctl.store.history import History
+    from jobctl.jobs.submission import submit_all
 
     with History.open(job.get("history_path")) as history:
         (res,) = submit_all([step.submission], history)
@@ -138,7 +138,7 @@ def _record(job: dict, failure: dict | None, outcomes: list[dict]) -> None:
     if not path or not Path(path).exists():
         return
     try:
-        from jobctl.store import History
+        from jobctl.store.history import History
 
         with History.open(path) as history:
             if peaks:
@@ -194,9 +194,10 @@ def next_submission(folder: Path, job: dict, info: dict | None = None, *, smalle
     The parent and attempt + 1 are set. InfeasibleError when nothing smaller fits.
 
     Shared by the in-job recovery (`recover`) and `jobctl requeue`."""
-    from jobctl import config, schema
+    from jobctl.config import loader as config
+    from jobctl.config import schema
     from jobctl.planning import after_oom
-    from jobctl.submit import prepare
+    from jobctl.jobs.submission import prepare
 
     recipe_data = json.loads((folder / "recipe.json").read_text())
     inv_data = json.loads((folder / "inventory.json").read_text())

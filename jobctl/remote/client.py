@@ -1,7 +1,7 @@
 """Jobs on a cluster reached over SSH, seen from the laptop.
 
 A cluster whose inventory has a `login:` block is driven through its login node: jobctl runs
-itself there (`jobctl remote agent ACTION`, jobctl.agent) as short-lived commands answering
+itself there (`jobctl remote agent ACTION`, jobctl.jobs.agent) as short-lived commands answering
 JSON, over one connection per cluster for the whole command (`session`), version-checked once.
 
 The login node's history is the source of truth for its jobs (their in-job OOM recovery
@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from jobctl.errors import SchedulerError, UsageError
-from jobctl.scheduler import JobState
+from jobctl.backends.scheduler import JobState
 
 _SESSIONS: dict = {}  # cluster name -> connected, version-checked Remote
 
@@ -58,7 +58,7 @@ def session(cluster: str, inventory=None):
     """The open connection to `cluster`'s login node (opened and version-checked on first use)."""
     if cluster in _SESSIONS:
         return _SESSIONS[cluster]
-    from jobctl.remote import Remote
+    from jobctl.remote.ssh import Remote
 
     if inventory is None:
         from jobctl.planning import load_inventory
@@ -79,7 +79,7 @@ def check_same_jobctl(remote) -> str:
     """Refuse (UsageError, exit 2) unless the login node runs this very jobctl: the same
     version, built from the same sources (agent.source_digest); returns the version."""
     from jobctl import __version__
-    from jobctl.agent import source_digest
+    from jobctl.jobs.agent import source_digest
     from jobctl.errors import JobctlError
 
     try:
@@ -162,7 +162,7 @@ def submit(subs: list, inv_loaded, history=None, *, token: str, sync_dir: str | 
             token=sub.token, predicted_peak_bytes=sub.plan_report["memory"]["total_bytes"],
             extra={"overrides": sub.overrides, "remote": {"cluster": inv.name}}))
     from jobctl.errors import JobctlError
-    from jobctl.remote import OutcomeUnknownError
+    from jobctl.remote.ssh import OutcomeUnknownError
 
     try:
         answer = agent(remote, "submit", request)
@@ -189,7 +189,7 @@ def submit(subs: list, inv_loaded, history=None, *, token: str, sync_dir: str | 
 # --- mirroring -----------------------------------------------------------------------------
 
 def mirror_root() -> Path:
-    from jobctl.store import default_path
+    from jobctl.store.history import default_path
 
     return default_path().parent / "remote"
 
@@ -246,7 +246,7 @@ def mirror(history, cluster: str, remote, described: list[dict]) -> dict[int, in
 
 
 def _terminal():
-    from jobctl.store import TERMINAL_STATES
+    from jobctl.store.history import TERMINAL_STATES
 
     return {s.value for s in TERMINAL_STATES}
 
@@ -260,7 +260,7 @@ def _safe_name(name: str) -> bool:
 def _copy_files(remote, folder: Path, files: list[dict], id_map: dict[int, int]) -> None:
     """Bring the copy of a job folder up to date: files whose size or time changed; files that only
     grow (logs, CSVs) from where the copy ends."""
-    from jobctl.agent import APPENDED
+    from jobctl.jobs.agent import APPENDED
 
     folder.mkdir(parents=True, exist_ok=True)
     seen_path = folder / ".remote-files.json"

@@ -18,7 +18,7 @@ import re
 import shlex
 from typing import Any, Mapping
 
-from .errors import UsageError
+from jobctl.errors import UsageError
 
 DEFAULT_TIME_MIN = 60
 DEFAULT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}

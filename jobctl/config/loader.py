@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jobctl.errors import ConfigError, ConfigIssue
-from jobctl.validation import CLI, MISSING, Where, _dotted, _ordered, _validation_issues, _where_in
+from jobctl.config.validation import CLI, MISSING, Where, _dotted, _ordered, _validation_issues, _where_in
 
 # `launch` is resolved at submit time, when the plan exists: its strings may say ${plan.tp}.
 DEFERRED_KEYS = ("launch",)
@@ -362,7 +362,7 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
     failed: set = set()
     text = None
     if not overrides:
-        from jobctl import validcache
+        from jobctl.config import cache as validcache
 
         try:
             text = p.read_text(encoding="utf-8")
@@ -373,7 +373,7 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
             value, data = hit
             return Loaded(shown, value, data, None, {})
     if isinstance(model_cls, str):  # named lazily so that a cache hit never imports pydantic
-        from jobctl import schema
+        from jobctl.config import schema
 
         model_cls = getattr(schema, model_cls)
     fast = _plain_document(p, overrides)
@@ -398,7 +398,7 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
     if issues:
         raise ConfigError(_ordered(issues))
     if fast is not None and text is not None:
-        from jobctl import validcache
+        from jobctl.config import cache as validcache
 
         validcache.put(_kind(model_cls), text, value, data)
     return Loaded(shown, value, data, node, lines)

@@ -160,7 +160,7 @@ class SlurmOptions(_Strict):
 
 
 class Login(_Strict):
-    """How to reach a cluster's login node over SSH (jobctl.remote); ~/.ssh/config is honoured.
+    """How to reach a cluster's login node over SSH (jobctl.remote.ssh); ~/.ssh/config is honoured.
 
     Values set here win over the ssh config's (as on the ssh command line); unset ones come
     from the config entry for `host` (HostName, User, Port, IdentityFile, ProxyJump)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jobctl.catalog import GIB
+from jobctl.planner.catalog import GIB
 from jobctl.errors import ConfigError, ConfigIssue
 
 
@@ -31,7 +31,7 @@ class Loaded:
 
 def _check_preset(data: dict, where) -> list[ConfigIssue]:
     """`model:` names a preset that exists (a mapping is checked by the schema)."""
-    from jobctl.catalog import unknown_message
+    from jobctl.planner.catalog import unknown_message
     from jobctl.planner.models import PRESETS
 
     model = data.get("model")
@@ -44,7 +44,7 @@ def _check_preset(data: dict, where) -> list[ConfigIssue]:
 
 def _check_gpus(data: dict, where) -> list[ConfigIssue]:
     """Every partition's `gpu:` is in the catalog."""
-    from jobctl.catalog import gpu_names, unknown_message
+    from jobctl.planner.catalog import gpu_names, unknown_message
 
     parts = data.get("partitions")
     out = []
@@ -58,20 +58,20 @@ def _check_gpus(data: dict, where) -> list[ConfigIssue]:
 
 def load_recipe(path: str, overrides: list[str]):
     """Load and validate a recipe (a path or a name from recipes/); ConfigError lists every problem."""
-    from jobctl import config
-    from jobctl.workspace import find_recipe
+    from jobctl.config import loader as config
+    from jobctl.config.workspace import find_recipe
 
     return config.load(find_recipe(path), "Recipe", overrides, checks=(_check_preset,))
 
 
 def load_inventory(name_or_path: str, overrides: list[str] | None = None):
     """Load and validate an inventory (a name from clusters/ or a path); None path = embedded local."""
-    from jobctl import config
-    from jobctl.workspace import EMBEDDED_LOCAL, find_cluster
+    from jobctl.config import loader as config
+    from jobctl.config.workspace import EMBEDDED_LOCAL, find_cluster
 
     path = find_cluster(name_or_path)
     if path is None:
-        from jobctl import schema
+        from jobctl.config import schema
 
         inv = schema.Inventory.model_validate(EMBEDDED_LOCAL)
         return config.Loaded("<embedded local>", inv, dict(EMBEDDED_LOCAL), None, {})

@@ -25,7 +25,7 @@ ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 # Seconds before the time limit at which Slurm signals the job (submitit's USR2: checkpoint
 # and requeue). Also used to render the dry-run script, so it equals the submitted one.
 SIGNAL_DELAY_S = 30
-# What happens after a failure, by classification (monitor/classify.py): the OOM ladder for
+# What happens after a failure, by classification (runtime/classify.py): the OOM ladder for
 # CUDA OOM; timeouts and preemption use submitit's requeue (the runner is checkpointable);
 # host OOM, NCCL and user errors are not retried unless configured.
 DEFAULT_POLICY = {
@@ -71,7 +71,8 @@ class Submission:
 
 def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None = None) -> Submission:
     """A Submission from a loaded recipe, inventory and the plan `jobctl plan` chose."""
-    from jobctl import config, launch
+    from jobctl.config import loader as config
+    from jobctl.backends import launch
     from jobctl.planner.plan import Plan
 
     recipe, inv = recipe_loaded.value, inv_loaded.value
@@ -102,7 +103,7 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
 
 
 def jobs_root(inv) -> Path:
-    from jobctl.store import default_path
+    from jobctl.store.history import default_path
 
     if inv.workdir:
         return Path(os.path.expandvars(os.path.expanduser(inv.workdir)))
@@ -114,7 +115,7 @@ def jobs_root(inv) -> Path:
 def render(sub: Submission, folder: Path | None = None) -> dict:
     """Everything a submission would do, without doing it: sbatch script, environment, the
     command each node runs (the first node's address as the scheduler will give it)."""
-    from jobctl import launch
+    from jobctl.backends import launch
 
     folder = folder or (sub.workdir / f"<id>-{sub.recipe_name}")
     nodes = []
@@ -218,7 +219,7 @@ def _write_folder(sub: Submission, folder: Path, job_id: int) -> None:
     (folder / "recipe.json").write_text(json.dumps(sub.recipe_source, indent=2, default=str) + "\n", encoding="utf-8")
     (folder / "inventory.json").write_text(json.dumps(sub.inventory_source, indent=2, default=str) + "\n",
                                            encoding="utf-8")
-    from jobctl.store import default_path
+    from jobctl.store.history import default_path
 
     (folder / "job.json").write_text(json.dumps({
         "jobctl_id": job_id, "cluster": sub.cluster, "partition": sub.partition, "scheduler": sub.scheduler,
@@ -336,7 +337,7 @@ def _submitted_before(sub: Submission, history) -> dict | None:
 
     A token whose job never reached the scheduler's answer is refused: whether sbatch ran
     cannot be known from here, and guessing could run the job twice."""
-    from jobctl.store import State
+    from jobctl.store.history import State
 
     rec = history.find_by_token(sub.token) if sub.token else None
     if rec is None:
@@ -425,7 +426,7 @@ class NodeRunner:
                    sub.policy)
 
     def argv(self, node_rank: int, master: str, job_id: str) -> list[str]:
-        from jobctl import launch
+        from jobctl.backends import launch
         from jobctl.planner.plan import Plan
 
         command = list(self.command)
@@ -450,7 +451,7 @@ class NodeRunner:
         if self.policy.get("memory_snapshot"):
             env["JOBCTL_MEMORY_SNAPSHOT"] = "1"
         if self.policy.get("hooks") or self.policy.get("memory_snapshot"):
-            from jobctl.hooks import site_env
+            from jobctl.runtime.hooks import site_env
 
             env.update(site_env(env))  # every training process logs its peaks (jobctl.hooks)
         argv = self.argv(rank, master, job_id)
@@ -498,7 +499,7 @@ def _start_sampler(folder: Path, rank: int, interval_s: float):
     """The GPU sampler for this node; it can never stop the run (errors are swallowed)."""
     csv = folder / "gpu" / f"node-{rank}.csv"
     try:
-        from jobctl.monitor.sampler import GPUSampler
+        from jobctl.runtime.sampler import GPUSampler
 
         csv.parent.mkdir(parents=True, exist_ok=True)
         sampler = GPUSampler(csv, interval_s=interval_s, node_rank=rank)
@@ -511,7 +512,7 @@ def _start_sampler(folder: Path, rank: int, interval_s: float):
 
 def _outcome(folder: Path, rank: int, code, signal, duration_s: float, argv, job_id: str, csv) -> dict:
     try:
-        from jobctl.recover import write_outcome
+        from jobctl.jobs.recovery import write_outcome
 
         return write_outcome(folder, rank, code, signal, duration_s, argv, job_id, csv)
     except Exception as e:  # the record is best effort; the exit code still decides the job's state
@@ -524,7 +525,7 @@ def _outcome(folder: Path, rank: int, code, signal, duration_s: float, argv, job
 def _recover(folder: Path, nodes: int) -> None:
     """First node, after the others have written their outcome: step down after a CUDA OOM."""
     try:
-        from jobctl.recover import recover, wait_for_outcomes
+        from jobctl.jobs.recovery import recover, wait_for_outcomes
 
         done = recover(folder, wait_for_outcomes(folder, nodes))
         if done:

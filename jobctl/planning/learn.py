@@ -151,8 +151,8 @@ def _layout(p: dict) -> str:
 # --- reading the history (the edge) ----------------------------------------------------------------
 
 def history_path() -> Path:
-    """The history file (jobctl.paths: light, so `plan` does not import the store)."""
-    from jobctl.paths import history_path as path
+    """The history file (jobctl.store.paths: light, so `plan` does not import the store)."""
+    from jobctl.store.paths import history_path as path
 
     return path()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from jobctl.errors import UsageError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # jobctl/config/workspace.py -> the checkout
 
 # The embedded default: this machine, no scheduler, no GPU. Used when no `local`
 # inventory file is found, so `jobctl submit recipes/tiny.yaml --cluster local` needs nothing.

@@ -2,7 +2,7 @@
 command that reads one JSON request on stdin and answers one JSON object on stdout.
 
 The login node keeps its own history (the jobs' in-job recovery writes there, next to the job
-folders); the laptop's history mirrors it by submission token (jobctl.remote_jobs). Every
+folders); the laptop's history mirrors it by submission token (jobctl.remote.client). Every
 answer describes jobs the same way (`describe`): the history row, the token of its parent, and
 the files of its folder so that the laptop can fetch what changed over SFTP.
 
@@ -50,7 +50,7 @@ def source_digest() -> str:
     version number built from different sources differ here."""
     import hashlib
 
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the jobctl package
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0")
@@ -118,7 +118,7 @@ def _by_tokens(history, tokens) -> list:
     for t in tokens:
         rec = history.find_by_token(t)
         if rec is None:
-            from jobctl.store import UnknownJobError
+            from jobctl.store.history import UnknownJobError
 
             raise UnknownJobError(f"no job with submission token {t!r} in the login node's history "
                                   f"({history.path})", hint="was it submitted with another JOBCTL_HOME there?")
@@ -144,8 +144,8 @@ def _with_descendants(history, records) -> list:
 
 def status(request: dict) -> dict:
     """Refresh the named jobs and their descendants from Slurm (one sacct), then describe them."""
-    from jobctl.store import History
-    from jobctl.watch import refresh
+    from jobctl.store.history import History
+    from jobctl.jobs.watch import refresh
 
     with History.open() as history:
         records = _with_descendants(history, _by_tokens(history, request.get("tokens")))
@@ -157,7 +157,7 @@ def status(request: dict) -> dict:
 
 def cancel(request: dict) -> dict:
     from jobctl.cli.cancel import cancel_records
-    from jobctl.store import History
+    from jobctl.store.history import History
 
     with History.open() as history:
         records = _by_tokens(history, request.get("tokens"))
@@ -167,7 +167,7 @@ def cancel(request: dict) -> dict:
 
 def requeue(request: dict) -> dict:
     from jobctl.cli.requeue import requeue_record
-    from jobctl.store import History
+    from jobctl.store.history import History
 
     tried = request.get("tried_to_allocate_bytes")
     with History.open() as history:
@@ -181,9 +181,10 @@ def requeue(request: dict) -> dict:
 def submit(request: dict) -> dict:
     """Prepare each job from the uploaded recipe, plan and inventory (no re-planning: the plan
     is the laptop's), then submit them all through submitit, idempotently by token."""
-    from jobctl import config, schema
-    from jobctl.store import History
-    from jobctl.submit import dry_run, prepare, submit_all
+    from jobctl.config import loader as config
+    from jobctl.config import schema
+    from jobctl.store.history import History
+    from jobctl.jobs.submission import dry_run, prepare, submit_all
 
     token = request.get("token")
     if not isinstance(token, str) or not token:

@@ -1,0 +1,1 @@
+"""Schedulers behind one protocol: Slurm (the only code that runs Slurm's commands) and local."""

@@ -1,0 +1,1 @@
+"""Reading recipes and inventories: YAML (omegaconf), pydantic schemas, file:line errors, the cache."""

@@ -1,1 +1,0 @@
-"""In-job monitoring: GPU sampling, failure classification, outcome records."""

@@ -1,0 +1,1 @@
+"""What jobctl keeps: the sqlite history (the only SQL) and the job folder's layout."""
