@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Documented exit codes (README "Exit codes"):
-EXIT_OK = 0  # success; for plan/memory: it fits
-EXIT_INTERNAL = 1  # a bug in jobctl: the traceback is kept
-EXIT_USAGE = 2  # bad input: a recipe, an inventory, a flag
-EXIT_NO_FIT = 3  # the request is valid but cannot fit / a pinned layout is impossible
-EXIT_SCHEDULER = 4  # the scheduler or the transport refused or could not be reached
+# The exit codes, one meaning each (docs/exit-codes.md; `jobctl --help` lists them too):
+EXIT_OK = 0  # success; for plan/memory: it fits; with --wait: the job completed
+EXIT_USAGE = 2  # bad input: a recipe, an inventory, a flag, an unknown job
+EXIT_NO_FIT = 3  # the request is valid but cannot fit / a pinned layout is impossible / nothing smaller
+EXIT_JOB_FAILED = 4  # a job that was waited for (or watched) ended without completing
+EXIT_BACKEND = 5  # the scheduler or the transport refused or could not be reached
+EXIT_INTERNAL = 70  # a bug in jobctl (EX_SOFTWARE): the traceback is kept
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
 class JobctlError(Exception):
@@ -59,4 +61,6 @@ class InfeasibleError(JobctlError):
 
 
 class SchedulerError(JobctlError):
-    exit_code = EXIT_SCHEDULER
+    """The scheduler (Slurm, a login node over SSH) refused or could not be reached."""
+
+    exit_code = EXIT_BACKEND

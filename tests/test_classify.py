@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from jobctl.model import RETRY_TABLE, FailureKind
+from jobctl.model import RetryAction as Retry
 from jobctl.runtime.classify import (
-    DEFAULT_RETRY, EVIDENCE_MAX_CHARS, SCAN_TAIL_CHARS, Failure, FailureKind, OOMFigures, Retry, classify,
+    EVIDENCE_MAX_CHARS, SCAN_TAIL_CHARS, Failure, OOMFigures, classify,
     parse_oom, parse_size,
 )
 
@@ -69,7 +71,7 @@ def test_fixture_is_classified_as_its_name_says(path):
     expected = K[path.stem.split("--")[0].upper()]
     assert meta["expect"] == expected.value, "the file name and its header disagree"
     assert failure.kind == expected, failure
-    assert failure.retry == DEFAULT_RETRY.get(expected, Retry.NONE)
+    assert failure.retry == RETRY_TABLE[expected]
     assert failure.summary and "\n" not in failure.summary and "\r" not in failure.summary
     assert failure.evidence and len(failure.evidence) <= EVIDENCE_MAX_CHARS
     if not failure.evidence.startswith(("slurm ", "exit code", "killed by")):
@@ -249,7 +251,7 @@ def test_figures_are_read_from_an_oom_line_longer_than_the_evidence():
 def test_precedence(name, kwargs, kind):
     failure = classify(**kwargs)
     assert failure.kind == kind, failure
-    assert failure.retry == DEFAULT_RETRY.get(kind, Retry.NONE)
+    assert failure.retry == RETRY_TABLE[kind]
 
 
 def test_user_error_names_the_exception_not_the_launcher():

@@ -152,7 +152,7 @@ def test_internal_error_keeps_the_traceback_and_exits_1(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         cli.run()
     err = capsys.readouterr().err
-    assert e.value.code == 1
+    assert e.value.code == 70  # EX_SOFTWARE: a bug in jobctl
     assert "Traceback" in err and "RuntimeError: boom" in err and "internal error" in err
 
 

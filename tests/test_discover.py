@@ -198,10 +198,9 @@ def test_compare_reports_each_kind_of_drift():
 
 @pytest.fixture
 def multi_cluster(monkeypatch):
-    from jobctl.cli import clusters
+    from jobctl.planning import clusters
 
-    monkeypatch.setattr(clusters, "_snapshot", lambda runner: _facts("multi"))
-    monkeypatch.setattr(d, "parse_cluster_name", lambda text: "big")
+    monkeypatch.setattr(clusters, "snapshot", lambda login=None, cluster=None: (_facts("multi"), "big", "here"))
 
 
 def test_cli_ambiguous_without_tty_exits_2(multi_cluster, capsys, monkeypatch):
@@ -220,10 +219,10 @@ def test_cli_gpu_map(multi_cluster, capsys):
     assert "did you mean" in capsys.readouterr().err
 
 
-def test_cli_check_unreachable_exits_4(monkeypatch, tmp_path, capsys):
+def test_cli_check_unreachable_exits_5(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
     monkeypatch.setenv("PATH", str(tmp_path))  # and no sinfo either
-    assert main(["clusters", "check", "dev"]) == 4
+    assert main(["clusters", "check", "dev"]) == 5
     assert "sinfo" in capsys.readouterr().err
 
 

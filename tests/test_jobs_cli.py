@@ -42,13 +42,13 @@ def _env(monkeypatch, tmp_path):
 def _stop_leftovers(scancel: str | None) -> None:
     """After a failed test: stop the jobs it really submitted (a folder with submitit.json),
     so a 5-minute job does not outlive it."""
-    from jobctl.cli.cancel import stop_local
+    from jobctl.backends.local import LocalBackend
 
     with History.open() as h:
         records = [r for r in h.list() if r.job_folder and (Path(r.job_folder) / "submitit.json").exists()]
     for r in records:
         if r.scheduler == "local":
-            stop_local(r, grace_s=2)
+            LocalBackend().cancel([r])
     slurm = [r.scheduler_job_id for r in records if r.scheduler == "slurm" and not r.terminal]
     if slurm and scancel:
         subprocess.run([scancel, *slurm], capture_output=True, timeout=60)
@@ -190,7 +190,7 @@ def test_cancel_local_job_and_ctrl_c_while_following(capsys, tmp_path):
     code, out, err = jobctl(capsys, "cancel", jid)
     assert code == 0, err
     assert out == f"#{jid}\tCANCELLED\tcancelled\n"
-    from jobctl.cli.cancel import _alive
+    from jobctl.backends.local import alive as _alive
 
     wait_for(lambda: not _alive(pid), 30, "the controller to exit")
     size = node_log.stat().st_size
@@ -214,7 +214,8 @@ def test_cancel_local_job_submitted_with_sigint_ignored(capsys, tmp_path):
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         assert p.wait(timeout=60) == 0, err_file.read_text()
     (job,) = json.loads(out_file.read_text())
-    from jobctl.cli.cancel import _alive, _descendants
+    from jobctl.backends.local import alive as _alive
+    from jobctl.backends.local import descendants as _descendants
 
     pid = int(job["scheduler_job_id"])
     node_log = Path(job["job_folder"]) / "logs" / "node-0.log"
@@ -286,7 +287,7 @@ def test_history_shows_attempt_chains_newest_first(capsys):
     assert jobctl(capsys, "history", "--limit", -1)[0] == 2
 
 
-def test_scheduler_failures_exit_4_and_record_nothing(capsys, tmp_path, monkeypatch):
+def test_scheduler_failures_exit_5_and_record_nothing(capsys, tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, script in (("sacct", 'echo "sacct: error: slurmdbd: connection refused" >&2; exit 1'),
@@ -298,10 +299,10 @@ def test_scheduler_failures_exit_4_and_record_nothing(capsys, tmp_path, monkeypa
         jid = fake_job(h, scheduler="slurm", scheduler_job_id="424242", cluster="dev", folder=tmp_path / "job")
     for argv in (["status"], ["status", jid], ["logs", jid, "-f"], ["cancel", jid]):
         code, out, err = jobctl(capsys, *argv)
-        assert code == 4 and out == "" and "sacct failed" in err and "connection refused" in err, argv
+        assert code == 5 and out == "" and "sacct failed" in err and "connection refused" in err, argv
     (bin_dir / "sacct").write_text("#!/bin/sh\nexit 0\n")  # answers, knows nothing
     code, out, err = jobctl(capsys, "cancel", jid)
-    assert code == 4 and "scancel failed" in err and "Unable to contact" in err
+    assert code == 5 and "scancel failed" in err and "Unable to contact" in err
     assert record(jid)[0].state.value != "CANCELLED"
     assert jobctl_json(capsys, "history")[0]["id"] == jid  # history asks no scheduler
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -229,8 +230,7 @@ def test_real_sbatch_accepts_the_parameters(slurm_cluster, tmp_path, slurm):
     ],
 )
 def test_slurm_parameters_refuses_plans_that_do_not_fit(plan_kw, part_kw, recipe_kw, message):
-    d = PLAN.to_dict() | plan_kw
-    plan = Plan.from_dict(d)
+    plan = dataclasses.replace(PLAN, **plan_kw)  # built directly: from_dict would refuse what does not add up
     part = make_partition(**part_kw)
     with pytest.raises(LaunchError, match=message):
         slurm_parameters(plan, make_recipe(**recipe_kw), make_inventory(partition=part), part)
@@ -398,8 +398,8 @@ def test_hostile_command_args_stay_intact(tmp_path, index):
     as_list = ["python", "train.py", value, "--x", value]
     assert command_argv(as_list) == as_list
     assert command_argv(shlex.join(as_list)) == as_list  # a quoted string splits back to the same words
-    assert launcher_argv(PLAN, as_list, 0, "node1", 29500, "none") == as_list
-    argv = launcher_argv(PLAN, as_list, 1, "node1", 29500, "torchrun", rdzv_id="7")
+    assert launcher_argv(PLAN.nodes, PLAN.gpus_per_node, as_list, 0, "node1", 29500, "none") == as_list
+    argv = launcher_argv(PLAN.nodes, PLAN.gpus_per_node, as_list, 1, "node1", 29500, "torchrun", rdzv_id="7")
     assert argv[-4:] == ["train.py", value, "--x", value]
     # and through a real process, without a shell: the program sees exactly these bytes
     script = tmp_path / "echo_argv.py"
@@ -410,7 +410,7 @@ def test_hostile_command_args_stay_intact(tmp_path, index):
 
 
 def test_launcher_argv_torchrun_script():
-    argv = launcher_argv(PLAN, ["python", "train.py", "--cfg", "a.yaml"], 1, "node-a", 23456, "torchrun",
+    argv = launcher_argv(PLAN.nodes, PLAN.gpus_per_node, ["python", "train.py", "--cfg", "a.yaml"], 1, "node-a", 23456, "torchrun",
                          rdzv_id="4242")
     assert argv == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "1",
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", "node-a:23456", "--rdzv-id", "4242",
@@ -430,7 +430,7 @@ def test_launcher_argv_torchrun_script():
     ],
 )
 def test_launcher_argv_targets(command, tail):
-    argv = launcher_argv(PLAN, command, 0, "h", 20000, "torchrun", rdzv_id="1")
+    argv = launcher_argv(PLAN.nodes, PLAN.gpus_per_node, command, 0, "h", 20000, "torchrun", rdzv_id="1")
     assert argv[:13] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "0",
                          "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:20000", "--rdzv-id", "1"]
     assert argv[13:] == tail
@@ -447,7 +447,7 @@ def test_launcher_argv_targets(command, tail):
 def test_launcher_argv_parses_with_torchrun(command, script, module, no_python, args):
     """torchrun's own argument parser reads our argv as intended."""
     run = pytest.importorskip("torch.distributed.run")
-    argv = launcher_argv(PLAN, command, 1, "node1", 25000, "torchrun", rdzv_id="99")
+    argv = launcher_argv(PLAN.nodes, PLAN.gpus_per_node, command, 1, "node1", 25000, "torchrun", rdzv_id="99")
     ns = run.get_args_parser().parse_args(argv[1:])
     assert (ns.nnodes, ns.nproc_per_node, ns.node_rank) == ("2", "8", 1)
     assert (ns.rdzv_backend, ns.rdzv_endpoint, ns.rdzv_id) == ("c10d", "node1:25000", "99")
@@ -471,11 +471,11 @@ def test_launcher_argv_parses_with_torchrun(command, script, module, no_python, 
 def test_launcher_argv_errors(command, kw, message):
     args = dict(node_rank=0, master_addr="h", port=20000, launcher="torchrun") | kw
     with pytest.raises(LaunchError, match=message):
-        launcher_argv(PLAN, command, **args)
+        launcher_argv(PLAN.nodes, PLAN.gpus_per_node, command, **args)
 
 
 def test_launcher_argv_default_rdzv_id_is_the_same_on_every_node():
-    ids = {launcher_argv(PLAN, ["t.py"], r, "node1", 21000, "torchrun")[12] for r in range(PLAN.nodes)}
+    ids = {launcher_argv(PLAN.nodes, PLAN.gpus_per_node, ["t.py"], r, "node1", 21000, "torchrun")[12] for r in range(PLAN.nodes)}
     assert len(ids) == 1
 
 

@@ -25,7 +25,8 @@ import pytest
 from pydantic import ValidationError
 
 from jobctl.errors import ConfigError, InfeasibleError, SchedulerError, UsageError
-from jobctl.remote.ssh import MANIFEST, Remote, error_from_payload
+from jobctl.remote.protocol import error_from_payload
+from jobctl.remote.ssh import MANIFEST, Remote
 from jobctl.config.schema import Inventory, Login
 
 SSHD = "/usr/sbin/sshd"
@@ -230,7 +231,7 @@ def test_unknown_host_key_is_refused_with_fingerprint_and_fix(sshd):
     with pytest.raises(SchedulerError) as ei:
         Remote(sshd.login(known_hosts=str(kh))).connect()
     e = ei.value
-    assert e.exit_code == 4
+    assert e.exit_code == 5
     fp = _fingerprint(sshd.dir / "host_ed25519.pub")
     assert fp.startswith("SHA256:") and fp in e.message and fp in e.hint
     assert "[127.0.0.1]:2223" in e.message and "not in" in e.message
@@ -255,7 +256,7 @@ def test_changed_host_key_is_refused_naming_the_line(sshd, hashed):
     with pytest.raises(SchedulerError) as ei:
         Remote(sshd.login(known_hosts=str(kh))).connect()
     e = ei.value
-    assert e.exit_code == 4
+    assert e.exit_code == 5
     assert "CHANGED" in e.message and "refused" in e.message and "man-in-the-middle" in e.message
     assert f"{kh}:3" in e.message and f"{kh}:3" in e.hint
     assert _fingerprint(sshd.dir / "host_ed25519.pub") in e.message
@@ -314,7 +315,7 @@ def test_drop_during_non_idempotent_command_is_not_retried(sshd):
         _drop_soon(r)
         with pytest.raises(SchedulerError) as ei:
             r.run(["sh", "-c", "echo ran >> ~/rtest/count; sleep 1.5"], idempotent=False)
-        assert ei.value.exit_code == 4 and "may or may not have run" in ei.value.message
+        assert ei.value.exit_code == 5 and "may or may not have run" in ei.value.message
         assert r.get_text("rtest/count") == "ran\n"  # it did run, once: a blind retry would have doubled it
 
 
@@ -325,7 +326,7 @@ def test_unreachable_host_and_bounded_retries(sshd):
     r = Remote(sshd.login(port=1), retry_delays_s=(0.01, 0.02), sleep=slept.append)
     with pytest.raises(SchedulerError, match="after 3 attempts") as ei:
         r.run(["true"], idempotent=True)
-    assert ei.value.exit_code == 4 and slept == [0.01, 0.02]
+    assert ei.value.exit_code == 5 and slept == [0.01, 0.02]
 
 
 def test_timeout_and_killed_command_keep_the_connection(sshd):
@@ -363,7 +364,7 @@ def test_json_command_maps_remote_errors(sshd):
 
 
 def test_error_from_payload_by_exit_code():
-    e = error_from_payload({"error": {"type": "SomethingNew", "exit_code": 4, "message": "slurm down"}})
+    e = error_from_payload({"error": {"type": "SomethingNew", "exit_code": 5, "message": "slurm down"}})
     assert isinstance(e, SchedulerError) and e.message == "slurm down"
     assert error_from_payload({"jobs": []}) is None and error_from_payload([1]) is None
 
@@ -504,7 +505,7 @@ def test_auth_failures_and_bad_key_file(sshd, tmp_path):
     stranger = _keygen(tmp_path / "stranger")
     with pytest.raises(SchedulerError, match="authentication as jobctl-rtest@127.0.0.1:2223 failed") as ei:
         Remote(sshd.login(key_file=str(stranger))).connect()
-    assert ei.value.exit_code == 4
+    assert ei.value.exit_code == 5
     locked = _keygen(tmp_path / "locked", passphrase="s3cret-pass")
     with pytest.raises(SchedulerError, match="passphrase-protected") as ei:
         Remote(sshd.login(key_file=str(locked))).connect()

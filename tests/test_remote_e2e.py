@@ -188,7 +188,7 @@ def test_oom_chain_through_ssh_with_synced_tree(bootstrapped: SSHCluster, tmp_pa
     plans = [json.loads(r["plan_json"]) for r in rows]
     assert [p["micro_batch_size"] for p in plans] == [8, 4, 2]
     assert {p["micro_batch_size"] * p["grad_accum_steps"] * p["dp"] for p in plans} == {16}
-    assert [r["exit_reason"] for r in rows[:2]] == ["CUDA_OOM", "CUDA_OOM"]
+    assert [r["failure_kind"] for r in rows[:2]] == ["CUDA_OOM", "CUDA_OOM"]
     assert "step 3" in res.stderr  # the last attempt's log, followed from here
     # all three ran on the cluster, in the synced tree; what .gitignore excludes was not sent
     ids = [r["scheduler_job_id"] for r in rows]
@@ -265,7 +265,7 @@ def test_unknown_and_changed_host_keys_are_refused(bootstrapped: SSHCluster, tmp
     doc["login"]["known_hosts"] = str(unknown / "known_hosts")
     (unknown / "dev-ssh.yaml").write_text(yaml.safe_dump(doc))
     res = jobctl("submit", "recipes/tiny.yaml", "-c", "dev-ssh", env=_env(bootstrapped, tmp_path / "h1", unknown))
-    assert res.returncode == 4
+    assert res.returncode == 5
     assert "is not in" in res.stderr and "SHA256:" in res.stderr and "ssh-keyscan" in res.stderr
     assert (unknown / "known_hosts").read_text() == ""  # never added behind the user's back
     assert not (tmp_path / "h1" / "history.sqlite").exists() or _rows(tmp_path / "h1") == []
@@ -280,7 +280,7 @@ def test_unknown_and_changed_host_keys_are_refused(bootstrapped: SSHCluster, tmp
     doc["login"]["known_hosts"] = str(changed / "known_hosts")
     (changed / "dev-ssh.yaml").write_text(yaml.safe_dump(doc))
     res = jobctl("submit", "recipes/tiny.yaml", "-c", "dev-ssh", env=_env(bootstrapped, tmp_path / "h2", changed))
-    assert res.returncode == 4
+    assert res.returncode == 5
     assert "CHANGED" in res.stderr and "ssh-keygen -R" in res.stderr
 
 

@@ -13,9 +13,9 @@ import pytest
 from jobctl_run import ROOT, jobctl  # noqa: E402
 
 from jobctl.remote import client as remote_jobs  # noqa: E402
-from jobctl.cli.remote import error_payload  # noqa: E402
+from jobctl.remote.protocol import error_payload  # noqa: E402
 from jobctl.errors import ConfigError, ConfigIssue, SchedulerError, UsageError  # noqa: E402
-from jobctl.remote.ssh import error_from_payload  # noqa: E402
+from jobctl.remote.protocol import error_from_payload  # noqa: E402
 from jobctl.store.history import History  # noqa: E402
 
 
@@ -31,13 +31,13 @@ class FakeFiles:
         return self.files[path][offset:]
 
 
-def _described(rid, token, *, state="SUBMITTED", parent_token=None, attempt=1, files=(), exit_reason=None,
+def _described(rid, token, *, state="SUBMITTED", parent_token=None, attempt=1, files=(), failure_kind=None, exit_code=None,
                started_at=None, ended_at=None, sid=None, folder=None):
     return {"id": rid, "token": token, "parent_token": parent_token, "recipe_name": "oom", "recipe_text": "name: oom\n",
             "plan_json": json.dumps({"micro_batch_size": 8 // attempt}), "cluster": "big", "scheduler": "slurm",
             "partition": "gpu", "recipe_path": "oom.yaml", "attempt": attempt, "predicted_peak_bytes": 1 << 30,
             "sweep_id": None, "extra_json": "{}", "scheduler_job_id": sid or str(100 + rid), "state": state,
-            "exit_reason": exit_reason, "started_at": started_at, "ended_at": ended_at, "measured_peak_bytes": None,
+            "failure_kind": failure_kind, "exit_code": exit_code, "detail": None, "started_at": started_at, "ended_at": ended_at, "measured_peak_bytes": None,
             "job_folder": folder or f"/remote/jobs/{rid}-oom", "files": list(files)}
 
 
@@ -51,7 +51,7 @@ def test_mirror_records_a_chain_with_local_ids(home):
     with History.open() as h:
         h.prepare(recipe_name="other", recipe_text="x", plan={}, cluster="here", scheduler="local")  # id 1 here
         answer = [
-            _described(7, "tok", state="FAILED", exit_reason="1:0", started_at="2026-11-21T10:00:00+00:00",
+            _described(7, "tok", state="FAILED", exit_code="1:0", started_at="2026-11-21T10:00:00+00:00",
                        ended_at="2026-11-21T10:01:00+00:00"),
             _described(8, "child", parent_token="tok", attempt=2, state="RUNNING",
                        started_at="2026-11-21T10:02:00+00:00"),
@@ -59,17 +59,17 @@ def test_mirror_records_a_chain_with_local_ids(home):
         ids = remote_jobs.mirror(h, "big", FakeFiles({}), answer)
         assert ids == {7: 2, 8: 3}
         parent, child = h.get(2), h.get(3)
-        assert (parent.token, parent.state.value, parent.exit_reason) == ("tok", "FAILED", "1:0")
+        assert (parent.token, parent.state.value, parent.exit_code) == ("tok", "FAILED", "1:0")
         assert parent.started_at.startswith("2026-11-21T10:00:00") and parent.ended_at.startswith("2026-11-21T10:01")
         assert (child.parent_id, child.attempt, child.state.value) == (2, 2, "RUNNING")
         assert remote_jobs.cluster_of(child) == "big" and remote_jobs.cluster_of(h.get(1)) is None
         assert json.loads(child.extra_json)["remote"] == {"cluster": "big", "id": 8, "folder": "/remote/jobs/8-oom"}
         # asked again later: nothing duplicated; the first node's verdict replaces sacct's exit code
-        answer[0]["exit_reason"] = "CUDA_OOM"
+        answer[0]["failure_kind"] = "CUDA_OOM"
         answer[1].update(state="COMPLETED", ended_at="2026-11-21T10:03:00+00:00")
         assert remote_jobs.mirror(h, "big", FakeFiles({}), answer) == {7: 2, 8: 3}
         assert len(h.list()) == 3
-        assert h.get(2).exit_reason == "CUDA_OOM" and h.get(3).state.value == "COMPLETED"
+        assert h.get(2).failure_kind == "CUDA_OOM" and h.get(3).state.value == "COMPLETED"
         assert [t.state.value for t in h.transitions(3)] == ["PREPARED", "SUBMITTED", "RUNNING", "COMPLETED"]
 
 
@@ -160,16 +160,19 @@ def test_concurrent_submissions_with_one_token_make_one_job(tmp_path, monkeypatc
     report = plan_on(rec, inv).data
     calls = []
 
-    class SlowScheduler:
-        def __init__(self, *a, **k):
+    from jobctl.backends.base import Submitted
+    from jobctl.jobs import placement
+
+    class SlowScheduler:  # a JobBackend that takes 0.5 s to answer
+        def check(self):
             pass
 
-        def submit(self, runner):
-            calls.append(runner)
+        def submit(self, requests, cwd=None):
+            calls.append(requests)
             time.sleep(0.5)
-            return type("Job", (), {"job_id": str(4000 + len(calls))})()
+            return [Submitted(str(4000 + len(calls)), r.folder.path) for r in requests]
 
-    monkeypatch.setattr(submit, "_executor", lambda sub, folder: SlowScheduler())
+    monkeypatch.setattr(placement, "backend", lambda scheduler: SlowScheduler())
     results, errors = [], []
 
     def one() -> None:

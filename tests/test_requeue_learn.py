@@ -34,13 +34,13 @@ def _stop_leftovers() -> None:
     """After a failed test: stop what it really submitted and left running."""
     if not default_path().exists():
         return
-    from jobctl.cli.cancel import stop_local
+    from jobctl.backends.local import LocalBackend
 
     with History.open() as h:
         records = [r for r in h.list() if r.job_folder and not r.terminal]
     for r in records:
         if r.scheduler == "local":
-            stop_local(r, grace_s=2)
+            LocalBackend().cancel([r])
     slurm = [r.scheduler_job_id for r in records if r.scheduler == "slurm"]
     if slurm and shutil.which("scancel"):
         subprocess.run(["scancel", *slurm], capture_output=True, timeout=60, check=False)
@@ -97,7 +97,8 @@ def test_requeue_smaller_then_same_of_a_finished_local_job(capsys, tmp_path):
 def test_requeue_at_the_bottom_of_the_ladder_exits_3(capsys, tmp_path):
     """A job whose plan is the ladder's last one: nothing smaller, exit 3, nothing submitted."""
     from jobctl.planning import after_oom, load_request, plan_on
-    from jobctl.jobs.submission import _write_folder, prepare
+    from jobctl.jobs.submission import prepare, write_folder
+    from jobctl.store.folder import JobFolder
 
     rec, (inv,) = load_request("recipes/tiny.yaml", [], ["local"])
     report = plan_on(rec, inv).data
@@ -110,10 +111,10 @@ def test_requeue_at_the_bottom_of_the_ladder_exits_3(capsys, tmp_path):
     with History.open() as h:
         jid = h.prepare(recipe_name=sub.recipe_name, recipe_text=sub.recipe_text, plan=sub.plan, cluster="local",
                         scheduler="local", partition=sub.partition, predicted_peak_bytes=report["memory"]["total_bytes"])
-        folder = tmp_path / f"{jid}-tiny"
-        _write_folder(sub, folder, jid)
-        h.mark_submitted(jid, "999999", folder)
-        h.transition(jid, "FAILED", exit_reason="CUDA_OOM")
+        folder = JobFolder.create(tmp_path, jid, "tiny")
+        write_folder(sub, folder, jid)
+        h.mark_submitted(jid, "999999", folder.path)
+        h.transition(jid, "FAILED", failure_kind="CUDA_OOM")
     code, out, err = jobctl(capsys, "requeue", jid, "--smaller", "--tried-to-allocate", "0.5")
     assert code == 3 and out == ""
     assert "nothing smaller" in err
@@ -166,15 +167,16 @@ def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkey
     """A real Slurm job OOMs (its own recovery turned off); `requeue --smaller` steps down with
     the figures of its outcome record, and the new job completes. Then a scheduler failure."""
     from jobctl.planning import after_oom, load_request
-    from jobctl.jobs.recovery import failure_figures, read_outcomes
+    from jobctl.jobs.recovery import failure_figures
+    from jobctl.store.folder import JobFolder
 
     code, _, err = jobctl(capsys, "submit", oom_recipe(tmp_path, budget=4), "--cluster", "dev",
                           "--retry", "CUDA_OOM=none", "--wait", "--json")  # quiet: the job's log has PyTorch's traceback
-    assert code == 1, err
+    assert code == 4, err  # --wait: the job failed
     (first,) = rows()
     assert first["state"] == "FAILED" and first["plan"]["micro_batch_size"] == 8
     folder = Path(first["job_folder"])
-    figures = failure_figures(json.loads((folder / "job.json").read_text()), read_outcomes(folder))
+    figures = failure_figures(json.loads((folder / "job.json").read_text()), JobFolder(folder).outcomes())
     assert figures["tried_to_allocate_bytes"] == 2 * GIB  # 0.25 GiB x micro-batch 8, from the log
 
     code, out, err = jobctl(capsys, "requeue", f"slurm:{first['scheduler_job_id']}", "--smaller", "--wait",
@@ -191,10 +193,10 @@ def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkey
     expected = after_oom(rec, inv, first["plan"], figures).data["ladder"]
     assert (new["rung"], new["reason"]) == (expected["rung"], expected["reason"])
 
-    # Slurm cannot be reached (no sbatch here): exit 4, and nothing recorded.
+    # Slurm cannot be reached (no sbatch here): exit 5, and nothing recorded.
     monkeypatch.setenv("PATH", "/nonexistent")
     code, out, err = jobctl(capsys, "requeue", second["id"])
-    assert code == 4 and "sbatch is not installed" in err
+    assert code == 5 and "sbatch is not installed" in err
     assert len(rows()) == 2
 
 
@@ -206,7 +208,7 @@ def _report(capsys, *extra) -> dict:
     return json.loads(out)
 
 
-def _record(report: dict, *, state: str, exit_reason: str | None = None, plan: dict | None = None,
+def _record(report: dict, *, state: str, failure_kind: str | None = None, exit_code: str | None = None, plan: dict | None = None,
             predicted: int | None = None, measured: int | None = None, cluster: str = "h100",
             plan_json=None) -> int:
     """A job in the history as submit records it: the resolved recipe text, the plan."""
@@ -221,7 +223,7 @@ def _record(report: dict, *, state: str, exit_reason: str | None = None, plan: d
                         scheduler="slurm", partition=report["partition"],
                         predicted_peak_bytes=predicted if predicted is not None else report["memory"]["total_bytes"])
         h.mark_submitted(jid, str(1000 + jid), None)
-        h.transition(jid, state, exit_reason=exit_reason)
+        h.transition(jid, state, failure_kind=failure_kind, exit_code=exit_code)
         if measured is not None:
             h.set_measured_peak(jid, measured)
     return jid
@@ -236,17 +238,17 @@ def test_plan_without_history_file_reads_nothing(capsys):
 def test_plan_warns_about_a_layout_that_already_ran_out_of_memory(capsys):
     report = _report(capsys)
     p = report["plan"]
-    oomed = _record(report, state="FAILED", exit_reason="CUDA_OOM")
+    oomed = _record(report, state="FAILED", failure_kind="CUDA_OOM")
     # Not like this plan: a larger micro-batch that OOMed (and predicted more), another cluster,
     # another sequence length, a failure that was not a CUDA OOM.
     bigger = dict(p, micro_batch_size=2 * p["micro_batch_size"],
                   grad_accum_steps=max(1, p["grad_accum_steps"] // 2))
-    _record(report, state="FAILED", exit_reason="CUDA_OOM", plan=bigger,
+    _record(report, state="FAILED", failure_kind="CUDA_OOM", plan=bigger,
             predicted=report["memory"]["total_bytes"] + 5 * GIB)
-    _record(report, state="FAILED", exit_reason="CUDA_OOM", cluster="a100-80")
-    _record(report, state="FAILED", exit_reason="1:0")
+    _record(report, state="FAILED", failure_kind="CUDA_OOM", cluster="a100-80")
+    _record(report, state="FAILED", exit_code="1:0")
     other_seq = _report(capsys, "train.seq_len=2048")
-    _record(other_seq, state="FAILED", exit_reason="CUDA_OOM")
+    _record(other_seq, state="FAILED", failure_kind="CUDA_OOM")
 
     again = _report(capsys)
     (w,) = again["history"]["warnings"]
@@ -261,7 +263,7 @@ def test_plan_warns_about_a_layout_that_already_ran_out_of_memory(capsys):
 
     # The plan stored as a whole `plan --json` report (model and seq_len from it) counts too,
     # and the job that continued it is named.
-    as_report = _record(report, state="FAILED", exit_reason="CUDA_OOM", plan_json=report)
+    as_report = _record(report, state="FAILED", failure_kind="CUDA_OOM", plan_json=report)
     with History.open() as h:
         child = h.prepare(recipe_name="llama70b", recipe_text="x", plan=bigger, cluster="h100", scheduler="slurm",
                           parent_id=as_report)
@@ -278,7 +280,7 @@ def test_plan_reports_the_memory_model_error_from_measured_peaks(capsys):
         _record(report, state="COMPLETED", predicted=predicted * GIB, measured=measured * GIB)
     # An OOMed run's peak stops short of its demand: not counted (nor like this plan: another
     # layout, predicted above it).
-    _record(report, state="FAILED", exit_reason="CUDA_OOM", predicted=report["memory"]["total_bytes"] + GIB,
+    _record(report, state="FAILED", failure_kind="CUDA_OOM", predicted=report["memory"]["total_bytes"] + GIB,
             measured=20 * GIB, plan=dict(report["plan"], tp=1))
     _record(report, state="COMPLETED", predicted=1 * GIB, measured=2 * GIB, cluster="a100-80")
     got = _report(capsys)["history"]

@@ -15,13 +15,13 @@ import pytest
 
 from jobctl.store import history as store
 from jobctl.errors import UsageError
+from jobctl.model import JobState as State
 from jobctl.planner.plan import Plan
 from jobctl.store.history import (
     SCHEMA_VERSION,
     AmbiguousJobError,
     History,
     HistoryError,
-    State,
     UnknownJobError,
     default_path,
 )
@@ -188,9 +188,9 @@ def test_submission_lifecycle(h):
     started = h.get(job).started_at
     assert started == h.transitions(job)[-1].at
     assert h.get(job).ended_at is None
-    assert h.transition(job, "CANCELLED by 0", "scancel", exit_reason="cancelled by user") is True
+    assert h.transition(job, "CANCELLED by 0", "scancel", detail="cancelled by user") is True
     r = h.get(job)
-    assert (r.state, r.exit_reason, r.started_at) == (State.CANCELLED, "cancelled by user", started)
+    assert (r.state, r.detail, r.started_at) == (State.CANCELLED, "cancelled by user", started)
     assert r.ended_at == h.transitions(job)[-1].at > started
     assert [(t.state, t.detail) for t in h.transitions(job)] == [
         (State.PREPARED, None), (State.SUBMITTED, None), (State.PENDING, None),
@@ -218,21 +218,21 @@ def test_a_verdict_recorded_while_sacct_lags_is_kept(h, monkeypatch):
     first node records FAILED (CUDA_OOM) while Slurm still says RUNNING (the node is submitting
     the next attempt); the status then records what sacct said. It must not take the job back
     to RUNNING, nor replace CUDA_OOM by sacct's exit code "1:0" on the next look."""
-    from jobctl.backends import scheduler
-    from jobctl.jobs import watch
-    from jobctl.backends.scheduler import JobState
+    from jobctl.backends.slurm import SlurmBackend
+    from jobctl.jobs import status
+    from jobctl.model import JobStatus as JobState
 
     job = prep(h)
     h.mark_submitted(job, "77", "/f")
     h.transition(job, "SUBMITTED")
     seen = [h.get(job)]  # what the status read
-    h.transition(job, "FAILED", "CUDA out of memory", exit_reason="CUDA_OOM")  # the job's first node
-    answers = iter([{job: JobState("RUNNING")}, {job: JobState("FAILED", "1:0")}])
-    monkeypatch.setattr(scheduler, "states", lambda records: next(answers))
-    watch.refresh(h, seen)
-    assert (h.get(job).state.value, h.get(job).exit_reason) == ("FAILED", "CUDA_OOM")
-    watch.refresh(h, [h.get(job)])  # a later look, once Slurm has the job ended
-    assert (h.get(job).state.value, h.get(job).exit_reason) == ("FAILED", "CUDA_OOM")
+    h.transition(job, "FAILED", "CUDA out of memory", failure_kind="CUDA_OOM")  # the job's first node
+    answers = iter([{"77": JobState("RUNNING")}, {"77": JobState("FAILED", "1:0")}])
+    monkeypatch.setattr(SlurmBackend, "refresh", lambda self, records: next(answers))
+    status.refresh(h, seen)
+    assert (h.get(job).state.value, h.get(job).failure_kind) == ("FAILED", "CUDA_OOM")
+    status.refresh(h, [h.get(job)])  # a later look, once Slurm has the job ended
+    assert (h.get(job).state.value, h.get(job).failure_kind) == ("FAILED", "CUDA_OOM")
     assert [t.state.value for t in h.transitions(job)][-2:] == ["SUBMITTED", "FAILED"]
 
 
@@ -261,7 +261,7 @@ def test_submit_failed(h):
     job = prep(h)
     h.mark_submit_failed(job, "sbatch: error: invalid partition")
     r = h.get(job)
-    assert (r.state, r.exit_reason, r.scheduler_job_id) == (State.SUBMIT_FAILED, "sbatch: error: invalid partition",
+    assert (r.state, r.detail, r.scheduler_job_id) == (State.SUBMIT_FAILED, "sbatch: error: invalid partition",
                                                            None)
     assert r.ended_at is not None
     with pytest.raises(HistoryError, match="only a PREPARED job"):
@@ -447,3 +447,74 @@ def test_concurrent_writers_lose_nothing(db_path):
         counts = h._db.execute("SELECT count(*) FROM transitions").fetchone()[0]
         assert counts == 2 * count * 3  # PREPARED, SUBMITTED, RUNNING
         assert h._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# -- migrations -----------------------------------------------------------------------------------
+
+# The schema as jobctl 0.1.0 (schema version 1) created it, verbatim: a fixture of what users have
+# on disk, kept here so that the migration is tested against the old file, not against the new code.
+V1_SCHEMA = [
+    """CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, created_at TEXT NOT NULL, recipe_path TEXT,
+        recipe_name TEXT NOT NULL, recipe_text TEXT NOT NULL, recipe_hash TEXT NOT NULL, plan_json TEXT NOT NULL,
+        cluster TEXT NOT NULL, "partition" TEXT,
+        scheduler TEXT NOT NULL CHECK (scheduler IN ('slurm', 'local')), scheduler_job_id TEXT, job_folder TEXT,
+        state TEXT NOT NULL, exit_reason TEXT, parent_id INTEGER REFERENCES jobs(id),
+        attempt INTEGER NOT NULL DEFAULT 1 CHECK (attempt >= 1), token TEXT NOT NULL UNIQUE, submitted_at TEXT,
+        started_at TEXT, ended_at TEXT, predicted_peak_bytes INTEGER, measured_peak_bytes INTEGER, sweep_id TEXT,
+        extra_json TEXT NOT NULL DEFAULT '{}')""",
+    "CREATE INDEX jobs_scheduler_job_id ON jobs(scheduler_job_id)",
+    "CREATE INDEX jobs_parent_id ON jobs(parent_id)",
+    "CREATE INDEX jobs_state ON jobs(state)",
+    "CREATE INDEX jobs_recipe_name ON jobs(recipe_name)",
+    "CREATE INDEX jobs_sweep_id ON jobs(sweep_id)",
+    """CREATE TABLE transitions (id INTEGER PRIMARY KEY,
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, at TEXT NOT NULL, state TEXT NOT NULL,
+        detail TEXT)""",
+    "CREATE INDEX transitions_job_id ON transitions(job_id, id)",
+]
+
+
+def test_an_old_history_keeps_every_row(db_path):
+    """A schema-1 database (exit_reason held a failure kind, an exit code or free text in one
+    column) opened by this jobctl: every row and transition is kept, and each exit_reason lands
+    in the column that says what it is."""
+    db_path.parent.mkdir(parents=True)
+    raw = sqlite3.connect(db_path)
+    for sql in V1_SCHEMA:
+        raw.execute(sql)
+    reasons = ["CUDA_OOM", "1:0", "sbatch: error: invalid partition specified: nope", None, "HOST_OOM", "0:9"]
+    states = ["FAILED", "FAILED", "SUBMIT_FAILED", "COMPLETED", "FAILED", "CANCELLED"]
+    for i, (reason, state) in enumerate(zip(reasons, states), 1):
+        raw.execute("""INSERT INTO jobs (created_at, recipe_name, recipe_text, recipe_hash, plan_json, cluster,
+                       "partition", scheduler, scheduler_job_id, job_folder, state, exit_reason, parent_id, attempt,
+                       token, measured_peak_bytes, extra_json)
+                       VALUES (?, 'tiny', 'name: tiny', 'h', '{"tp": 1}', 'dev', 'gpu', 'slurm', ?, ?, ?, ?, ?, ?,
+                       ?, ?, '{"overrides": ["a=1"]}')""",
+                    (iso(T0), str(100 + i), f"/jobs/{i}-tiny", state, reason, i - 1 if i > 1 else None, i,
+                     f"tok{i}", 1000 * i))
+        raw.execute("INSERT INTO transitions (job_id, at, state, detail) VALUES (?, ?, 'PREPARED', NULL)", (i, iso(T0)))
+        raw.execute("INSERT INTO transitions (job_id, at, state, detail) VALUES (?, ?, ?, 'seen')", (i, iso(T0), state))
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+
+    with History.open(db_path) as h:
+        assert h._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        rows = sorted(h.list(), key=lambda r: r.id)
+        assert [r.id for r in rows] == [1, 2, 3, 4, 5, 6]
+        assert [(r.failure_kind, r.exit_code, r.detail) for r in rows] == [
+            ("CUDA_OOM", None, None), (None, "1:0", None),
+            (None, None, "sbatch: error: invalid partition specified: nope"), (None, None, None),
+            ("HOST_OOM", None, None), (None, "0:9", None)]
+        assert [r.state.value for r in rows] == states
+        assert [(r.scheduler_job_id, r.job_folder, r.parent_id, r.attempt, r.token, r.measured_peak_bytes)
+                for r in rows] == [(str(100 + i), f"/jobs/{i}-tiny", i - 1 if i > 1 else None, i, f"tok{i}", 1000 * i)
+                                   for i in range(1, 7)]
+        assert all(r.extra == {"overrides": ["a=1"]} and r.plan == {"tp": 1} for r in rows)
+        assert [[(t.state.value, t.detail) for t in h.transitions(r.id)] for r in rows] == \
+            [[("PREPARED", None), (s, "seen")] for s in states]
+        assert [r.id for r in h.chain(3)] == [1, 2, 3, 4, 5, 6]
+        # and it is writable in the new shape
+        h.set_failure(2, "CUDA_OOM", "CUDA out of memory")
+        assert (h.get(2).failure_kind, h.get(2).exit_code, h.get(2).detail) == ("CUDA_OOM", "1:0", "CUDA out of memory")

@@ -142,7 +142,7 @@ def test_unreachable_scheduler_records_nothing(slurm_cluster, home, tmp_path):
                      for line in conf.read_text().splitlines())
     dead.write_text(text + "\n")
     p = jobctl("submit", "recipes/tiny.yaml", "--cluster", "dev", env={"SLURM_CONF": str(dead)})
-    assert p.returncode == 4, p.stderr
+    assert p.returncode == 5, p.stderr
     assert "Traceback" not in p.stderr and "controller" in p.stderr
     assert rows(home) == []
 
@@ -161,10 +161,10 @@ def test_sbatch_rejection_is_shown_and_recorded(slurm_cluster, home, tmp_path, c
     path.write_text(yaml.safe_dump(inv))
     pins = ["parallelism.dp=16", "train.global_batch_size=16"] if "gpus_per_node" in change else []
     p = jobctl("submit", "recipes/tiny.yaml", "--cluster", str(path), *pins)
-    assert p.returncode == 4, p.stderr + p.stdout
+    assert p.returncode == 5, p.stderr + p.stdout
     assert "refused" in p.stderr and needle in p.stderr.lower() and "Traceback" not in p.stderr
     (job,) = rows(home)
-    assert job["state"] == "SUBMIT_FAILED" and job["scheduler_job_id"] is None and job["exit_reason"]
+    assert job["state"] == "SUBMIT_FAILED" and job["scheduler_job_id"] is None and job["detail"]
 
 
 def test_dry_run_renders_and_check_asks_slurm(slurm_cluster, home, tmp_path):
@@ -207,6 +207,6 @@ def test_local_executor_environment_and_hostile_strings(home, tmp_path):
 def test_failing_command_fails_the_job(home, tmp_path):
     recipe = probe_recipe(tmp_path, launcher="none", command=["python", "-c", "import sys; sys.exit(3)"])
     p = jobctl("submit", str(recipe), "--cluster", "local", "--wait")
-    assert p.returncode == 1
+    assert p.returncode == 4  # --wait: the job failed
     (job,) = rows(home)
     assert job["state"] == "FAILED"

@@ -1,6 +1,6 @@
 """`jobctl watch` and `jobctl report` on job folders built from real parts: plan.json from a real
 `jobctl plan --json` (and `--after-oom` for the OOM chain), GPU CSVs written by the sampler's own
-writer, outcome records by recover.write_outcome from a real CUDA OOM log, hooks' JSONL lines,
+writer, outcome records by runtime.outcome.write_outcome from a real CUDA OOM log, hooks' JSONL lines,
 history rows in a fresh JOBCTL_HOME; and a real local-executor job. Numbers are checked against
 values worked out by hand here."""
 
@@ -24,9 +24,10 @@ if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` p
 
 from jobctl import cli  # noqa: E402
 from jobctl.runtime.sampler import COLUMNS, GPUSampler, sample_rows  # noqa: E402
-from jobctl.jobs.recovery import write_outcome  # noqa: E402
+from jobctl.model import RetryPolicy  # noqa: E402
+from jobctl.runtime.outcome import write_outcome  # noqa: E402
+from jobctl.store.folder import JobFolder  # noqa: E402
 from jobctl.store.history import History  # noqa: E402
-from jobctl.jobs.submission import DEFAULT_POLICY  # noqa: E402
 
 GIB = 1 << 30
 OOM_LOG = REPO / "tests" / "data" / "failures" / "cuda_oom--torch2x-h100-torchrun.txt"
@@ -69,9 +70,15 @@ def add_job(h: History, home: Path, report: dict, *, recipe: str, scheduler: str
     (folder / "plan.json").write_text(json.dumps(report, indent=2) + "\n")
     (folder / "job.json").write_text(json.dumps({
         "jobctl_id": jid, "cluster": report["cluster"], "partition": report["partition"], "scheduler": scheduler,
-        "attempt": attempt, "parent_id": parent_id, "policy": DEFAULT_POLICY}, indent=2) + "\n")
+        "attempt": attempt, "parent_id": parent_id, "policy": RetryPolicy().to_dict()}, indent=2) + "\n")
     h.mark_submitted(jid, scheduler_job_id, str(folder))
     h.transition(jid, "SUBMITTED")
+    if scheduler == "local":  # the controller's pid and start time, as the local backend records them
+        from jobctl.backends.local import start_time
+
+        (folder / "submitit.json").write_text(json.dumps({
+            "job_id": scheduler_job_id, "submitit_folder": str(folder),
+            "controller_start": start_time(int(scheduler_job_id))}) + "\n")
     return jid, folder
 
 
@@ -125,10 +132,10 @@ def hooks_lines(folder: Path, rank: int, reserved_gib: list[float]) -> None:
 
 
 def oom_outcome(folder: Path, job_id: str) -> dict:
-    """The first node's outcome record after a real CUDA OOM log, written by recover.write_outcome."""
+    """The first node's outcome record after a real CUDA OOM log, written by runtime.outcome.write_outcome."""
     text = OOM_LOG.read_text()
     (folder / "logs" / "node-0.log").write_text(text[text.index("#---\n") + 5:])
-    return write_outcome(folder, 0, 1, None, 312.5, ["python", "train.py"], job_id, folder / "gpu" / "node-0.csv")
+    return write_outcome(JobFolder(folder), 0, 1, None, 312.5, ["python", "train.py"], job_id)
 
 
 def successor_json(folder: Path, child_id: int, child_folder: Path, failure: dict) -> None:
@@ -230,10 +237,9 @@ def oom_chain(capsys, tmp_path):
             if i < 2:
                 outcome = oom_outcome(folder, str(5000 + i))
                 assert outcome["failure"]["kind"] == "CUDA_OOM"
-                h.transition(jid, "FAILED", detail="CUDA out of memory", exit_reason="CUDA_OOM")
+                h.transition(jid, "FAILED", "CUDA out of memory", failure_kind="CUDA_OOM")
             else:
-                write_outcome(folder, 0, 0, None, 900.0, ["python", "train.py"], str(5000 + i),
-                              folder / "gpu" / "node-0.csv")
+                write_outcome(JobFolder(folder), 0, 0, None, 900.0, ["python", "train.py"], str(5000 + i))
                 h.transition(jid, "COMPLETED")
             ids.append(jid)
             folders.append(folder)
@@ -313,7 +319,7 @@ def test_watch_live_view_in_a_terminal(oom_chain):
 def test_follow_switches_to_the_successor_and_exits_with_the_chain(capsys, tmp_path):
     """Local jobs whose scheduler ids are real processes: the first dies of an OOM, the view
     waits for recovery, moves to the successor, and ends when that one completes."""
-    from jobctl.cli.watch import follow
+    from jobctl.jobs.watch import follow
 
     p1 = plan_report(capsys, tmp_path, "t1", "recipes/tiny.yaml", "--cluster", "local")
     p2 = plan_report(capsys, tmp_path, "t2", "recipes/tiny.yaml", "--cluster", "local", "--after-oom",
@@ -358,7 +364,7 @@ def test_follow_switches_to_the_successor_and_exits_with_the_chain(capsys, tmp_p
 
 
 def test_follow_ctrl_c_exits_130_quietly(capsys, tmp_path):
-    from jobctl.cli.watch import follow
+    from jobctl.jobs.watch import follow
 
     p1 = plan_report(capsys, tmp_path, "t1", "recipes/tiny.yaml", "--cluster", "local")
     home = Path(os.environ["JOBCTL_HOME"])
@@ -380,9 +386,9 @@ def test_follow_ctrl_c_exits_130_quietly(capsys, tmp_path):
 
 
 def test_scheduler_errors_end_a_snapshot_but_not_the_live_view(capsys, monkeypatch, tmp_path):
-    """sacct failing for real (a slurm.conf without a controller): --once exits 4; the live view
+    """sacct failing for real (a slurm.conf without a controller): --once exits 5; the live view
     says so and keeps the recorded state."""
-    from jobctl.cli.watch import follow
+    from jobctl.jobs.watch import follow
 
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=nowhere\n")  # no SlurmctldHost: sacct fails at once
@@ -392,7 +398,7 @@ def test_scheduler_errors_end_a_snapshot_but_not_the_live_view(capsys, monkeypat
     with History.open() as h:
         jid, _ = add_job(h, home, rep, recipe="tiny", scheduler_job_id="777")
     code, out, err = jobctl(capsys, "watch", jid, "--once")
-    assert code == 4 and out == "" and "sacct" in err
+    assert code == 5 and out == "" and "sacct" in err
 
     def interrupt(_):
         raise KeyboardInterrupt
@@ -505,13 +511,13 @@ def _has_matplotlib() -> bool:
 
 def test_sampler_tail_reads_only_what_the_csv_gained(tmp_path):
     """watch reads the CSVs incrementally; a line still being written waits for the next poll."""
-    from jobctl.jobs.report import SamplerTail
+    from jobctl.jobs.memory import SamplerTail
 
     path = tmp_path / "gpu" / "node-0.csv"
     total = 80 * GIB
     write_csv(path, 0, [[reading(0, 10.0, total, "H100"), reading(1, 12.0, total, "H100")],
                         [reading(0, 30.0, total, "H100"), reading(1, 11.0, total, "H100")]])
-    tail = SamplerTail(tmp_path)
+    tail = SamplerTail(JobFolder(tmp_path))
     first = tail.update()
     assert [(g["gpu"], g["samples"], g["latest_bytes"], g["peak_bytes"]) for g in first] == \
         [(0, 2, 30 * GIB, 30 * GIB), (1, 2, 11 * GIB, 12 * GIB)]

@@ -344,9 +344,10 @@ def rdzv_port(job_id: str) -> int:
     return RDZV_PORT_MIN + int.from_bytes(digest[:8], "big") % (RDZV_PORT_MAX - RDZV_PORT_MIN + 1)
 
 
-def launcher_argv(plan: Any, command_argv: list[str], node_rank: int, master_addr: str, port: int,
-                  launcher: str, *, rdzv_id: str | None = None) -> list[str]:
-    """The argv one node runs: torchrun around the command, or the command alone ('none').
+def launcher_argv(nodes: int, gpus_per_node: int, command_argv: list[str], node_rank: int, master_addr: str,
+                  port: int, launcher: str, *, rdzv_id: str | None = None) -> list[str]:
+    """The argv one node of a `nodes` x `gpus_per_node` job runs: torchrun around the command,
+    or the command alone ('none').
 
     For torchrun a leading ``python``/``python3`` is dropped (torchrun starts the Python
     processes itself, with ``python -u``) and ``python -m pkg.mod`` becomes ``--module
@@ -362,16 +363,16 @@ def launcher_argv(plan: Any, command_argv: list[str], node_rank: int, master_add
         return argv
     if launcher != "torchrun":
         raise LaunchError(f"launch.launcher: {launcher!r} is not one of {', '.join(LAUNCHERS)}")
-    if not 0 <= node_rank < plan.nodes:
-        raise LaunchError(f"node_rank {node_rank} is outside 0..{plan.nodes - 1} (nodes={plan.nodes})")
+    if not 0 <= node_rank < nodes:
+        raise LaunchError(f"node_rank {node_rank} is outside 0..{nodes - 1} (nodes={nodes})")
     if not 1 <= port <= 65535:
         raise LaunchError(f"rendezvous port {port} is not a TCP port (1-65535)")
     if not master_addr or any(c.isspace() for c in master_addr):
         raise LaunchError(f"rendezvous host {master_addr!r} is not a host name or address")
     head = [
         "torchrun",
-        "--nnodes", str(plan.nodes),
-        "--nproc-per-node", str(plan.gpus_per_node),
+        "--nnodes", str(nodes),
+        "--nproc-per-node", str(gpus_per_node),
         "--node-rank", str(node_rank),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{master_addr}:{port}",

@@ -10,12 +10,13 @@ import argparse
 import sys
 
 from jobctl import __version__
-from jobctl.errors import EXIT_INTERNAL, EXIT_USAGE, JobctlError
+from jobctl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, JobctlError
 
 DESCRIPTION = """Plan, submit, watch and recover LLM training jobs on GPU clusters.
 
-Exit codes: 0 ok / fits, 1 internal error, 2 bad input or usage,
-            3 does not fit (or a pinned layout is impossible), 4 scheduler or transport error."""
+Exit codes (docs/exit-codes.md): 0 ok / fits, 2 bad input or usage, 3 does not fit,
+            4 the job failed (--wait, watch), 5 the scheduler or SSH refused or is unreachable,
+            70 a bug in jobctl (the traceback is printed), 130 interrupted."""
 
 # (module, command name): each module defines add_arguments(parser) and run(args) -> int.
 COMMANDS = [
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0
     except BrokenPipeError:
@@ -101,7 +102,7 @@ def run() -> None:
         code = main()
     except KeyboardInterrupt:  # between the command's own handlers (e.g. while importing)
         sys.stderr.write("interrupted\n")
-        code = 130
+        code = EXIT_INTERRUPTED
     except Exception:
         import traceback
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from jobctl.errors import EXIT_OK, SchedulerError, UsageError
+from jobctl.errors import EXIT_OK, UsageError
 
 EXIT_DRIFT = 3
 
@@ -32,10 +32,7 @@ EPILOG = """examples:
 
 exit codes: 0 ok / no drift, 2 bad input (or an ambiguous GPU type without a terminal to ask on),
             3 check: the inventory has drifted from the cluster (missing, changed or extra values),
-            4 the cluster cannot be reached (sinfo/scontrol failed, SSH failed)."""
-
-TIMEOUT_S = 60
-
+            5 the cluster cannot be reached (sinfo/scontrol failed, SSH failed)."""
 
 def add_arguments(p) -> None:
     p.add_argument("action", choices=("discover", "check"), help="discover: print an inventory; check: drift report")
@@ -57,72 +54,6 @@ def run(args) -> int:
     if args.cluster or args.name or args.gpu_map:
         raise UsageError("--cluster, --name and --gpu-map are options of `clusters discover`, not `check`")
     return _check(args)
-
-
-# --- running the commands ------------------------------------------------------------------------
-
-
-class _Runner:
-    """Runs the read-only Slurm commands locally or on a login node (context manager)."""
-
-    def __init__(self, login=None, cluster: str | None = None):
-        self.login = login
-        self.remote = None
-        self.cluster = cluster
-
-    def __enter__(self):
-        if self.login is not None:
-            from jobctl.remote.ssh import Remote
-
-            self.remote = Remote(self.login, cluster=self.cluster).__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.remote is not None:
-            return self.remote.__exit__(*exc)
-        return False
-
-    @property
-    def where(self) -> str:
-        return f"{self.remote}" if self.remote is not None else "this machine"
-
-    def run(self, argv: list[str], required: bool = True) -> str:
-        if self.remote is not None:
-            res = self.remote.run(argv, idempotent=True, timeout_s=TIMEOUT_S)
-            rc, out, err = res.rc, res.stdout, res.stderr
-        else:
-            import subprocess
-
-            try:
-                res = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-            except FileNotFoundError:
-                if not required:
-                    return ""
-                raise SchedulerError(f"`{argv[0]}` is not installed on this machine",
-                                     hint="run on a Slurm login node, or pass HOST / --cluster to go over SSH") from None
-            except subprocess.TimeoutExpired:
-                raise SchedulerError(f"`{' '.join(argv)}` did not answer within {TIMEOUT_S} s") from None
-            rc, out, err = res.returncode, res.stdout, res.stderr
-        if rc != 0:
-            if not required:
-                return ""
-            tail = (err.strip() or out.strip() or f"exit code {rc}").splitlines()[-1][:300]
-            hint = "is sinfo on the PATH there?" if rc == 127 else "is slurmctld up? (`scontrol ping`)"
-            raise SchedulerError(f"`{' '.join(argv)}` failed on {self.where}: {tail}", hint=hint)
-        return out
-
-
-def _snapshot(runner: _Runner):
-    from jobctl.backends import discover as d
-
-    sinfo = runner.run(d.SINFO_ARGV)
-    parts = runner.run(d.PARTITION_ARGV)
-    nodes = runner.run(d.NODE_ARGV)
-    try:
-        facts = d.cluster_facts(sinfo, parts, nodes)
-    except ValueError as e:
-        raise SchedulerError(f"cannot read Slurm's answer on {runner.where}: {e}") from e
-    return facts
 
 
 # --- discover -------------------------------------------------------------------------------------
@@ -167,12 +98,11 @@ def _ask(err, gpu_map: dict[str, str]) -> dict[str, str]:
 
 
 def _discover(args) -> int:
-    from jobctl.backends import discover as d
     from jobctl import ui
     from jobctl.planner.catalog import gpu_names
+    from jobctl.planning.clusters import discover
 
-    keys = gpu_names()
-    gpu_map = _gpu_map(args.gpu_map, keys)
+    gpu_map = _gpu_map(args.gpu_map, gpu_names())
     if args.target and args.cluster:
         raise UsageError("give either HOST or --cluster NAME, not both")
     login, login_block, name = None, None, args.name
@@ -198,63 +128,28 @@ def _discover(args) -> int:
             raise UsageError(f"HOST {args.target!r}: {e.errors()[0]['msg']}") from None
         login_block = {"host": args.target}
         name = name or args.target.split(".")[0]
-    with _Runner(login, cluster=name) as runner:
-        facts = _snapshot(runner)
-        if not name:
-            name = d.parse_cluster_name(runner.run(d.CONFIG_ARGV, required=False)) or "discovered"
-        where = runner.where
-    if not any(f.nodes for f in facts):
-        raise SchedulerError(f"Slurm on {where} reports no partitions with nodes")
-    try:
-        gpus = d.resolve_gpus(facts, gpu_map, keys)
-    except d.AmbiguousGPU as e:
-        if not sys.stdin.isatty():
-            raise UsageError(e.message(), hint="pass --gpu-map GRESTYPE=KEY for each (see `jobctl clusters --help`)")
-        gpus = d.resolve_gpus(facts, _ask(e, gpu_map), keys)
-    text = d.inventory_yaml(name, facts, gpus, source=where, login=login_block)
-    _validate(text)
+    text = discover(login, login_block, name, gpu_map, ask=_ask if sys.stdin.isatty() else None)
     if args.as_json:
         import yaml
 
         ui.print_json(yaml.safe_load(text))
     else:
-        sys.stdout.write(text)
+        ui.raw(text)
     return EXIT_OK
-
-
-def _validate(text: str) -> None:
-    """The YAML written must be a valid inventory (a bug otherwise)."""
-    import yaml
-
-    from jobctl.config.schema import Inventory
-
-    Inventory.model_validate(yaml.safe_load(text))
 
 
 # --- check ----------------------------------------------------------------------------------------
 
 
 def _check(args) -> int:
-    from jobctl.backends import discover as d
     from jobctl import ui
-    from jobctl.planner.catalog import gpu_names
     from jobctl.planning import load_inventory
+    from jobctl.planning.clusters import check
 
     loaded = load_inventory(args.target)
-    inv = loaded.value
-    if inv.scheduler != "slurm":
-        raise UsageError(f"cluster {inv.name!r} is not a Slurm cluster (scheduler: {inv.scheduler})")
-    login_row = None
-    with _Runner(loaded.value.login, cluster=inv.name) as runner:
-        facts = _snapshot(runner)
-        if inv.login is not None:
-            login_row = d.Drift("-", "login", inv.login.host, f"ok ({runner.where})", "ok")
-    rows = d.compare(inv, facts, gpu_names())
-    if login_row:
-        rows.insert(0, login_row)
-    drift = d.has_drift(rows)
+    rows, drift = check(loaded)
     if args.as_json:
-        ui.print_json({"cluster": inv.name, "drift": drift, "rows": [r.as_dict() for r in rows]})
+        ui.print_json({"cluster": loaded.value.name, "drift": drift, "rows": [r.as_dict() for r in rows]})
     else:
-        ui.render_drift(inv.name, [r.as_dict() for r in rows], drift)
+        ui.render_drift(loaded.value.name, [r.as_dict() for r in rows], drift)
     return EXIT_DRIFT if drift else EXIT_OK

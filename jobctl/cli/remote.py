@@ -1,6 +1,6 @@
 """Install jobctl on a cluster's login node, check it, and (internally) answer a laptop's requests.
 
-`bootstrap CLUSTER` builds a wheel of this very jobctl here (`pip wheel --no-deps`), uploads it
+`bootstrap CLUSTER` packages this very jobctl as a wheel (from its installed files), uploads it
 over SFTP into <login.workdir>/wheels/, creates login.remote_python's venv if it is missing (when
 it names one: .../bin/python), installs the wheel there with its dependencies, and checks that
 the login node can run `sbatch --version` and that `remote_python -m jobctl --version` is this
@@ -14,13 +14,6 @@ typed by hand.
 
 from __future__ import annotations
 
-import json
-import os
-import shlex
-import sys
-
-from jobctl.errors import EXIT_INTERNAL, JobctlError, SchedulerError, UsageError
-
 HELP = "install this jobctl on a cluster's login node (bootstrap) and check it"
 EPILOG = """examples:
   jobctl remote bootstrap big        # build, upload and install this jobctl for cluster `big`
@@ -28,10 +21,8 @@ EPILOG = """examples:
 
 The cluster's inventory needs a `login:` block (host, user, key_file, known_hosts,
 remote_python, workdir); host keys are checked strictly (add them with ssh-keyscan first).
-exit codes: 0 ok, 2 bad input or the remote jobctl version differs, 4 SSH or the remote
+exit codes: 0 ok, 2 bad input or the remote jobctl version differs, 5 SSH or the remote
             commands failed (pip install, sbatch --version)."""
-
-PIP_TIMEOUT_S = 1200.0
 
 
 def add_arguments(p) -> None:
@@ -44,9 +35,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if args.action == "agent":
-        return _agent(args.target)
+        from jobctl.jobs.agent import serve
+
+        return serve(args.target)
     from jobctl import ui
     from jobctl.planning import load_inventory
+    from jobctl.remote.bootstrap import bootstrap, check
     from jobctl.remote.ssh import Remote
 
     inv = load_inventory(args.target).value
@@ -58,165 +52,5 @@ def run(args) -> int:
     if args.as_json:
         ui.print_json(out)
     else:
-        sys.stdout.write(f"{inv.name}: jobctl {out['remote_version']} with {out['remote_python']}; "
-                         f"{out['sbatch']}\n")
+        ui.line(f"{inv.name}: jobctl {out['remote_version']} with {out['remote_python']}; {out['sbatch']}")
     return 0
-
-
-def build_wheel(dest: str) -> str:
-    """A wheel of the jobctl that is running (no dependencies) in `dest`; its path.
-
-    Assembled from the installed package's own files and its distribution metadata, not built
-    from a source tree: it works from a wheel install as from a checkout, and it holds exactly
-    the files the source digest covers (a build folder left from an earlier layout cannot add
-    stale modules)."""
-    import base64
-    import hashlib
-    import importlib.metadata
-    import zipfile
-    from pathlib import Path
-
-    import jobctl
-    from jobctl import __version__
-
-    try:
-        dist = importlib.metadata.distribution("jobctl")
-        meta = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
-        entry_points = dist.read_text("entry_points.txt")
-    except importlib.metadata.PackageNotFoundError:
-        meta = entry_points = None
-    if not meta or f"\nVersion: {__version__}\n" not in meta:
-        raise UsageError("cannot package this jobctl: it is not installed as a distribution (no metadata of "
-                         f"jobctl {__version__} found)", hint="install it (pip install . or pip install -e .), "
-                         f"or install jobctl {__version__} on the login node yourself")
-    pkg = Path(jobctl.__file__).resolve().parent
-    name = f"jobctl-{__version__}"
-    wheel = os.path.join(dest, f"{name}-py3-none-any.whl")
-    files = [(f"jobctl/{p.relative_to(pkg).as_posix()}", p.read_bytes()) for p in sorted(pkg.rglob("*"))
-             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")]
-    files += [(f"{name}.dist-info/METADATA", meta.encode()),
-              (f"{name}.dist-info/WHEEL", b"Wheel-Version: 1.0\nGenerator: jobctl\nRoot-Is-Purelib: true\n"
-                                          b"Tag: py3-none-any\n"),
-              (f"{name}.dist-info/entry_points.txt",
-               (entry_points or "[console_scripts]\njobctl = jobctl.cli:run\n").encode())]
-    record = []
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for arc, data in files:
-            z.writestr(arc, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{arc},sha256={digest},{len(data)}")
-        record.append(f"{name}.dist-info/RECORD,,")
-        z.writestr(f"{name}.dist-info/RECORD", "\n".join(record) + "\n")
-    return wheel
-
-
-def bootstrap(remote, say) -> dict:
-    import posixpath
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="jobctl-wheel-") as tmp:
-        say("building the jobctl wheel")
-        wheel = build_wheel(tmp)
-        target = posixpath.join(remote.workdir, "wheels", os.path.basename(wheel))
-        say(f"uploading {os.path.basename(wheel)} to {remote}:{target}")
-        remote.put_file(wheel, target, mode=0o644)
-    python = remote.python_argv()
-    probe = remote.run([*python, "-c", "import sys; print(sys.prefix)"], idempotent=True, timeout_s=120)
-    created = None
-    if probe.rc != 0:
-        venv = _venv_dir(python)
-        if venv is None:
-            raise SchedulerError(f"`{shlex.join(python)}` does not run on {remote}: "
-                                 f"{(probe.stderr or probe.stdout).strip()[-300:] or f'exit code {probe.rc}'}",
-                                 hint="set login.remote_python to a python there (a venv path .../bin/python is "
-                                      "created by bootstrap)")
-        say(f"creating the venv {venv} on {remote}")
-        _ok(remote, ["python3", "-m", "venv", venv], "creating the venv", timeout_s=300)
-        created = venv
-    say(f"installing {posixpath.basename(target)} and its dependencies with `{shlex.join(python)} -m pip` "
-        "(this can take a minute)")
-    _ok(remote, [*python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", target],
-        "pip install", timeout_s=PIP_TIMEOUT_S)
-    # the same version number from a newer build: replace the package itself too
-    _ok(remote, [*python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--force-reinstall",
-                 "--no-deps", target], "pip install --force-reinstall", timeout_s=PIP_TIMEOUT_S)
-    return {"wheel": target, "created_venv": created}
-
-
-def check(remote, say) -> dict:
-    from jobctl import __version__
-
-    res = remote.run(["sbatch", "--version"], idempotent=True, timeout_s=60)
-    if res.rc != 0:
-        raise SchedulerError(f"`sbatch --version` fails on {remote} (exit {res.rc}): "
-                             f"{(res.stderr or res.stdout).strip()[-300:] or 'no output'}",
-                             hint="jobctl submits with sbatch on the login node: check PATH and SLURM_CONF in "
-                                  "the login shell there")
-    sbatch = res.stdout.strip()
-    from jobctl.remote.client import check_same_jobctl
-
-    version = check_same_jobctl(remote)
-    say(f"{remote}: jobctl {version} (the same build as here), {sbatch}")
-    return {"remote_version": version, "local_version": __version__, "remote_python": shlex.join(remote.python_argv()),
-            "sbatch": sbatch}
-
-
-def _venv_dir(python: list[str]) -> str | None:
-    import posixpath
-
-    if len(python) == 1 and posixpath.basename(posixpath.dirname(python[0])) == "bin" \
-            and posixpath.basename(python[0]).startswith("python"):
-        return posixpath.dirname(posixpath.dirname(python[0]))
-    return None
-
-
-def _ok(remote, argv: list[str], what: str, timeout_s: float) -> None:
-    res = remote.run(argv, idempotent=True, timeout_s=timeout_s)
-    if res.rc != 0:
-        raise SchedulerError(f"{what} failed on {remote} (exit {res.rc}): "
-                             f"{(res.stderr or res.stdout).strip()[-800:] or 'no output'}")
-
-
-# --- the login node's side -------------------------------------------------------------------
-
-def error_payload(e: JobctlError) -> dict:
-    """The JSON shape of an error for a remote caller (remote.error_from_payload reads it)."""
-    from jobctl.errors import ConfigError
-
-    err = {"type": type(e).__name__ if type(e).__module__.startswith("jobctl") else "JobctlError",
-           "exit_code": e.exit_code, "message": e.message, "hint": e.hint}
-    if isinstance(e, ConfigError):
-        err["issues"] = [{"file": i.file, "line": i.line, "key": i.key, "problem": i.problem} for i in e.issues]
-    return {"error": err}
-
-
-def _agent(action: str) -> int:
-    """Read one request on stdin, answer on stdout; only the answer goes to stdout (what
-    anything else prints, submitit's sbatch included, goes to stderr)."""
-    import signal
-    import traceback
-
-    from jobctl.jobs.agent import handle
-
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a dropped connection must not stop a submission halfway
-    sys.stdout.flush()
-    answer_fd = os.dup(1)
-    os.dup2(2, 1)
-    code = 0
-    try:
-        try:
-            request = json.loads(sys.stdin.read() or "{}")
-        except ValueError as e:
-            raise UsageError(f"the agent's request is not JSON: {e}") from None
-        answer = handle(action, request)
-    except JobctlError as e:
-        answer, code = error_payload(e), e.exit_code
-    except Exception as e:  # a bug: keep the traceback on stderr, answer in the usual shape
-        traceback.print_exc()
-        answer = {"error": {"type": "JobctlError", "exit_code": EXIT_INTERNAL,
-                            "message": f"internal error on the login node: {type(e).__name__}: {e}", "hint": None}}
-        code = EXIT_INTERNAL
-    sys.stdout.flush()
-    with os.fdopen(answer_fd, "w") as out:
-        out.write(json.dumps(answer, default=str) + "\n")
-    return code

@@ -14,7 +14,7 @@ EPILOG = """examples:
 JOB is a jobctl id (12, #12, jobctl:12) or a scheduler id (4242, 4242_3, slurm:4242).
 Slurm is asked once, with sacct, bounded by the earliest submit time (Slurm reuses job ids);
 jobs that already ended keep their recorded state (`jobctl history` asks nothing).
-exit codes: 0 ok, 2 unknown job, 4 sacct failed or cannot be reached."""
+exit codes: 0 ok, 2 unknown job, 5 sacct failed or cannot be reached."""
 
 DEFAULT_RECENT = 20
 
@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from jobctl import ui
-    from jobctl.cli.history import job_row
+    from jobctl.jobs.status import job_row, refresh_live, select
     from jobctl.store.history import History
 
     if args.limit < 0:
@@ -46,31 +46,3 @@ def run(args) -> int:
         return 0
     ui.render_jobs(rows, title=None if args.jobs else "Active and recent jobs, newest first")
     return 0
-
-
-def select(history, refs: list[str], recent: int) -> list:
-    """The named jobs; without names, every active job plus the `recent` newest, newest first."""
-    from jobctl.cli.history import resolve
-
-    if refs:
-        return resolve(history, refs)
-    by_id = {r.id: r for r in history.active()}
-    if recent:
-        by_id.update((r.id, r) for r in history.list(limit=recent))
-    return [by_id[i] for i in sorted(by_id, reverse=True)]
-
-
-def refresh_live(history, records) -> dict:
-    """Ask the scheduler (once) about the jobs not yet ended and record what changed.
-
-    Ended jobs are not asked about: their recorded state is final (a local job's folder
-    cannot tell CANCELLED from FAILED, and sacct may have forgotten old jobs)."""
-    from jobctl.errors import SchedulerError
-    from jobctl.jobs.watch import refresh
-
-    live = [r for r in records if r.scheduler_job_id and not r.terminal]
-    try:
-        return refresh(history, live) if live else {}
-    except SchedulerError as e:
-        raise SchedulerError(e.message, hint=e.hint or "`jobctl history` shows the recorded states "
-                             "without asking the scheduler") from None

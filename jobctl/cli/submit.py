@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import itertools
 import re
-import sys
 
-from jobctl.errors import EXIT_NO_FIT, EXIT_OK, EXIT_SCHEDULER, UsageError
+from jobctl.errors import EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, UsageError
 
 HELP = "plan and submit a recipe (Slurm through submitit, or this machine)"
 EPILOG = """examples:
@@ -23,8 +22,8 @@ with `jobctl remote bootstrap CLUSTER`). --sync DIR uploads a working tree (resp
 command again with the same --token after a failure and it returns the job it created instead
 of submitting a second one.
 
-exit codes: 0 submitted (with --wait: completed), 3 nothing fits, 2 bad input,
-            4 the scheduler refused or cannot be reached, 1 with --wait: the job failed."""
+exit codes: 0 submitted (with --wait: completed), 2 bad input, 3 nothing fits,
+            4 with --wait: the job failed, 5 the scheduler refused or cannot be reached."""
 
 
 def add_arguments(p) -> None:
@@ -65,24 +64,23 @@ def sweep_combinations(sweeps: list[str]) -> list[list[str]]:
 
 
 def run(args) -> int:
+    from dataclasses import replace
+
     from jobctl import ui
+    from jobctl.jobs import placement
+    from jobctl.jobs.submission import dry_run, prepare, submit
+    from jobctl.jobs.watch import wait_for
+    from jobctl.model import RetryPolicy
     from jobctl.planning import load_inventory, load_recipe, plan_on
-    from jobctl.jobs.submission import dry_run, prepare, submit_all
+    from jobctl.remote.client import new_token
+    from jobctl.store.history import History
 
     if args.check and not args.dry_run:
         raise UsageError("--check goes with --dry-run", hint="jobctl submit RECIPE -c CLUSTER --dry-run --check")
     if not 1 <= args.max_attempts <= 100:
         raise UsageError(f"--max-attempts: expected 1 to 100, got {args.max_attempts}")
-    from jobctl.jobs.submission import DEFAULT_POLICY
-
-    policy = {**DEFAULT_POLICY, "retry": dict(DEFAULT_POLICY["retry"]), "max_attempts": args.max_attempts,
-              "memory_snapshot": args.memory_snapshot}
-    for item in args.retry:
-        kind, _, action = item.partition("=")
-        if kind.upper() not in ("CUDA_OOM", "HOST_OOM", "NCCL", "USER_ERROR") or action not in ("ladder", "none"):
-            raise UsageError(f"--retry {item!r}: expected KIND=ACTION with KIND one of CUDA_OOM, HOST_OOM, NCCL, "
-                             "USER_ERROR and ACTION ladder or none")
-        policy["retry"][kind.upper()] = action
+    policy = RetryPolicy.with_overrides(args.retry, max_attempts=args.max_attempts,
+                                        memory_snapshot=args.memory_snapshot)
     inv = load_inventory(args.cluster)
     remote = inv.value.login is not None
     if args.sync and not remote:
@@ -90,16 +88,10 @@ def run(args) -> int:
                          hint="run the job from this directory instead (its command runs where jobctl is started)")
     if args.token is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", args.token):
         raise UsageError(f"--token {args.token!r}: expected 1 to 128 letters, digits, '.', '_' or '-'")
-    from jobctl.remote.client import new_token
-
     token = args.token or new_token()
     subs = []
     combos = sweep_combinations(args.sweep)
-    sweep_id = None
-    if len(combos) > 1:
-        import uuid
-
-        sweep_id = uuid.uuid4().hex[:12]
+    sweep_id = new_token()[:12] if len(combos) > 1 else None
     for combo in combos:
         overrides = list(args.overrides) + combo
         rec = load_recipe(args.recipe, overrides)
@@ -112,16 +104,14 @@ def run(args) -> int:
             return EXIT_NO_FIT
         sub = prepare(rec, inv, result.data, overrides)
         sub.sweep_id = sweep_id
-        sub.policy = {**policy, "hooks": sub.policy.get("hooks", False)}
+        sub.policy = replace(policy, hooks=sub.policy.hooks)  # hooks: the recipe's launch.hooks
         subs.append(sub)
-    for i, sub in enumerate(subs):
-        sub.token = token if len(subs) == 1 else f"{token}.{i}"
-    from jobctl.remote import client as remote_jobs
-    from jobctl.store.history import History
-
     if args.dry_run:
         if remote:  # rendered on the login node: its python, paths and sbatch
-            out = remote_jobs.submit(subs, inv, None, token=token, sync_dir=args.sync, dry_run=True, check=args.check)
+            for i, sub in enumerate(subs):
+                sub.token = token if len(subs) == 1 else f"{token}.{i}"
+            out = placement.remote_for_inventory(inv, None).submit(subs, token=token, sync_dir=args.sync,
+                                                                    dry_run=True, check=args.check)
         else:
             out = dry_run(subs, check=args.check)
         if args.as_json:
@@ -129,23 +119,15 @@ def run(args) -> int:
         else:
             ui.render_dry_run(out)
         if args.check and any(not o.get("check", {"ok": True})["ok"] for o in out):
-            return EXIT_SCHEDULER
+            return EXIT_BACKEND
         return EXIT_OK
     say = None if args.as_json else ui.info
     with History.open() as history:
-        if remote:
-            results = remote_jobs.submit(subs, inv, history, token=token, sync_dir=args.sync, progress=say)
-        else:
-            results = submit_all(subs, history, progress=say)
-        if args.wait:
-            from jobctl.jobs.watch import wait_for
-
-            code = wait_for(results, history, quiet=args.as_json)
-        else:
-            code = EXIT_OK
+        results = submit(subs, inv, history, token=token, sync_dir=args.sync, progress=say)
+        code = wait_for(results, history, say=say) if args.wait else EXIT_OK
     if args.as_json:
-        ui.print_json([{k: v for k, v in r.items() if k != "job"} for r in results])
+        ui.print_json(results)
     elif not args.wait:
         for r in results:  # a remote job's folder: where it is on the login node
-            sys.stdout.write(f"#{r['id']}\t{r['scheduler_job_id']}\t{r.get('remote_folder') or r['job_folder']}\n")
+            ui.line(f"#{r['id']}\t{r['scheduler_job_id']}\t{r.get('remote_folder') or r['job_folder']}")
     return code

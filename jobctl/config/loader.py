@@ -431,3 +431,23 @@ def dump_yaml(data: dict) -> str:
     import yaml
 
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def from_data(data: dict, kind: str, path: str) -> Loaded:
+    """A recipe or inventory (`kind`: "Recipe" or "Inventory") already resolved to plain data,
+    as a job folder or a request keeps it (recipe.json, inventory.json), validated again:
+    ConfigError naming `path` and the key when it no longer passes (another jobctl version)."""
+    from pydantic import ValidationError
+
+    from jobctl.config import schema
+
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigIssue(path, None, "", f"expected a mapping, got {type(data).__name__}")])
+    try:
+        value = getattr(schema, kind).model_validate(data)
+    except ValidationError as e:
+        raise ConfigError([ConfigIssue(path, None, ".".join(str(x) for x in err["loc"]), err["msg"])
+                           for err in e.errors()],
+                          hint="was it written by another jobctl version? (`jobctl remote bootstrap CLUSTER` "
+                               "installs this one on a login node)") from None
+    return Loaded(path, value, data, None, {})

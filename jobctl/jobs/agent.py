@@ -1,66 +1,76 @@
-"""What a login node runs for a jobctl on a laptop: `jobctl remote agent ACTION`, a short-lived
-command that reads one JSON request on stdin and answers one JSON object on stdout.
+"""What a login node answers for a jobctl on a laptop (`jobctl remote agent ACTION`): the job
+services behind the JSON wire of remote/protocol.py. Short-lived: one request on stdin, one
+answer on stdout; every other output (submitit's sbatch included) goes to stderr.
 
 The login node keeps its own history (the jobs' in-job recovery writes there, next to the job
-folders); the laptop's history mirrors it by submission token (jobctl.remote.client). Every
-answer describes jobs the same way (`describe`): the history row, the token of its parent, and
-the files of its folder so that the laptop can fetch what changed over SFTP.
-
-Actions (request -> answer):
-  version  {}                                         -> {version, source} (source: source_digest())
-  submit   {token, inventory, jobs: [{recipe, plan, overrides, recipe_path, policy, token}],
-            sweep_id, chdir, dry_run, check}          -> {records} or {dry_run: [...]}
-  status   {tokens}                                   -> {records} (each token's job and its descendants)
-  cancel   {tokens}                                   -> {records}
-  requeue  {token, smaller, tried_to_allocate_bytes}  -> {job, records}
-
-Errors are answered as {"error": {...}} with the error's exit code (cli.remote).
-A submission holds a lock on its token for its whole run, and a retried submission with the
-same token returns the job the first one created (submit.submit_all), so a dropped
-connection can be retried without creating a second job.
+folders); the laptop's history mirrors it by submission token (remote.client). Every answer
+describes jobs the same way (`describe`): the history row, the token of its parent, and the
+files of its folder so that the laptop can fetch what changed over SFTP. A submission holds a
+lock on its token for its whole run, and a retried submission with the same token returns the
+job the first one created (submission.submit_all), so a dropped connection can be retried
+without creating a second job.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+import signal
+import sys
+import traceback
+from dataclasses import replace
 from pathlib import Path
 
-from jobctl.errors import UsageError
+from jobctl import __version__
+from jobctl.config import loader as config
+from jobctl.errors import EXIT_INTERNAL, JobctlError, UsageError
+from jobctl.jobs.cancel import cancel_records
+from jobctl.jobs.requeue import requeue_record
+from jobctl.jobs.status import refresh
+from jobctl.jobs.submission import dry_run, prepare, submit_all
+from jobctl.model import RetryPolicy
+from jobctl.remote.protocol import ACTIONS, MAX_FILE_BYTES, SKIP_SUFFIXES, error_payload, source_digest
+from jobctl.store.folder import JobFolder
+from jobctl.store.history import History, UnknownJobError
 
-# Files not worth copying to the laptop: submitit's pickles (the callable, its result).
-SKIP_SUFFIXES = (".pkl",)
-MAX_FILE_BYTES = 256 << 20
-APPENDED = (".log", ".out", ".err", ".csv")  # files that only grow: fetched from where the copy ends
+
+def serve(action: str) -> int:
+    """Read one request on stdin, answer on stdout; only the answer goes to stdout."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a dropped connection must not stop a submission halfway
+    sys.stdout.flush()
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)
+    code = 0
+    try:
+        try:
+            request = json.loads(sys.stdin.read() or "{}")
+        except ValueError as e:
+            raise UsageError(f"the agent's request is not JSON: {e}") from None
+        answer = handle(action, request)
+    except JobctlError as e:
+        answer, code = error_payload(e), e.exit_code
+    except Exception as e:  # noqa: BLE001 - a bug: keep the traceback on stderr, answer in the usual shape
+        traceback.print_exc()
+        answer = {"error": {"type": "JobctlError", "exit_code": EXIT_INTERNAL,
+                            "message": f"internal error on the login node: {type(e).__name__}: {e}", "hint": None}}
+        code = EXIT_INTERNAL
+    sys.stdout.flush()
+    with os.fdopen(answer_fd, "w") as out:
+        out.write(json.dumps(answer, default=str) + "\n")
+    return code
 
 
 def handle(action: str, request: dict) -> dict:
     handlers = {"version": version, "submit": submit, "status": status, "cancel": cancel, "requeue": requeue}
+    assert set(handlers) == set(ACTIONS)
     if action not in handlers:
-        raise UsageError(f"unknown agent action {action!r}; expected one of {', '.join(handlers)}")
+        raise UsageError(f"unknown agent action {action!r}; expected one of {', '.join(ACTIONS)}")
     if not isinstance(request, dict):
         raise UsageError("the agent's request must be a JSON object")
     return handlers[action](request)
 
 
-@functools.lru_cache(maxsize=1)
-def source_digest() -> str:
-    """SHA-256 over this jobctl's Python files (path and content): two installs of the same
-    version number built from different sources differ here."""
-    import hashlib
-
-    root = Path(__file__).resolve().parents[1]  # the jobctl package
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def version(request: dict) -> dict:
-    from jobctl import __version__
-
     return {"version": __version__, "source": source_digest()}
 
 
@@ -79,28 +89,12 @@ def folder_files(record) -> list[dict]:
     arrays): [{name (relative, in the copy), path (here), size, mtime}]."""
     if not record.job_folder:
         return []
-    folder = Path(record.job_folder)
-    out = []
-    if folder.is_dir():
-        for dirpath, dirnames, filenames in os.walk(folder):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                path = Path(dirpath) / name
-                if name.endswith(SKIP_SUFFIXES) or name.startswith("."):
-                    continue
-                try:
-                    st = path.stat()
-                except OSError:
-                    continue
-                if st.st_size <= MAX_FILE_BYTES:
-                    out.append({"name": path.relative_to(folder).as_posix(), "path": str(path),
-                                "size": st.st_size, "mtime": st.st_mtime})
-    try:
-        meta = json.loads((folder / "submitit.json").read_text())
-    except (OSError, ValueError):
-        meta = {}
-    sub = Path(meta.get("submitit_folder") or folder)
-    if sub != folder and sub.is_dir() and meta.get("job_id"):
+    folder = JobFolder(record.job_folder)
+    out = [{"name": f.name, "path": str(f.path), "size": f.size, "mtime": f.mtime}
+           for f in folder.files(SKIP_SUFFIXES, MAX_FILE_BYTES)]
+    meta = folder.scheduler_meta()
+    sub = Path(meta.get("submitit_folder") or folder.path)
+    if sub != folder.path and sub.is_dir() and meta.get("job_id"):
         for path in sorted(sub.glob(f"{meta['job_id']}_*_log.*")):
             st = path.stat()
             out.append({"name": path.name, "path": str(path), "size": st.st_size, "mtime": st.st_mtime})
@@ -118,8 +112,6 @@ def _by_tokens(history, tokens) -> list:
     for t in tokens:
         rec = history.find_by_token(t)
         if rec is None:
-            from jobctl.store.history import UnknownJobError
-
             raise UnknownJobError(f"no job with submission token {t!r} in the login node's history "
                                   f"({history.path})", hint="was it submitted with another JOBCTL_HOME there?")
         out.append(rec)
@@ -144,9 +136,6 @@ def _with_descendants(history, records) -> list:
 
 def status(request: dict) -> dict:
     """Refresh the named jobs and their descendants from Slurm (one sacct), then describe them."""
-    from jobctl.store.history import History
-    from jobctl.jobs.watch import refresh
-
     with History.open() as history:
         records = _with_descendants(history, _by_tokens(history, request.get("tokens")))
         live = [r for r in records if r.scheduler_job_id and not r.terminal]
@@ -156,9 +145,6 @@ def status(request: dict) -> dict:
 
 
 def cancel(request: dict) -> dict:
-    from jobctl.cli.cancel import cancel_records
-    from jobctl.store.history import History
-
     with History.open() as history:
         records = _by_tokens(history, request.get("tokens"))
         cancel_records(history, records)
@@ -166,9 +152,6 @@ def cancel(request: dict) -> dict:
 
 
 def requeue(request: dict) -> dict:
-    from jobctl.cli.requeue import requeue_record
-    from jobctl.store.history import History
-
     tried = request.get("tried_to_allocate_bytes")
     with History.open() as history:
         (record,) = _by_tokens(history, [request.get("token")])
@@ -178,34 +161,33 @@ def requeue(request: dict) -> dict:
         return {"job": out, "records": [describe(history, history.get(record.id)), describe(history, new)]}
 
 
+def _read_json(path) -> object:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError) as e:
+        raise UsageError(f"cannot read the uploaded file {path}: {e}") from None
+
+
 def submit(request: dict) -> dict:
     """Prepare each job from the uploaded recipe, plan and inventory (no re-planning: the plan
-    is the laptop's), then submit them all through submitit, idempotently by token."""
-    from jobctl.config import loader as config
-    from jobctl.config import schema
-    from jobctl.store.history import History
-    from jobctl.jobs.submission import dry_run, prepare, submit_all
-
+    is the laptop's), then submit them all, idempotently by token."""
     token = request.get("token")
     if not isinstance(token, str) or not token:
         raise UsageError("a submission needs a token")
     jobs = request.get("jobs")
     if not isinstance(jobs, list) or not jobs:
         raise UsageError("`jobs` must be a non-empty list")
-    inv_path = request["inventory"]
-    inv_data = json.loads(Path(inv_path).read_text())
-    inv = config.Loaded(inv_path, _validated(schema.Inventory, inv_data, inv_path), inv_data, None, {})
+    inv_path = request.get("inventory")
+    inv = config.from_data(_read_json(inv_path), "Inventory", str(inv_path))
     subs = []
     for job in jobs:
-        recipe_data = json.loads(Path(job["recipe"]).read_text())
-        rec = config.Loaded(job.get("recipe_path") or job["recipe"],
-                            _validated(schema.Recipe, recipe_data, job["recipe"]), recipe_data, None, {})
-        report = json.loads(Path(job["plan"]).read_text())
-        sub = prepare(rec, inv, report, list(job.get("overrides") or []))
+        rec = config.from_data(_read_json(job["recipe"]), "Recipe", job.get("recipe_path") or job["recipe"])
+        sub = prepare(rec, inv, _read_json(job["plan"]), list(job.get("overrides") or []))
         sub.sweep_id = request.get("sweep_id")
         sub.token = job["token"]
-        sub.policy = {**(job.get("policy") or sub.policy), "hooks": sub.policy.get("hooks", False)}
-        sub.cwd = request.get("chdir")  # the synced working tree: Slurm starts the job there
+        # the laptop's policy; hooks are the recipe's word (launch.hooks)
+        sub.policy = replace(RetryPolicy.from_dict(job.get("policy")), hooks=sub.policy.hooks)
+        sub.cwd = request.get("chdir")  # the synced working tree: the job runs there
         subs.append(sub)
     if request.get("dry_run"):
         return {"dry_run": dry_run(subs, check=bool(request.get("check")))}
@@ -214,16 +196,3 @@ def submit(request: dict) -> dict:
         answer = _records(history, [history.get(r["id"]) for r in results])
         answer["existing"] = [history.get(r["id"]).token for r in results if r.get("existing")]
         return answer
-
-
-def _validated(model, data, path):
-    from pydantic import ValidationError
-
-    from jobctl.errors import ConfigError, ConfigIssue
-
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:  # the laptop validated it: a version difference
-        raise ConfigError([ConfigIssue(path, None, ".".join(str(x) for x in err["loc"]), err["msg"])
-                           for err in e.errors()], hint="the two jobctl versions differ? run `jobctl remote "
-                          "bootstrap CLUSTER`") from None

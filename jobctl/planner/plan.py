@@ -2,7 +2,41 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any
+
+from jobctl.errors import UsageError
+from jobctl.model import StrEnum
+
+
+class Sharding(StrEnum):
+    """How data-parallel ranks share model states (ZeRO stages; zero3 = FSDP full shard; hsdp
+    shards inside a group of ranks and replicates across groups)."""
+
+    NONE = "none"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+    HSDP = "hsdp"
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Offload(StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_PARAMS = "optimizer+params"
+
+
+class PlanError(UsageError):
+    """A plan read back (plan.json, --after-oom) that is not a jobctl plan or does not add up."""
+
+
+_CHOICES = {"sharding": Sharding, "recompute": Recompute, "offload": Offload}
 
 
 @dataclass(frozen=True)
@@ -48,9 +82,37 @@ class Plan:
         return {k: d[k] for k in order} | {k: v for k, v in d.items() if k not in order}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def from_dict(cls, d: Any, source: str = "the plan") -> "Plan":
+        """A Plan from its JSON form, validated: every field present with its type, the closed
+        sets checked, the arithmetic checked (`check`). PlanError names `source` and the key.
+        Keys it does not know (world_size, a newer jobctl's) are ignored."""
+        if not isinstance(d, dict):
+            raise PlanError(f"{source}: expected a JSON object with the plan's fields, got {type(d).__name__}")
+        values, problems = {}, []
+        for f in fields(cls):
+            if f.name not in d:
+                if f.default is MISSING:
+                    problems.append(f"{f.name}: missing")
+                continue
+            v = d[f.name]
+            if f.name in _CHOICES:
+                allowed = [c.value for c in _CHOICES[f.name]]
+                if v not in allowed:
+                    problems.append(f"{f.name}: {v!r} is not one of {', '.join(allowed)}")
+            elif f.name == "sequence_parallel":
+                if not isinstance(v, bool):
+                    problems.append(f"{f.name}: expected true or false, got {v!r}")
+            elif not isinstance(v, int) or isinstance(v, bool) or v < (0 if f.name in ("hsdp_shard", "recompute_layers") else 1):
+                problems.append(f"{f.name}: expected a positive integer, got {v!r}")
+            values[f.name] = v
+        if problems:
+            raise PlanError(f"{source} is not a valid jobctl plan: " + "; ".join(problems),
+                            hint="use the \"plan\" object of `jobctl plan RECIPE --cluster C --json`")
+        plan = cls(**values)
+        wrong = plan.check()
+        if wrong:
+            raise PlanError(f"{source} does not add up: " + "; ".join(wrong))
+        return plan
 
     def check(self) -> list[str]:
         """Arithmetic problems with this plan, each showing the numbers."""
@@ -69,6 +131,9 @@ class Plan:
             )
         return problems
 
+    def layout_text(self) -> str:
+        return layout_text(self.to_dict())
+
     def summary(self) -> str:
         rc = self.recompute + (f"({self.recompute_layers}/stage)" if self.recompute_layers else "")
         parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"cp={self.cp}", self.sharding,
@@ -78,3 +143,17 @@ class Plan:
         if self.offload != "none":
             parts.append(f"offload={self.offload}")
         return " ".join(parts)
+
+
+def layout_text(p: dict) -> str:
+    """A plan (as its dict) in one short line: "tp2 pp4(v2) dp8 cp1 zero1 mbs2x16 rc=full"."""
+    text = f"tp{p['tp']} pp{p['pp']}"
+    if p.get("virtual_stages", 1) > 1:
+        text += f"(v{p['virtual_stages']})"
+    text += f" dp{p['dp']} cp{p['cp']} {p['sharding']} mbs{p['micro_batch_size']}x{p['grad_accum_steps']}"
+    rc = p["recompute"]
+    if rc != "none":
+        text += f" rc={rc}" + (f"({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
+    if p["offload"] != "none":
+        text += f" off={p['offload']}"
+    return text

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobctl.model import FailureKind, JobState
+
 # `plan` reads only the newest jobs, so its cost stays flat however long the history grows:
 # a rowid range (the primary key) bounds the scan, LIMIT bounds the rows kept.
 RECENT_JOBS = 5000
@@ -17,10 +19,10 @@ MAX_OOM_JOBS = 50  # OOMed jobs looked at for warnings (their recipe text is par
 MAX_ERROR_JOBS = 200  # the newest finished jobs behind the model-error figures
 MAX_WARNINGS = 3  # the newest ones; more would repeat each other
 
-OOM_REASON = "CUDA_OOM"  # the exit_reason the in-job recovery records (recover.py)
+OOM_REASON = FailureKind.CUDA_OOM  # the failure kind the in-job recovery records (jobs/recovery.py)
 # Runs whose measured peak is the steady state: they ran to the end or to the time limit.
 # An OOMed run's peak stops short of its demand; a cancelled or failed one may never get there.
-FINISHED_STATES = ("COMPLETED", "TIMEOUT")
+FINISHED_STATES = (JobState.COMPLETED, JobState.TIMEOUT)
 
 # Plan fields that decide memory per GPU besides the micro-batch: equal values, same layout.
 LAYOUT_KEYS = ("tp", "pp", "cp", "sharding", "recompute", "recompute_layers", "offload", "virtual_stages",
@@ -34,7 +36,7 @@ class PastJob:
 
     id: int
     state: str
-    exit_reason: str | None
+    failure_kind: str | None
     cluster: str
     partition: str | None
     plan: dict
@@ -86,7 +88,7 @@ def oom_warnings(report: dict, jobs: list[PastJob]) -> list[dict]:
     predicted = (report.get("memory") or {}).get("total_bytes")
     out = []
     for job in sorted(jobs, key=lambda j: -j.id):
-        if job.exit_reason != OOM_REASON or job.cluster != report.get("cluster") \
+        if job.failure_kind != OOM_REASON or job.cluster != report.get("cluster") \
                 or job.partition != report.get("partition") or job.model != ident or job.seq_len != seq_len:
             continue
         why = why_like(plan, predicted, job)
@@ -140,7 +142,7 @@ def _gib(x: int) -> str:
 
 
 def _layout(p: dict) -> str:
-    from jobctl.ui import layout_text  # plain text, no rich
+    from jobctl.planner.plan import layout_text
 
     try:
         return layout_text(p)
@@ -166,45 +168,28 @@ def history_for(report: dict, path: Path | None = None) -> dict:
         return {}
     import sqlite3
 
+    from jobctl.store.history import HistoryError
+
     try:
         return history_block(report, load(path, cluster))
-    except (sqlite3.Error, OSError):
+    except (sqlite3.Error, OSError, HistoryError):
         return {}
 
 
 def load(path: Path, cluster: str) -> list[PastJob]:
     """The jobs on `cluster` the rules look at, read-only: CUDA-OOMed ones (with the job that
     continued each) and finished ones with predicted and measured peaks, among the newest
-    RECENT_JOBS of the history."""
-    import sqlite3
-    from urllib.parse import quote
+    RECENT_JOBS of the history (the store's query)."""
+    from jobctl.store.history import recent_jobs
 
-    db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=1.0)
-    try:
-        db.row_factory = sqlite3.Row
-        recent = "id > (SELECT COALESCE(MAX(id), 0) FROM jobs) - ? AND cluster = ?"
-        ooms = db.execute(
-            f"""SELECT id, state, exit_reason, "partition", plan_json, recipe_text, recipe_hash, predicted_peak_bytes,
-                       attempt FROM jobs WHERE {recent} AND exit_reason = ? ORDER BY id DESC LIMIT ?""",
-            (RECENT_JOBS, cluster, OOM_REASON, MAX_OOM_JOBS)).fetchall()
-        finished = db.execute(
-            f"""SELECT id, state, predicted_peak_bytes, measured_peak_bytes FROM jobs
-                WHERE {recent} AND state IN ({", ".join("?" * len(FINISHED_STATES))})
-                AND predicted_peak_bytes > 0 AND measured_peak_bytes > 0 ORDER BY id DESC LIMIT ?""",
-            (RECENT_JOBS, cluster, *FINISHED_STATES, MAX_ERROR_JOBS)).fetchall()
-        children: dict[int, tuple] = {}
-        if ooms:
-            ids = [r["id"] for r in ooms]
-            for r in db.execute(f"""SELECT id, parent_id, state, plan_json FROM jobs
-                                    WHERE parent_id IN ({", ".join("?" * len(ids))}) ORDER BY id""", ids):
-                children[r["parent_id"]] = (r["id"], r["state"], _json(r["plan_json"]))  # the newest wins
-    finally:
-        db.close()
-    out = [PastJob(r["id"], r["state"], None, cluster, None, {}, predicted_peak_bytes=r["predicted_peak_bytes"],
-                   measured_peak_bytes=r["measured_peak_bytes"]) for r in finished]
+    rows = recent_jobs(path, cluster, recent=RECENT_JOBS, failure_kind=OOM_REASON, max_failed=MAX_OOM_JOBS,
+                       finished_states=FINISHED_STATES, max_finished=MAX_ERROR_JOBS)
+    children = {r.parent_id: (r.id, r.state.value, _json(r.plan_json)) for r in rows["children"]}  # the newest wins
+    out = [PastJob(r.id, r.state.value, None, cluster, None, {}, predicted_peak_bytes=r.predicted_peak_bytes,
+                   measured_peak_bytes=r.measured_peak_bytes) for r in rows["finished"]]
     identities: dict[str, tuple] = {}  # by recipe_hash: a recipe's jobs share its text
-    for r in ooms:
-        job = _oom_job(r, cluster, children.get(r["id"]), identities)
+    for r in rows["failed"]:
+        job = _oom_job(r, cluster, children.get(r.id), identities)
         if job is not None:
             out.append(job)
     return out
@@ -228,7 +213,7 @@ def _oom_job(row, cluster: str, successor, identities: dict) -> PastJob | None:
     import json
 
     try:
-        doc = json.loads(row["plan_json"])
+        doc = json.loads(row.plan_json)
     except (TypeError, ValueError):
         return None
     if not isinstance(doc, dict):
@@ -240,12 +225,13 @@ def _oom_job(row, cluster: str, successor, identities: dict) -> PastJob | None:
         model = (report["model"].get("name"), report["model"].get("params"))
         seq_len = report["train"].get("seq_len")
     else:
-        if row["recipe_hash"] not in identities:
-            identities[row["recipe_hash"]] = _recipe_identity(row["recipe_text"])
-        model, seq_len = identities[row["recipe_hash"]]
-    predicted = row["predicted_peak_bytes"] or (report.get("memory") or {}).get("total_bytes")
-    return PastJob(row["id"], row["state"], row["exit_reason"], cluster, row["partition"] or report.get("partition"),
-                   plan, model, seq_len, predicted, None, row["attempt"], successor)
+        if row.recipe_hash not in identities:
+            identities[row.recipe_hash] = _recipe_identity(row.recipe_text)
+        model, seq_len = identities[row.recipe_hash]
+    predicted = row.predicted_peak_bytes or (report.get("memory") or {}).get("total_bytes")
+    return PastJob(row.id, row.state.value, row.failure_kind.value if row.failure_kind else None, cluster,
+                   row.partition or report.get("partition"), plan, model, seq_len, predicted, None, row.attempt,
+                   successor)
 
 
 def _recipe_identity(text: str) -> tuple[tuple[str, int] | None, int | None]:

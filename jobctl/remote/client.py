@@ -22,8 +22,10 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-from jobctl.errors import SchedulerError, UsageError
-from jobctl.backends.scheduler import JobState
+from jobctl.errors import JobctlError, SchedulerError, UsageError
+from jobctl.model import TERMINAL_STATES, JobStatus
+from jobctl.remote.protocol import APPENDED, agent_argv, source_digest
+from jobctl.store.paths import history_path
 
 _SESSIONS: dict = {}  # cluster name -> connected, version-checked Remote
 
@@ -54,16 +56,13 @@ def _by_cluster(records) -> dict[str, list]:
 
 # --- connections ---------------------------------------------------------------------------
 
-def session(cluster: str, inventory=None):
-    """The open connection to `cluster`'s login node (opened and version-checked on first use)."""
+def session(cluster: str, inventory):
+    """The open connection to `cluster`'s login node (opened and version-checked on first use);
+    `inventory` (its validated inventory, with `login:`) says how to reach it."""
     if cluster in _SESSIONS:
         return _SESSIONS[cluster]
     from jobctl.remote.ssh import Remote
 
-    if inventory is None:
-        from jobctl.planning import load_inventory
-
-        inventory = load_inventory(cluster).value
     remote = Remote.for_inventory(inventory)
     try:
         remote.connect()
@@ -79,8 +78,6 @@ def check_same_jobctl(remote) -> str:
     """Refuse (UsageError, exit 2) unless the login node runs this very jobctl: the same
     version, built from the same sources (agent.source_digest); returns the version."""
     from jobctl import __version__
-    from jobctl.jobs.agent import source_digest
-    from jobctl.errors import JobctlError
 
     try:
         answer = agent(remote, "version", {})
@@ -106,8 +103,8 @@ def close_all() -> None:
 def agent(remote, action: str, request: dict, *, timeout_s: float = 600.0):
     """Run `jobctl remote agent ACTION` on the login node; every action is safe to repeat
     (submissions by their token), so a dropped connection is retried."""
-    argv = [*remote.python_argv(), "-m", "jobctl", "remote", "agent", action]
-    return remote.json_command(argv, idempotent=True, input_text=json.dumps(request), timeout_s=timeout_s)
+    return remote.json_command(agent_argv(remote.python_argv(), action), idempotent=True,
+                               input_text=json.dumps(request, default=str), timeout_s=timeout_s)
 
 
 # --- submitting ---------------------------------------------------------------------------
@@ -116,82 +113,10 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def submit(subs: list, inv_loaded, history=None, *, token: str, sync_dir: str | None = None,
-           dry_run: bool = False, check: bool = False, progress=None) -> list[dict]:
-    """Submit prepared Submissions on a remote cluster; results like submit.submit_all's.
-
-    The files each job needs go over SFTP into <workdir>/requests/<token>/; with `sync_dir`,
-    that working tree goes to <workdir>/trees/<name> (changed files only) and the job runs there.
-    A local PREPARED row is recorded (with the token) before the login node is asked; a dry run
-    (rendered on the login node) records nothing and needs no history."""
-    say = progress or (lambda text: None)
-    inv = inv_loaded.value
-    remote = session(inv.name, inv)
-    workdir = remote.workdir
-    stage = posixpath.join(workdir, "requests", token)
-    chdir = None
-    if sync_dir:
-        src = Path(sync_dir).expanduser().resolve()
-        if not src.is_dir():
-            raise UsageError(f"--sync {sync_dir}: not a directory")
-        import hashlib
-
-        tag = hashlib.sha256(str(src).encode()).hexdigest()[:8]
-        chdir = posixpath.join(workdir, "trees", f"{src.name}-{tag}")
-        res = remote.sync_tree(src, chdir)
-        say(f"synced {src} to {remote}:{chdir}: {res.uploaded} file(s) uploaded, {res.unchanged} unchanged, {res.deleted} removed")
-    inv_data = {k: v for k, v in inv_loaded.data.items() if k != "login"}
-    inv_data["workdir"] = posixpath.join(workdir, "jobs")
-    request = {"token": token, "inventory": remote.put_text(json.dumps(inv_data, default=str),
-                                                             posixpath.join(stage, "inventory.json")),
-               "sweep_id": subs[0].sweep_id, "chdir": chdir, "dry_run": dry_run, "check": check, "jobs": []}
-    for i, sub in enumerate(subs):
-        sub.token = token if len(subs) == 1 else f"{token}.{i}"
-        request["jobs"].append({
-            "recipe": remote.put_text(json.dumps(sub.recipe_source, default=str), posixpath.join(stage, f"recipe-{i}.json")),
-            "plan": remote.put_text(json.dumps(sub.plan_report, default=str), posixpath.join(stage, f"plan-{i}.json")),
-            "overrides": sub.overrides, "recipe_path": sub.recipe_path, "policy": sub.policy, "token": sub.token})
-    if dry_run:
-        return agent(remote, "submit", request)["dry_run"]
-    ids = []
-    for sub in subs:
-        known = history.find_by_token(sub.token)
-        ids.append(known.id if known else history.prepare(
-            recipe_name=sub.recipe_name, recipe_text=sub.recipe_text, plan=sub.plan, cluster=sub.cluster,
-            scheduler=sub.scheduler, partition=sub.partition, recipe_path=sub.recipe_path, sweep_id=sub.sweep_id,
-            token=sub.token, predicted_peak_bytes=sub.plan_report["memory"]["total_bytes"],
-            extra={"overrides": sub.overrides, "remote": {"cluster": inv.name}}))
-    from jobctl.errors import JobctlError
-    from jobctl.remote.ssh import OutcomeUnknownError
-
-    try:
-        answer = agent(remote, "submit", request)
-    except OutcomeUnknownError as e:  # the rows stay PREPARED: whether it was submitted is not known here
-        raise SchedulerError(e.message, hint=f"run the same command again with --token {token}: it returns the "
-                             "job if it was submitted, and submits it if not") from None
-    except JobctlError as e:  # the login node answered: it did not submit
-        for jid in ids:
-            if history.get(jid).state.value == "PREPARED":
-                history.mark_submit_failed(jid, e.message)
-        raise
-    mirror(history, inv.name, remote, answer["records"])
-    results = []
-    for jid in ids:
-        rec = history.get(jid)
-        again = rec.token in answer.get("existing", [])
-        results.append({**_result(rec), "existing": again})
-        say(f"#{rec.id} was already submitted with token {rec.token} as slurm job {rec.scheduler_job_id} on "
-            f"{inv.name}: not submitted again" if again else
-            f"submitted #{rec.id} as slurm job {rec.scheduler_job_id} on {inv.name} ({_remote_folder(rec)})")
-    return results
-
-
 # --- mirroring -----------------------------------------------------------------------------
 
 def mirror_root() -> Path:
-    from jobctl.store.history import default_path
-
-    return default_path().parent / "remote"
+    return history_path().parent / "remote"
 
 
 def _remote_folder(record) -> str | None:
@@ -226,17 +151,18 @@ def mirror(history, cluster: str, remote, described: list[dict]) -> dict[int, in
             history.mark_submitted(rec.id, d["scheduler_job_id"], folder)
         state = d["state"]
         if state == "SUBMIT_FAILED" and rec.state.value == "PREPARED":
-            history.mark_submit_failed(rec.id, d.get("exit_reason") or f"refused on {cluster}")
+            history.mark_submit_failed(rec.id, d.get("detail") or f"refused on {cluster}")
         elif state not in ("PREPARED", "SUBMIT_FAILED") and state != history.get(rec.id).state.value:
             if d.get("started_at") and not history.get(rec.id).started_at and state != "RUNNING":
                 # it ran between two looks: record when it started, as the login node did
-                history.transition(rec.id, "RUNNING", detail=f"on {cluster}", at=datetime.fromisoformat(d["started_at"]))
+                history.transition(rec.id, "RUNNING", f"on {cluster}", at=datetime.fromisoformat(d["started_at"]))
             at = d.get("ended_at") if state in _terminal() else d.get("started_at") if state == "RUNNING" else None
-            history.transition(rec.id, state, detail=f"on {cluster}", exit_reason=d.get("exit_reason"),
+            history.transition(rec.id, state, f"on {cluster}", failure_kind=d.get("failure_kind"),
+                               exit_code=d.get("exit_code"), detail=d.get("detail"),
                                at=datetime.fromisoformat(at) if at else None)
         now = history.get(rec.id)
-        if now.state.value == state and d.get("exit_reason") and d["exit_reason"] != now.exit_reason:
-            history.set_exit_reason(rec.id, d["exit_reason"])  # the first node's verdict came after sacct's
+        if now.state.value == state and d.get("failure_kind") and d["failure_kind"] != now.failure_kind:
+            history.set_failure(rec.id, d["failure_kind"], d.get("detail"))  # the first node's verdict came after sacct's
         if d.get("measured_peak_bytes") and d["measured_peak_bytes"] != rec.measured_peak_bytes:
             history.set_measured_peak(rec.id, int(d["measured_peak_bytes"]))
     for d in described:
@@ -246,8 +172,6 @@ def mirror(history, cluster: str, remote, described: list[dict]) -> dict[int, in
 
 
 def _terminal():
-    from jobctl.store.history import TERMINAL_STATES
-
     return {s.value for s in TERMINAL_STATES}
 
 
@@ -260,8 +184,6 @@ def _safe_name(name: str) -> bool:
 def _copy_files(remote, folder: Path, files: list[dict], id_map: dict[int, int]) -> None:
     """Bring the copy of a job folder up to date: files whose size or time changed; files that only
     grow (logs, CSVs) from where the copy ends."""
-    from jobctl.jobs.agent import APPENDED
-
     folder.mkdir(parents=True, exist_ok=True)
     seen_path = folder / ".remote-files.json"
     try:
@@ -314,55 +236,131 @@ def _translate(name: str, data: bytes, id_map: dict[int, int], folder: Path) -> 
     return (json.dumps(doc, indent=2) + "\n").encode()
 
 
-# --- what the other commands ask -------------------------------------------------------------
+# --- the backend -----------------------------------------------------------------------------
 
-def _ask(history, records, action: str) -> dict[int, dict]:
-    """Ask each remote cluster once about `records`, mirror the answer; {local id: described job}."""
-    out = {}
-    for cluster, recs in _by_cluster(records).items():
-        remote = session(cluster)
-        answer = agent(remote, action, {"tokens": [r.token for r in recs]})
-        ids = mirror(history, cluster, remote, answer["records"])
-        out.update((ids[d["id"]], d) for d in answer["records"])
-    return out
+class RemoteBackend:
+    """A cluster behind a login node, as the job services see it: submit, refresh, cancel and
+    requeue run jobctl there (the agent) and mirror its answer into this history, with a copy
+    of each job folder; refresh answers like any backend ({scheduler id: JobStatus})."""
+
+    def __init__(self, cluster: str, history, inventory):
+        self.cluster = cluster
+        self.history = history
+        self.inventory = inventory  # the loaded inventory (config.Loaded), with its `login:` block
+
+    @property
+    def remote(self):
+        return session(self.cluster, self.inventory.value)
+
+    def _ask(self, records, action: str) -> dict[int, dict]:
+        """Ask the login node once about `records`, mirror the answer; {local id: described job}."""
+        remote = self.remote
+        answer = agent(remote, action, {"tokens": [r.token for r in records]})
+        ids = mirror(self.history, self.cluster, remote, answer["records"])
+        return {ids[d["id"]]: d for d in answer["records"]}
+
+    def refresh(self, records) -> dict[str, JobStatus]:
+        """Ask the login node (once) about `records` and the attempts continuing them, mirror
+        what changed; {scheduler id: JobStatus} for the records asked about."""
+        described = self._ask(records, "status")
+        return {r.scheduler_job_id: JobStatus(d["state"], d.get("exit_code"), None, d.get("started_at"),
+                                              d.get("ended_at"), failure_kind=d.get("failure_kind"),
+                                              detail=d.get("detail"))
+                for r in records if (d := described.get(r.id)) is not None and r.scheduler_job_id}
+
+    def sync(self, records) -> None:
+        """Bring the copies of these jobs' folders (and their rows) up to date, ended or not."""
+        self._ask(records, "status")
+
+    def cancel(self, records) -> None:
+        self._ask(records, "cancel")
+
+    def requeue(self, record, *, smaller: bool, tried_to_allocate_bytes: int | None) -> tuple[dict, dict]:
+        """`jobctl requeue` of a remote job, done on the login node; (summary, result) in local ids."""
+        remote = self.remote
+        answer = agent(remote, "requeue", {"token": record.token, "smaller": smaller,
+                                           "tried_to_allocate_bytes": tried_to_allocate_bytes})
+        id_map = mirror(self.history, self.cluster, remote, answer["records"])
+        out = dict(answer["job"])
+        out["remote_job_folder"] = out.get("job_folder")
+        out["jobctl_id"] = id_map[out["jobctl_id"]]
+        out["parent_id"] = id_map.get(out.get("parent_id"), record.id)
+        new = self.history.get(out["jobctl_id"])
+        out["job_folder"] = new.job_folder
+        return out, _result(new)
+
+    def submit(self, subs: list, *, token: str, sync_dir: str | None = None, dry_run: bool = False,
+               check: bool = False, progress=None) -> list[dict]:
+        """Submit prepared Submissions on a remote cluster; results like submit.submit_all's.
+
+        The files each job needs go over SFTP into <workdir>/requests/<token>/; with `sync_dir`,
+        that working tree goes to <workdir>/trees/<name> (changed files only) and the job runs there.
+        A local PREPARED row is recorded (with the token) before the login node is asked; a dry run
+        (rendered on the login node) records nothing and needs no history."""
+        say = progress or (lambda text: None)
+        inv, history = self.inventory.value, self.history
+        remote = self.remote
+        workdir = remote.workdir
+        stage = posixpath.join(workdir, "requests", token)
+        chdir = None
+        if sync_dir:
+            src = Path(sync_dir).expanduser().resolve()
+            if not src.is_dir():
+                raise UsageError(f"--sync {sync_dir}: not a directory")
+            import hashlib
+
+            tag = hashlib.sha256(str(src).encode()).hexdigest()[:8]
+            chdir = posixpath.join(workdir, "trees", f"{src.name}-{tag}")
+            res = remote.sync_tree(src, chdir)
+            say(f"synced {src} to {remote}:{chdir}: {res.uploaded} file(s) uploaded, {res.unchanged} unchanged, {res.deleted} removed")
+        inv_data = {k: v for k, v in self.inventory.data.items() if k != "login"}
+        inv_data["workdir"] = posixpath.join(workdir, "jobs")
+        request = {"token": token, "inventory": remote.put_text(json.dumps(inv_data, default=str),
+                                                                 posixpath.join(stage, "inventory.json")),
+                   "sweep_id": subs[0].sweep_id, "chdir": chdir, "dry_run": dry_run, "check": check, "jobs": []}
+        for i, sub in enumerate(subs):
+            request["jobs"].append({
+                "recipe": remote.put_text(json.dumps(sub.recipe_source, default=str), posixpath.join(stage, f"recipe-{i}.json")),
+                "plan": remote.put_text(json.dumps(sub.plan_report, default=str), posixpath.join(stage, f"plan-{i}.json")),
+                "overrides": sub.overrides, "recipe_path": sub.recipe_path, "policy": sub.policy.to_dict(),
+                "token": sub.token})
+        if dry_run:
+            return agent(remote, "submit", request)["dry_run"]
+        ids = []
+        for sub in subs:
+            known = history.find_by_token(sub.token)
+            ids.append(known.id if known else history.prepare(
+                recipe_name=sub.recipe_name, recipe_text=sub.recipe_text, plan=sub.plan, cluster=sub.cluster,
+                scheduler=sub.scheduler, partition=sub.partition, recipe_path=sub.recipe_path, sweep_id=sub.sweep_id,
+                token=sub.token, predicted_peak_bytes=sub.plan_report["memory"]["total_bytes"],
+                extra={"overrides": sub.overrides, "remote": {"cluster": inv.name}}))
+        from jobctl.remote.ssh import OutcomeUnknownError
+
+        try:
+            answer = agent(remote, "submit", request)
+        except OutcomeUnknownError as e:  # the rows stay PREPARED: whether it was submitted is not known here
+            raise SchedulerError(e.message, hint=f"run the same command again with --token {token}: it returns the "
+                                 "job if it was submitted, and submits it if not") from None
+        except JobctlError as e:  # the login node answered: it did not submit
+            for jid in ids:
+                if history.get(jid).state.value == "PREPARED":
+                    history.mark_submit_failed(jid, e.message)
+            raise
+        mirror(history, inv.name, remote, answer["records"])
+        results = []
+        for jid in ids:
+            rec = history.get(jid)
+            again = rec.token in answer.get("existing", [])
+            results.append({**_result(rec), "existing": again})
+            say(f"#{rec.id} was already submitted with token {rec.token} as slurm job {rec.scheduler_job_id} on "
+                f"{inv.name}: not submitted again" if again else
+                f"submitted #{rec.id} as slurm job {rec.scheduler_job_id} on {inv.name} ({_remote_folder(rec)})")
+        return results
 
 
-def refresh(history, records) -> dict[int, JobState]:
-    """Ask each remote cluster once about `records` (and the attempts continuing them), mirror
-    what changed; {local id: JobState} for the records asked about."""
-    described = _ask(history, records, "status")
-    return {r.id: JobState(d["state"], d.get("exit_reason"), None, d.get("started_at"), d.get("ended_at"))
-            for r in records if (d := described.get(r.id)) is not None}
-
-
-def sync(history, records) -> None:
-    """Bring the copies of these jobs' folders (and their rows) up to date, ended or not."""
-    remote, _ = split(records)
-    if remote:
-        _ask(history, remote, "status")
-
-
-def cancel(history, records) -> None:
-    _ask(history, records, "cancel")
-
-
-def requeue(history, record, *, smaller: bool, tried_to_allocate_bytes: int | None) -> tuple[dict, dict]:
-    """`jobctl requeue` of a remote job, done on the login node; (summary, result) in local ids."""
-    cluster = cluster_of(record)
-    remote = session(cluster)
-    answer = agent(remote, "requeue", {"token": record.token, "smaller": smaller,
-                                       "tried_to_allocate_bytes": tried_to_allocate_bytes})
-    id_map = mirror(history, cluster, remote, answer["records"])
-    out = dict(answer["job"])
-    out["remote_job_folder"] = out.get("job_folder")
-    out["jobctl_id"] = id_map[out["jobctl_id"]]
-    out["parent_id"] = id_map.get(out.get("parent_id"), record.id)
-    new = history.get(out["jobctl_id"])
-    out["job_folder"] = new.job_folder
-    return out, _result(new)
 
 
 def _result(rec) -> dict:
-    """A mirrored job as submit.submit_all describes what it submitted."""
+    """A mirrored job as submission.submit_all describes what it submitted."""
     return {"id": rec.id, "scheduler_job_id": rec.scheduler_job_id, "job_folder": rec.job_folder,
-            "recipe": rec.recipe_name, "job": None, "remote_folder": _remote_folder(rec), "token": rec.token}
+            "recipe": rec.recipe_name, "remote_folder": _remote_folder(rec), "token": rec.token}

@@ -40,19 +40,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import paramiko
 
-from jobctl.errors import (
-    ConfigError,
-    ConfigIssue,
-    InfeasibleError,
-    JobctlError,
-    SchedulerError,
-    UsageError,
-)
-from jobctl.config.schema import Inventory, Login
+from jobctl.errors import JobctlError, SchedulerError, UsageError
+from jobctl.remote.protocol import error_from_payload
+
+if TYPE_CHECKING:  # the pydantic models, for annotations only (remote/ does not read YAML)
+    from jobctl.config.schema import Inventory, Login
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +60,6 @@ MANIFEST = ".jobctl-manifest.json"
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 _KEYSCAN_TYPES = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa", "ecdsa-sha2-nistp256": "ecdsa",
                   "ecdsa-sha2-nistp384": "ecdsa", "ecdsa-sha2-nistp521": "ecdsa"}
-_ERROR_CLASSES = {c.__name__: c for c in (JobctlError, UsageError, ConfigError, InfeasibleError, SchedulerError)}
-_ERROR_BY_EXIT = {UsageError.exit_code: UsageError, InfeasibleError.exit_code: InfeasibleError,
-                  SchedulerError.exit_code: SchedulerError}
 T = TypeVar("T")
 
 
@@ -833,18 +826,3 @@ def _list_tree(root: Path) -> list[str]:
         rel_dir = Path(dirpath).relative_to(root).as_posix()
         files += [n if rel_dir == "." else f"{rel_dir}/{n}" for n in filenames]
     return sorted(f for f in files if f != MANIFEST)
-
-
-def error_from_payload(payload: Any) -> JobctlError | None:
-    """The JobctlError a remote jobctl reported as {"error": {...}}, or None if payload is not one."""
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
-        return None
-    hint = error.get("hint") if isinstance(error.get("hint"), str) else None
-    cls = _ERROR_CLASSES.get(error.get("type")) or _ERROR_BY_EXIT.get(error.get("exit_code"), JobctlError)
-    if cls is ConfigError:
-        issues = [ConfigIssue(str(i.get("file", "")), i.get("line") if isinstance(i.get("line"), int) else None,
-                              str(i.get("key", "")), str(i.get("problem", "")))
-                  for i in error.get("issues", []) if isinstance(i, dict)]
-        return ConfigError(issues or [ConfigIssue("remote", None, "", error["message"])], hint)
-    return cls(error["message"], hint)

@@ -50,7 +50,8 @@ import re
 import signal as _signal
 from dataclasses import dataclass
 from decimal import Decimal
-from enum import Enum
+
+from jobctl.model import RETRY_TABLE, FailureKind, RetryAction
 
 # 8 MiB of log tail (characters; the same as bytes for ASCII logs). The lines that decide
 # the class sit near the end: the traceback, torchrun's summary, slurmstepd's epilogue.
@@ -63,45 +64,6 @@ EVIDENCE_MAX_CHARS = 500
 # An OOM message lists every process on the GPU ("Process N has X memory in use. "), so it
 # can be long; its figures are read from up to this much of the line.
 _OOM_LINE_MAX_CHARS = 8192
-
-
-class FailureKind(str, Enum):
-    """Why a job ended (a closed set; compares equal to its name)."""
-
-    COMPLETED = "COMPLETED"
-    CUDA_OOM = "CUDA_OOM"
-    HOST_OOM = "HOST_OOM"
-    TIMEOUT = "TIMEOUT"
-    PREEMPTED = "PREEMPTED"
-    NODE_FAIL = "NODE_FAIL"
-    NCCL = "NCCL"
-    CANCELLED = "CANCELLED"
-    USER_ERROR = "USER_ERROR"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Retry(str, Enum):
-    """What to do next by default: walk the OOM ladder, requeue the same plan, or nothing."""
-
-    LADDER = "ladder"
-    REQUEUE = "requeue"
-    NONE = "none"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-# The policy: a smaller plan after a CUDA OOM; the same plan again when the job was
-# stopped from outside; no automatic retry for the rest, which need a person (a host OOM
-# is the data loader or CPU offload, not the GPU plan; NCCL errors are usually the fabric).
-DEFAULT_RETRY = {
-    FailureKind.CUDA_OOM: Retry.LADDER,
-    FailureKind.TIMEOUT: Retry.REQUEUE,
-    FailureKind.PREEMPTED: Retry.REQUEUE,
-    FailureKind.NODE_FAIL: Retry.REQUEUE,
-}
 
 
 @dataclass(frozen=True)
@@ -128,7 +90,7 @@ class Failure:
     kind: FailureKind
     summary: str  # one line for humans
     evidence: str  # the log line or the state/exit status that decided it
-    retry: Retry
+    retry: RetryAction  # what RETRY_TABLE says follows (a job's policy may override it)
     oom: OOMFigures | None = None
 
 
@@ -372,7 +334,7 @@ def _earliest(text: str, rules: tuple[_Rule, ...]) -> tuple[_Rule, int] | None:
 
 
 def _failure(kind: FailureKind, summary: str, evidence: str, oom: OOMFigures | None = None) -> Failure:
-    return Failure(kind, summary, evidence, DEFAULT_RETRY.get(kind, Retry.NONE), oom)
+    return Failure(kind, summary, evidence, RETRY_TABLE[kind], oom)
 
 
 def _from_log(text: str, rule: _Rule, pos: int) -> Failure:

@@ -31,58 +31,14 @@ import sqlite3
 import uuid
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from jobctl.errors import JobctlError, UsageError
+from jobctl.model import TERMINAL_STATES, FailureKind, JobState, Scheduler, parse_state
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 30_000  # writers queue behind each other; a write holds the lock for ~ms
-
-
-class State(str, Enum):
-    """Job states: Slurm's own names, plus PREPARED / SUBMITTED / SUBMIT_FAILED from jobctl."""
-
-    PREPARED = "PREPARED"  # row written, scheduler not contacted yet (or the answer was lost)
-    SUBMITTED = "SUBMITTED"  # the scheduler accepted it; not yet seen in the queue
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUSPENDED = "SUSPENDED"
-    REQUEUED = "REQUEUED"
-    COMPLETING = "COMPLETING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    NODE_FAIL = "NODE_FAIL"
-    PREEMPTED = "PREEMPTED"
-    BOOT_FAIL = "BOOT_FAIL"
-    DEADLINE = "DEADLINE"
-    SUBMIT_FAILED = "SUBMIT_FAILED"
-    UNKNOWN = "UNKNOWN"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-TERMINAL_STATES = frozenset({
-    State.COMPLETED, State.FAILED, State.CANCELLED, State.TIMEOUT, State.OUT_OF_MEMORY,
-    State.NODE_FAIL, State.PREEMPTED, State.BOOT_FAIL, State.DEADLINE, State.SUBMIT_FAILED,
-})
-
-
-def parse_state(text: str | State) -> State:
-    """A State from its name; sacct decorations such as ``CANCELLED by 0`` or ``RUNNING+`` are dropped."""
-    if isinstance(text, State):
-        return text
-    word = re.split(r"[\s+]", str(text).strip().upper(), maxsplit=1)[0]
-    try:
-        return State(word)
-    except ValueError:
-        allowed = ", ".join(s.value for s in State)
-        raise UsageError(f"unknown job state {text!r}; allowed: {allowed}") from None
 
 
 class HistoryError(JobctlError):
@@ -131,8 +87,10 @@ class JobRecord:
     scheduler: str
     scheduler_job_id: str | None
     job_folder: str | None
-    state: State
-    exit_reason: str | None
+    state: JobState
+    failure_kind: FailureKind | None  # why it failed, as classified (jobctl.model); None if unknown
+    exit_code: str | None  # the scheduler's "code:signal" for a job that did not complete
+    detail: str | None  # free text: the scheduler's refusal, the failure's summary
     parent_id: int | None
     attempt: int
     token: str
@@ -156,15 +114,26 @@ class JobRecord:
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    @property
+    def ending(self) -> str | None:
+        """Why an ended job ended, for people: the failure kind, else the exit code, else the detail."""
+        if self.failure_kind is not None:
+            return self.failure_kind.value
+        if self.exit_code:
+            return f"exit {self.exit_code}"
+        return self.detail
+
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["state"] = self.state.value
+        d["failure_kind"] = None if self.failure_kind is None else self.failure_kind.value
         return d
 
     @classmethod
     def _from_row(cls, row: sqlite3.Row) -> "JobRecord":
         d = dict(row)
-        d["state"] = State(d["state"])
+        d["state"] = JobState(d["state"])
+        d["failure_kind"] = FailureKind(d["failure_kind"]) if d["failure_kind"] else None
         return cls(**d)
 
 
@@ -172,7 +141,7 @@ class JobRecord:
 class Transition:
     job_id: int
     at: str
-    state: State
+    state: JobState
     detail: str | None
 
 
@@ -225,7 +194,28 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
         db.execute(sql)
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1]
+_EXIT_CODE = r"^[0-9]+:[0-9]+$"
+
+
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    """exit_reason carried a failure kind (CUDA_OOM), a scheduler exit code (1:0) or free text
+    (sbatch's refusal) in one column: each goes to its own column, nothing is dropped."""
+    kinds = [k.value for k in FailureKind]
+    db.execute("ALTER TABLE jobs ADD COLUMN failure_kind TEXT")
+    db.execute("ALTER TABLE jobs ADD COLUMN exit_code TEXT")
+    db.execute("ALTER TABLE jobs ADD COLUMN detail TEXT")
+    rows = db.execute("SELECT id, exit_reason FROM jobs WHERE exit_reason IS NOT NULL").fetchall()
+    import re
+
+    for job_id, reason in rows:
+        column = ("failure_kind" if reason in kinds else
+                  "exit_code" if re.match(_EXIT_CODE, reason) else "detail")
+        db.execute(f"UPDATE jobs SET {column} = ? WHERE id = ?", (reason, job_id))
+    db.execute("ALTER TABLE jobs DROP COLUMN exit_reason")
+    db.execute("CREATE INDEX jobs_failure_kind ON jobs(failure_kind)")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2]
 
 
 class History:
@@ -323,8 +313,10 @@ class History:
         defaults to 1, or the parent's attempt + 1. With a ``token`` already in the history
         the existing id is returned (idempotent retry), provided it is the same recipe.
         """
-        if scheduler not in ("slurm", "local"):
-            raise UsageError(f"scheduler must be 'slurm' or 'local', got {scheduler!r}")
+        try:
+            scheduler = Scheduler(scheduler).value
+        except ValueError:
+            raise UsageError(f"scheduler must be 'slurm' or 'local', got {scheduler!r}") from None
         plan_json = _plan_json(plan)
         recipe_hash = hashlib.sha256(recipe_text.encode("utf-8")).hexdigest()
         token = token or uuid.uuid4().hex
@@ -349,12 +341,12 @@ class History:
                        predicted_peak_bytes, sweep_id, extra_json)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (now, recipe_path, recipe_name, recipe_text, recipe_hash, plan_json, cluster, partition,
-                 scheduler, State.PREPARED.value, parent_id, attempt, token, predicted_peak_bytes,
+                 scheduler, JobState.PREPARED.value, parent_id, attempt, token, predicted_peak_bytes,
                  sweep_id, json.dumps(dict(extra or {}))),
             )
             job_id = cur.lastrowid
             self._db.execute("INSERT INTO transitions (job_id, at, state, detail) VALUES (?, ?, ?, ?)",
-                             (job_id, now, State.PREPARED.value, None))
+                             (job_id, now, JobState.PREPARED.value, None))
             return job_id
 
     def mark_submitted(self, job_id: int, scheduler_job_id: str, job_folder: str | os.PathLike | None,
@@ -372,32 +364,35 @@ class History:
                     return
                 raise HistoryError(f"job #{job_id} is already submitted as {row['scheduler_job_id']}, "
                                    f"not {scheduler_job_id}")
-            if row["state"] != State.PREPARED.value:
+            if row["state"] != JobState.PREPARED.value:
                 raise HistoryError(f"job #{job_id} is {row['state']}, only a PREPARED job can be marked submitted")
             self._db.execute(
                 "UPDATE jobs SET scheduler_job_id = ?, job_folder = ?, submitted_at = ? WHERE id = ?",
                 (scheduler_job_id, None if job_folder is None else str(job_folder), now, job_id),
             )
-            self._set_state(row, State.SUBMITTED, None, now)
+            self._set_state(row, JobState.SUBMITTED, None, now)
 
-    def mark_submit_failed(self, job_id: int, reason: str, *, at: datetime | None = None) -> None:
-        """The scheduler refused job ``job_id`` (or could not be reached): state SUBMIT_FAILED."""
+    def mark_submit_failed(self, job_id: int, detail: str, *, at: datetime | None = None) -> None:
+        """The scheduler refused job ``job_id`` (or could not be reached): state SUBMIT_FAILED,
+        its answer kept as the job's detail."""
         now = self._now(at)
         with self._write():
             row = self._row(job_id)
-            if row["state"] != State.PREPARED.value:
+            if row["state"] != JobState.PREPARED.value:
                 raise HistoryError(f"job #{job_id} is {row['state']}, only a PREPARED job can fail to submit")
-            self._db.execute("UPDATE jobs SET exit_reason = ? WHERE id = ?", (reason, job_id))
-            self._set_state(row, State.SUBMIT_FAILED, reason, now)
+            self._db.execute("UPDATE jobs SET detail = ? WHERE id = ?", (detail, job_id))
+            self._set_state(row, JobState.SUBMIT_FAILED, detail, now)
 
-    def transition(self, job_id: int, state: str | State, detail: str | None = None,
-                   at: datetime | None = None, *, exit_reason: str | None = None,
-                   expect: str | State | None = None) -> bool:
+    def transition(self, job_id: int, state: str | JobState, note: str | None = None,
+                   at: datetime | None = None, *, failure_kind: FailureKind | str | None = None,
+                   exit_code: str | None = None, detail: str | None = None,
+                   expect: str | JobState | None = None) -> bool:
         """Move job ``job_id`` to ``state``; True if that changed it (same state: nothing recorded).
 
-        Entering RUNNING sets started_at (the first time only); entering a terminal state sets
-        ended_at (and ``exit_reason`` when given); leaving a terminal state (a requeue after
-        preemption) clears ended_at.
+        ``note`` goes with the transition (why it changed); ``failure_kind``, ``exit_code`` and
+        ``detail``, when given, are recorded on the job (why it ended). Entering RUNNING sets
+        started_at (the first time only); entering a terminal state sets ended_at; leaving a
+        terminal state (a requeue after preemption) clears ended_at.
 
         ``expect``: the state the caller's decision was based on. When the row holds another
         one, someone recorded a change since the caller read it (the job's first node writing
@@ -405,7 +400,7 @@ class History:
         the caller's next look decides from fresh data.
         """
         new = parse_state(state)
-        if new is State.PREPARED:
+        if new is JobState.PREPARED:
             raise UsageError("PREPARED is set by prepare() only")
         now = self._now(at)
         with self._write():
@@ -414,16 +409,24 @@ class History:
                 return False
             if expect is not None and row["state"] != parse_state(expect).value:
                 return False
-            if exit_reason is not None:
-                self._db.execute("UPDATE jobs SET exit_reason = ? WHERE id = ?", (exit_reason, job_id))
-            self._set_state(row, new, detail, now)
+            self._set_ending(job_id, failure_kind, exit_code, detail)
+            self._set_state(row, new, note, now)
             return True
 
-    def set_exit_reason(self, job_id: int, exit_reason: str | None) -> None:
-        """Correct why job ``job_id`` ended (a later, better verdict: CUDA_OOM instead of 1:0)."""
+    def set_failure(self, job_id: int, failure_kind: FailureKind | str | None, detail: str | None = None) -> None:
+        """Record why job ``job_id`` failed (a later, better verdict: CUDA_OOM instead of exit 1:0)."""
         with self._write():
             self._row(job_id)
-            self._db.execute("UPDATE jobs SET exit_reason = ? WHERE id = ?", (exit_reason, job_id))
+            self._db.execute("UPDATE jobs SET failure_kind = ? WHERE id = ?",
+                             (None if failure_kind is None else FailureKind(failure_kind).value, job_id))
+            if detail is not None:
+                self._db.execute("UPDATE jobs SET detail = ? WHERE id = ?", (detail, job_id))
+
+    def _set_ending(self, job_id: int, failure_kind, exit_code: str | None, detail: str | None) -> None:
+        for column, value in (("failure_kind", None if failure_kind is None else FailureKind(failure_kind).value),
+                              ("exit_code", exit_code), ("detail", detail)):
+            if value is not None:
+                self._db.execute(f"UPDATE jobs SET {column} = ? WHERE id = ?", (value, job_id))
 
     def set_extra(self, job_id: int, extra: Mapping[str, Any]) -> None:
         """Replace the free-form ``extra`` of job ``job_id`` (e.g. where a remote job lives)."""
@@ -437,9 +440,9 @@ class History:
             self._row(job_id)
             self._db.execute("UPDATE jobs SET measured_peak_bytes = ? WHERE id = ?", (measured_peak_bytes, job_id))
 
-    def _set_state(self, row: sqlite3.Row, new: State, detail: str | None, now: str) -> None:
+    def _set_state(self, row: sqlite3.Row, new: JobState, detail: str | None, now: str) -> None:
         sets, args = ["state = ?"], [new.value]
-        if new is State.RUNNING and row["started_at"] is None:
+        if new is JobState.RUNNING and row["started_at"] is None:
             sets.append("started_at = ?")
             args.append(now)
         if new in TERMINAL_STATES:
@@ -492,7 +495,7 @@ class History:
         row = self._db.execute("SELECT * FROM jobs WHERE token = ?", (token,)).fetchone()
         return None if row is None else JobRecord._from_row(row)
 
-    def list(self, recipe: str | None = None, state: str | State | Iterable[str | State] | None = None,
+    def list(self, recipe: str | None = None, state: str | JobState | Iterable[str | JobState] | None = None,
              cluster: str | None = None, limit: int | None = None, *,
              sweep_id: str | None = None) -> list[JobRecord]:
         """Jobs, newest first. ``recipe`` matches the recipe name or path; ``state`` one or several."""
@@ -501,7 +504,7 @@ class History:
             where.append("(recipe_name = ? OR recipe_path = ?)")
             args += [recipe, recipe]
         if state is not None:
-            states = [state] if isinstance(state, (str, State)) else list(state)
+            states = [state] if isinstance(state, (str, JobState)) else list(state)
             values = [parse_state(s).value for s in states]
             where.append(f"state IN ({', '.join('?' * len(values))})")
             args += values
@@ -558,7 +561,7 @@ class History:
         self._row(job_id)
         rows = self._db.execute("SELECT job_id, at, state, detail FROM transitions WHERE job_id = ? ORDER BY id",
                                 (int(job_id),))
-        return [Transition(r["job_id"], r["at"], State(r["state"]), r["detail"]) for r in rows]
+        return [Transition(r["job_id"], r["at"], JobState(r["state"]), r["detail"]) for r in rows]
 
 
 def _when_unlocked(op: Callable[[], Any], timeout_s: float = BUSY_TIMEOUT_MS / 1000):
@@ -577,6 +580,46 @@ def _when_unlocked(op: Callable[[], Any], timeout_s: float = BUSY_TIMEOUT_MS / 1
                 raise
             time.sleep(delay)
             delay = min(0.5, delay * 2)
+
+
+def recent_jobs(path: str | os.PathLike, cluster: str, *, recent: int, failure_kind: FailureKind,
+                max_failed: int, finished_states: tuple[JobState, ...], max_finished: int) -> dict[str, list[JobRecord]]:
+    """What `jobctl plan` learns from, read-only, among the newest `recent` jobs of the history
+    at `path` on `cluster`: the newest jobs that failed with `failure_kind` (at most
+    `max_failed`), the jobs that continued them, and the newest jobs in `finished_states` with a
+    predicted and a measured peak (at most `max_finished`). A rowid range bounds the scan and
+    LIMIT the rows, so the cost stays flat however long the history grows.
+
+    An older schema is migrated first (the one write this makes); a newer one is HistoryError."""
+    from urllib.parse import quote
+
+    db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=1.0)
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version < SCHEMA_VERSION:
+            db.close()
+            History.open(path).close()
+            db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=1.0)
+        elif version > SCHEMA_VERSION:
+            raise HistoryError(f"{path} has schema version {version}; this jobctl knows up to {SCHEMA_VERSION}")
+        db.row_factory = sqlite3.Row
+        window = "id > (SELECT COALESCE(MAX(id), 0) FROM jobs) - ? AND cluster = ?"
+        failed = db.execute(f"SELECT * FROM jobs WHERE {window} AND failure_kind = ? ORDER BY id DESC LIMIT ?",
+                            (recent, cluster, FailureKind(failure_kind).value, max_failed)).fetchall()
+        states = [JobState(s).value for s in finished_states]
+        finished = db.execute(
+            f"""SELECT * FROM jobs WHERE {window} AND state IN ({", ".join("?" * len(states))})
+                AND predicted_peak_bytes > 0 AND measured_peak_bytes > 0 ORDER BY id DESC LIMIT ?""",
+            (recent, cluster, *states, max_finished)).fetchall()
+        children = []
+        if failed:
+            ids = [r["id"] for r in failed]
+            children = db.execute(f"SELECT * FROM jobs WHERE parent_id IN ({', '.join('?' * len(ids))}) ORDER BY id",
+                                  ids).fetchall()
+    finally:
+        db.close()
+    return {"failed": [JobRecord._from_row(r) for r in failed], "finished": [JobRecord._from_row(r) for r in finished],
+            "children": [JobRecord._from_row(r) for r in children]}
 
 
 class _WriteTransaction:

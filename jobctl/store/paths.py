@@ -1,4 +1,5 @@
-"""Where jobctl keeps its state (a light module: `plan` reads it without importing the store)."""
+"""Where jobctl keeps its state: the history file and the job folders (a light module: `plan`
+reads it without importing the store)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,11 @@ def history_path(env: Mapping[str, str] | None = None) -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "jobctl" / "history.sqlite"
     return Path.home() / ".local" / "state" / "jobctl" / "history.sqlite"
+
+
+def jobs_root(workdir: str | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """Where job folders are made: the inventory's `workdir` (shared with the nodes), else
+    `jobs/` next to the history."""
+    if workdir:
+        return Path(os.path.expandvars(os.path.expanduser(workdir)))
+    return history_path(env).parent / "jobs"

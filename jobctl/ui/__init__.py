@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
+from jobctl.planner.plan import layout_text
+
 GIB = 1 << 30
 BAR_WIDTH = 12
 
@@ -30,6 +32,17 @@ def error(message: str, hint: str | None = None) -> None:
     con.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
     if hint:
         con.print(Text.assemble(("To fix: ", "bold"), hint), soft_wrap=True)
+
+
+def line(text: str) -> None:
+    """One line of data on stdout (tab-separated results scripts read)."""
+    sys.stdout.write(text + "\n")
+
+
+def raw(text: str) -> None:
+    """Text as it is on stdout (a log, a YAML document), flushed."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def info(message: str) -> None:
@@ -154,19 +167,6 @@ def alternatives_table(alts: list[dict]):
     return table
 
 
-def layout_text(p: dict) -> str:
-    text = f"tp{p['tp']} pp{p['pp']}"
-    if p.get("virtual_stages", 1) > 1:
-        text += f"(v{p['virtual_stages']})"
-    text += f" dp{p['dp']} cp{p['cp']} {p['sharding']} mbs{p['micro_batch_size']}x{p['grad_accum_steps']}"
-    rc = p["recompute"]
-    if rc != "none":
-        text += f" rc={rc}" + (f"({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
-    if p["offload"] != "none":
-        text += f" off={p['offload']}"
-    return text
-
-
 def render_explain(ex: dict) -> None:
     from rich.text import Text
 
@@ -263,7 +263,7 @@ def local_time(iso: str | None) -> str:
 
 
 def jobs_table(rows: list[dict], title: str | None = None):
-    """Jobs as `status` and `history` show them (rows from jobctl.cli.history.job_row)."""
+    """Jobs as `status` and `history` show them (rows from jobctl.jobs.status.job_row)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -276,7 +276,7 @@ def jobs_table(rows: list[dict], title: str | None = None):
         nodes = "" if r["nodes"] is None else str(r["nodes"])
         if r.get("node_list"):
             nodes += f" {r['node_list']}"
-        why = _exit_text(r.get("exit_reason")) or r.get("reason") or ""
+        why = r.get("failure_kind") or _exit_text(r.get("exit_code")) or r.get("detail") or r.get("reason") or ""
         chain = " → ".join(f"#{i}" for i in r.get("chain") or [])
         table.add_row(f"#{r['id']}", Text(r.get("scheduler_job_id") or ""), Text(r["recipe"]), Text(r["cluster"]),
                       Text(r["state"], style=_STATE_STYLES.get(r["state"], "bold red")), Text(nodes),

@@ -1,0 +1,265 @@
+"""Slurm: the only code that runs sbatch, sacct, scancel, scontrol and sinfo.
+
+Jobs are submitted through submitit's SlurmExecutor (one task per node; several jobs of equal
+resources as one job array, so one sbatch call). States come from one batched sacct query,
+bounded by the earliest submit time (Slurm reuses job ids). The sbatch script jobctl keeps
+and shows is the one submitit itself writes: after a submission its own file, for a dry run
+the file submitit writes when its sbatch is a stand-in that only prints a job id
+(`render`), since submitit has no public renderer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from jobctl.backends.base import JobRef, SubmitRequest, Submitted
+from jobctl.errors import SchedulerError
+from jobctl.model import JobStatus, Scheduler
+
+TIMEOUT_S = 60.0
+# Seconds before the time limit at which Slurm signals the job (submitit's USR2: checkpoint
+# and requeue); the same for the dry run's script, so it equals the submitted one.
+SIGNAL_DELAY_S = 30
+MAX_NUM_TIMEOUT = 3  # submitit requeues a timed-out or preempted job at most this often
+SACCT_FIELDS = "JobID,State,ExitCode,Start,End,NodeList,Reason"
+SACCT_SLACK_S = 60.0  # clock skew between this machine and slurmctld, for sacct's -S bound
+
+Run = Callable[[list[str], bool], str]  # (argv, required) -> stdout; SchedulerError on failure
+
+
+def run_here(argv: list[str], required: bool = True, timeout_s: float = TIMEOUT_S) -> str:
+    """Run a Slurm command on this machine (an argv list, never a shell); its stdout.
+    SchedulerError when it is missing, hangs or fails (or "" for a command not `required`)."""
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError:
+        if not required:
+            return ""
+        raise SchedulerError(f"`{argv[0]}` is not installed on this machine",
+                             hint="run jobctl where Slurm's client commands work (a login node), or use "
+                                  "--cluster local") from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(f"`{' '.join(argv[:3])}` did not answer within {timeout_s:g} s",
+                             hint="check `scontrol ping`, then try again") from None
+    if p.returncode != 0:
+        if not required:
+            return ""
+        tail = ((p.stderr or "").strip() or (p.stdout or "").strip() or f"exit code {p.returncode}").splitlines()[-1]
+        raise SchedulerError(f"{argv[0]} failed (exit {p.returncode}): {tail[:300]}",
+                             hint="is slurmctld up? (`scontrol ping`); is SLURM_CONF set?")
+    return p.stdout
+
+
+class SlurmBackend:
+    """A Slurm cluster this machine can reach with Slurm's client commands (or, for the
+    read-only `describe`, through `run`: the same commands over SSH)."""
+
+    scheduler = Scheduler.SLURM
+
+    def __init__(self, run: Run | None = None):
+        self._run = run or (lambda argv, required=True: run_here(argv, required))
+
+    # -- reachability --------------------------------------------------------------------
+
+    def check(self) -> None:
+        if shutil.which("sbatch") is None:
+            raise SchedulerError("cannot submit: sbatch is not installed on this machine",
+                                 hint="run jobctl where Slurm's client commands work (a login node), or "
+                                      "use --cluster local")
+        try:
+            p = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=TIMEOUT_S)
+        except (FileNotFoundError, subprocess.TimeoutExpired) as e:
+            raise SchedulerError(f"cannot reach the Slurm controller: {e}") from None
+        if p.returncode != 0 or "UP" not in p.stdout:
+            detail = (p.stdout + p.stderr).strip().splitlines()
+            raise SchedulerError("cannot submit: the Slurm controller is not answering"
+                                 + (f" ({detail[-1]})" if detail else ""),
+                                 hint="check `scontrol ping` and SLURM_CONF, then submit again")
+
+    # -- submission ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _executor(folder: Path, parameters: dict):
+        import submitit
+
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=MAX_NUM_TIMEOUT)
+        ex.update_parameters(**parameters, signal_delay_s=SIGNAL_DELAY_S)
+        return ex
+
+    def submit(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> list[Submitted]:
+        """One sbatch call: a single job, or a job array for several with equal parameters.
+        Jobs run in `cwd` (sbatch --chdir), else where jobctl runs."""
+        import submitit
+
+        folders = [r.folder.path for r in requests]
+        exec_folder = folders[0] if len(requests) == 1 else folders[0].parent / f"array-{folders[0].name}"
+        params = dict(requests[0].parameters)
+        if cwd:
+            params["additional_parameters"] = {**params.get("additional_parameters", {}), "chdir": cwd}
+        ex = self._executor(exec_folder, params)
+        try:
+            if len(requests) == 1:
+                jobs = [ex.submit(requests[0].runner)]
+            else:
+                with ex.batch():
+                    jobs = [ex.submit(r.runner) for r in requests]
+        except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as e:
+            raise SchedulerError(f"the scheduler refused the job: {_sbatch_message(e)}",
+                                 hint="check the partition, GPU count and time limit against `sinfo`, or run "
+                                      "with --dry-run --check") from None
+        out = []
+        for job in jobs:
+            try:
+                script = job.paths.submission_file.read_text(encoding="utf-8")
+            except OSError:
+                script = None
+            out.append(Submitted(str(job.job_id), exec_folder, {"sbatch": script}))
+        return out
+
+    def render(self, request: SubmitRequest) -> str:
+        """The sbatch script submitit would write for `request`, made by submitit itself: its
+        executor submits to a stand-in `sbatch` (first on PATH for this call) that only prints a
+        job id, in a scratch folder; the script it wrote is read back. The job folder's path is
+        the request's, so the text is what a real submission of it gets."""
+        with tempfile.TemporaryDirectory(prefix="jobctl-render-") as tmp:
+            stand_in = Path(tmp) / "bin" / "sbatch"
+            stand_in.parent.mkdir()
+            stand_in.write_text("#!/bin/sh\necho 'Submitted batch job 1'\n")
+            stand_in.chmod(0o700)
+            scratch = Path(tmp) / "job"
+            with _path_first(stand_in.parent):
+                job = self._executor(scratch, request.parameters).submit(_nothing)
+            text = job.paths.submission_file.read_text(encoding="utf-8")
+        # submitit quotes the folder where it passes it to python, and only there
+        real = str(request.folder.path)
+        text = text.replace(f"_submit {scratch}", f"_submit {shlex.quote(real)}")
+        return text.replace(str(scratch), real)
+
+    def test_only(self, script: str) -> tuple[bool, str]:
+        """`sbatch --test-only` of the very script: does Slurm accept it now (no job made)?"""
+        with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="jobctl-test-only-", delete=False) as f:
+            f.write(script)
+        try:
+            p = subprocess.run(["sbatch", "--test-only", f.name], capture_output=True, text=True, timeout=TIMEOUT_S)
+        except FileNotFoundError:
+            raise SchedulerError("sbatch is not installed here", hint="run jobctl on a machine where Slurm's "
+                                 "client commands work, or use --cluster local") from None
+        except subprocess.TimeoutExpired:
+            raise SchedulerError(f"sbatch --test-only did not answer within {TIMEOUT_S:g} s") from None
+        finally:
+            os.unlink(f.name)
+        return p.returncode == 0, (p.stdout + p.stderr).strip()
+
+    # -- asking about jobs -------------------------------------------------------------------
+
+    def refresh(self, jobs: Sequence[JobRef]) -> dict[str, JobStatus]:
+        """States of many jobs with ONE sacct call, bounded by the earliest submit time (Slurm
+        reuses job ids, so an unbounded query can return an older job's row). A job sacct has
+        no row for yet is PENDING."""
+        ids = sorted({j.scheduler_job_id for j in jobs if j.scheduler_job_id})
+        if not ids:
+            return {}
+        # created_at is written before sbatch is called: never after the job's own submit time
+        since = min(j.created_at for j in jobs if j.scheduler_job_id)
+        argv = ["sacct", "-n", "-P", "-X", "-o", SACCT_FIELDS, "-j", ",".join(ids), "-S", sacct_time(since)]
+        found = parse_sacct(self._run(argv, True))
+        # just after sbatch, sacct has no row for up to a second (slurmdbd lags slurmctld)
+        return {i: found.get(i) or JobStatus("PENDING", reason="not yet in accounting") for i in ids}
+
+    def cancel(self, jobs: Sequence[JobRef]) -> None:
+        ids = [j.scheduler_job_id for j in jobs if j.scheduler_job_id]
+        if ids:
+            self._run(["scancel", *ids], True)
+
+    def output_files(self, submitit_folder: Path, job_id: str, node: int) -> tuple[Path, Path]:
+        from submitit.core.utils import JobPaths
+
+        paths = JobPaths(submitit_folder, job_id=job_id, task_id=node)
+        return paths.stdout, paths.stderr
+
+    # -- the cluster -------------------------------------------------------------------------
+
+    def node_address(self, host: str) -> str | None:
+        """Slurm's NodeAddr for a node (nodes named in slurm.conf but not in DNS), or None."""
+        for word in self._run(["scontrol", "show", "node", host], False).split():
+            if word.startswith("NodeAddr="):
+                return word.split("=", 1)[1]
+        return None
+
+    def cluster_name(self) -> str | None:
+        """Slurm's ClusterName (scontrol show config), or None when it does not say."""
+        from jobctl.backends import discover as d
+
+        return d.parse_cluster_name(self._run(d.CONFIG_ARGV, False))
+
+    def describe(self) -> list:
+        """The cluster's partitions as they are now (sinfo and scontrol): discover.PartitionFacts."""
+        from jobctl.backends import discover as d
+
+        sinfo = self._run(d.SINFO_ARGV, True)
+        parts = self._run(d.PARTITION_ARGV, True)
+        nodes = self._run(d.NODE_ARGV, True)
+        try:
+            return d.cluster_facts(sinfo, parts, nodes)
+        except ValueError as e:
+            raise SchedulerError(f"cannot read Slurm's answer: {e}") from e
+
+
+def _nothing() -> None:
+    """What the dry run's stand-in submission runs: it never runs."""
+
+
+@contextlib.contextmanager
+def _path_first(folder: Path):
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{folder}{os.pathsep}{old}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+def parse_sacct(text: str) -> dict[str, JobStatus]:
+    """sacct -n -P -X -o JobID,State,ExitCode,Start,End,NodeList,Reason -> {job id: JobStatus}."""
+    out: dict[str, JobStatus] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 7:
+            continue
+        jid, state, code, start, end, nodes, reason = parts[:7]
+        known = lambda v: v if v not in ("", "Unknown", "None") else None  # noqa: E731
+        out[jid] = JobStatus(state or "UNKNOWN", code or None, reason if reason not in ("", "None") else None,
+                             known(start), known(end), nodes or None)
+    return out
+
+
+def sacct_time(iso: str, slack_s: float = SACCT_SLACK_S) -> str:
+    """A history timestamp (UTC ISO) as sacct's -S reads it: naive local wall-clock time,
+    `slack_s` earlier for clock skew between this machine and slurmctld."""
+    dt = datetime.fromisoformat(iso)
+    if dt.tzinfo is not None:
+        dt = dt.astimezone().replace(tzinfo=None)
+    return (dt - timedelta(seconds=slack_s)).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _sbatch_message(e: Exception) -> str:
+    text = str(e)
+    for marker in ("sbatch: error:", "error:"):
+        if marker in text:
+            return text[text.index(marker):].strip().splitlines()[0]
+    return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
+
+
+def python_command(folder: Path) -> str:
+    """The command submitit's SlurmExecutor puts in the script (slurm.py: python -u -m
+    submitit.core._submit FOLDER), for tests that compare scripts."""
+    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])

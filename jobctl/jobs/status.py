@@ -1,0 +1,144 @@
+"""How jobs are doing: one query per backend for many jobs (local, Slurm and remote alike),
+every change recorded in the history; job references and the rows `status`, `history`,
+`watch` and `--json` show."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from jobctl.errors import SchedulerError, UsageError
+from jobctl.jobs import placement
+from jobctl.model import JobState, JobStatus
+from jobctl.store.history import UnknownJobError
+
+
+def refresh(history, records) -> dict[int, JobStatus]:
+    """Ask each backend once about `records` and record what changed; {jobctl id: JobStatus}."""
+    current: dict[int, JobStatus] = {}
+    for backend, group in placement.by_backend([r for r in records if r.scheduler_job_id], history):
+        answers = backend.refresh(group)
+        for r in group:
+            st = answers.get(r.scheduler_job_id)
+            if st is None:
+                continue
+            current[r.id] = st
+            if st.state != r.state:
+                # expect: only from the state this decision saw (the job may have recorded its own
+                # verdict since `records` were read, and sacct can lag it)
+                failed = st.state.terminal and st.state is not JobState.COMPLETED
+                history.transition(r.id, st.state, st.reason, exit_code=st.exit_code if failed else None,
+                                   failure_kind=st.failure_kind if failed else None,
+                                   detail=st.detail if failed else None, expect=r.state)
+    return current
+
+
+def refresh_live(history, records) -> dict[int, JobStatus]:
+    """Ask the backends (once each) about the jobs not yet ended and record what changed.
+
+    Ended jobs are not asked about: their recorded state is final (a local job's folder
+    cannot tell CANCELLED from FAILED, and sacct may have forgotten old jobs)."""
+    live = [r for r in records if r.scheduler_job_id and not r.terminal]
+    try:
+        return refresh(history, live) if live else {}
+    except SchedulerError as e:
+        raise SchedulerError(e.message, hint=e.hint or "`jobctl history` shows the recorded states "
+                             "without asking the scheduler") from None
+
+
+def sync_copies(history, records) -> None:
+    """Bring the local copies of remote jobs' folders up to date (nothing for jobs run from here)."""
+    for backend, group in placement.by_backend([r for r in records if r.scheduler_job_id], history):
+        if placement.is_remote(group[0]):
+            backend.sync(group)
+
+
+# --- references and rows ------------------------------------------------------------------------
+
+def resolve(history, refs: list[str]) -> list:
+    """The history records the references name (12, #12, slurm:4242, ...), each once, in order.
+
+    An unknown reference is a usage error naming the newest jobs the history does know."""
+    out, seen = [], set()
+    for ref in refs:
+        try:
+            rec = history.get(ref)
+        except UnknownJobError as e:
+            newest = history.list(limit=5)
+            known = ", ".join(f"#{r.id}" + (f" ({r.scheduler} {r.scheduler_job_id})" if r.scheduler_job_id else "")
+                              for r in newest)
+            hint = (f"the newest jobs are {known}; run `jobctl history` to see them all" if newest else
+                    "the history is empty: submit a job first (jobctl submit RECIPE --cluster CLUSTER)")
+            raise UsageError(e.message, hint=hint) from None
+        if rec.id not in seen:
+            seen.add(rec.id)
+            out.append(rec)
+    return out
+
+
+def select(history, refs: list[str], recent: int) -> list:
+    """The named jobs; without names, every active job plus the `recent` newest, newest first."""
+    if refs:
+        return resolve(history, refs)
+    by_id = {r.id: r for r in history.active()}
+    if recent:
+        by_id.update((r.id, r) for r in history.list(limit=recent))
+    return [by_id[i] for i in sorted(by_id, reverse=True)]
+
+
+def _aware(text: str | None) -> datetime | None:
+    """A timezone-aware datetime from the history's UTC ISO text or sacct's naive local time."""
+    if not text:
+        return None
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return dt.astimezone() if dt.tzinfo is None else dt  # naive (sacct) means local time
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return None if dt is None else dt.astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
+def job_row(history, record, state: JobStatus | None = None, now: datetime | None = None) -> dict:
+    """One job as the tables and --json show it: the history record, and, when given, what the
+    scheduler said just now for its start, end, node list and reason."""
+    now = now or datetime.now(timezone.utc)
+    plan = record.plan
+    if record.scheduler == "local":
+        start = _aware(record.submitted_at)  # the local executor starts the job at once
+    else:
+        start = _aware(state.start if state else None) or _aware(record.started_at)
+    end = _aware(state.end if state else None) or _aware(record.ended_at)
+    if not record.terminal:
+        end = None
+    elapsed_s = None
+    if start is not None:
+        elapsed_s = max(0.0, ((end or now) - start).total_seconds())
+    chain = history.chain(record.id)
+    node_list = state.nodes if state and state.nodes and state.nodes != "None assigned" else None
+    reason = state.reason if state and not record.terminal else None
+    return {
+        "id": record.id,
+        "scheduler": record.scheduler,
+        "scheduler_job_id": record.scheduler_job_id,
+        "recipe": record.recipe_name,
+        "cluster": record.cluster,
+        "partition": record.partition,
+        "state": record.state.value,
+        "nodes": plan.get("nodes"),
+        "node_list": node_list,
+        "submitted_at": record.submitted_at or record.created_at,
+        "started_at": _iso(start),
+        "ended_at": _iso(end),
+        "elapsed_s": None if elapsed_s is None else round(elapsed_s, 1),
+        "failure_kind": record.failure_kind.value if record.failure_kind else None,
+        "exit_code": record.exit_code,
+        "detail": record.detail,
+        "reason": reason,
+        "attempt": record.attempt,
+        "parent_id": record.parent_id,
+        "chain": [r.id for r in chain] if len(chain) > 1 else [],
+        "sweep_id": record.sweep_id,
+        "job_folder": record.job_folder,
+    }

@@ -1,0 +1,192 @@
+"""The vocabulary every layer shares: job states, failure kinds, retry actions, and the one
+retry table that recovery, requeue, watch and report all read.
+
+It sits at the bottom of the house (docs/architecture.md): the history stores these values,
+the runtime classifies failures into them, the services decide with them. Closed sets are
+StrEnums: they compare equal to their names and serialise as plain strings.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+from jobctl.errors import UsageError
+
+
+class StrEnum(str, Enum):
+    """`enum.StrEnum` (Python 3.11) for 3.10 too: a str whose str() is its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class JobState(StrEnum):
+    """Job states: Slurm's own names, plus PREPARED / SUBMITTED / SUBMIT_FAILED from jobctl."""
+
+    PREPARED = "PREPARED"  # row written, scheduler not contacted yet (or the answer was lost)
+    SUBMITTED = "SUBMITTED"  # the scheduler accepted it; not yet seen in the queue
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    REQUEUED = "REQUEUED"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    SUBMIT_FAILED = "SUBMIT_FAILED"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({
+    JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY,
+    JobState.NODE_FAIL, JobState.PREEMPTED, JobState.BOOT_FAIL, JobState.DEADLINE, JobState.SUBMIT_FAILED,
+})
+
+
+def parse_state(text: str | JobState) -> JobState:
+    """A JobState from its name; sacct decorations such as ``CANCELLED by 0`` or ``RUNNING+`` are dropped."""
+    if isinstance(text, JobState):
+        return text
+    word = re.split(r"[\s+]", str(text).strip().upper(), maxsplit=1)[0]
+    try:
+        return JobState(word)
+    except ValueError:
+        allowed = ", ".join(s.value for s in JobState)
+        raise UsageError(f"unknown job state {text!r}; allowed: {allowed}") from None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What a scheduler says about a job now (a backend's answer to a refresh)."""
+
+    state: JobState
+    exit_code: str | None = None  # "code:signal" as sacct prints it
+    reason: str | None = None  # why it waits or ended, in the scheduler's words
+    start: str | None = None
+    end: str | None = None
+    nodes: str | None = None
+    failure_kind: FailureKind | None = None  # a verdict recorded where the job ran (a login node's)
+    detail: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "state", parse_state(self.state))
+        if self.failure_kind is not None:
+            object.__setattr__(self, "failure_kind", FailureKind(self.failure_kind))
+
+
+class Scheduler(StrEnum):
+    """Where a job runs: a Slurm cluster, or this machine (submitit's local executor)."""
+
+    SLURM = "slurm"
+    LOCAL = "local"
+
+
+class FailureKind(StrEnum):
+    """Why a job ended (runtime/classify.py decides it from exit status, state and log)."""
+
+    COMPLETED = "COMPLETED"
+    CUDA_OOM = "CUDA_OOM"
+    HOST_OOM = "HOST_OOM"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"
+    NODE_FAIL = "NODE_FAIL"
+    NCCL = "NCCL"
+    CANCELLED = "CANCELLED"
+    USER_ERROR = "USER_ERROR"
+
+
+class RetryAction(StrEnum):
+    """What follows a failure: walk the OOM ladder (a new job with a smaller plan), requeue
+    the same plan (submitit's checkpoint/requeue, for jobs stopped from outside), or nothing."""
+
+    LADDER = "ladder"
+    REQUEUE = "requeue"
+    NONE = "none"
+
+
+# THE retry table: a smaller plan after a CUDA OOM; the same plan again when the scheduler
+# stopped the job from outside (submitit requeues the checkpointable runner); nothing for the
+# rest, which need a person: a host OOM is the data loader or CPU offload, not the GPU plan;
+# NCCL errors are usually the fabric; a user error is a bug or a bad config.
+RETRY_TABLE: Mapping[FailureKind, RetryAction] = {
+    FailureKind.COMPLETED: RetryAction.NONE,
+    FailureKind.CUDA_OOM: RetryAction.LADDER,
+    FailureKind.HOST_OOM: RetryAction.NONE,
+    FailureKind.TIMEOUT: RetryAction.REQUEUE,
+    FailureKind.PREEMPTED: RetryAction.REQUEUE,
+    FailureKind.NODE_FAIL: RetryAction.REQUEUE,
+    FailureKind.NCCL: RetryAction.NONE,
+    FailureKind.CANCELLED: RetryAction.NONE,
+    FailureKind.USER_ERROR: RetryAction.NONE,
+}
+# What `submit --retry KIND=ACTION` may change: the kinds whose failure happened inside the
+# job. Requeues after TIMEOUT/PREEMPTED/NODE_FAIL are submitit's and a cancel is the user's.
+OVERRIDABLE = (FailureKind.CUDA_OOM, FailureKind.HOST_OOM, FailureKind.NCCL, FailureKind.USER_ERROR)
+OVERRIDE_ACTIONS = (RetryAction.LADDER, RetryAction.NONE)
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_SAMPLE_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a job recovers on its own: the attempt limit of an OOM chain, the user's overrides
+    of RETRY_TABLE, and what the runner records (GPU samples, memory hooks, snapshots)."""
+
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    overrides: Mapping[FailureKind, RetryAction] = field(default_factory=dict)
+    memory_snapshot: bool = False
+    hooks: bool = False
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
+
+    def action(self, kind: FailureKind | str) -> RetryAction:
+        """What follows a failure of this kind (the user's override, else RETRY_TABLE)."""
+        kind = FailureKind(kind)
+        return self.overrides.get(kind, RETRY_TABLE[kind])
+
+    def to_dict(self) -> dict:
+        return {"max_attempts": self.max_attempts, "retry": {k.value: a.value for k, a in self.overrides.items()},
+                "memory_snapshot": self.memory_snapshot, "hooks": self.hooks,
+                "sample_interval_s": self.sample_interval_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> RetryPolicy:
+        """The policy a job folder recorded (job.json "policy"); unknown keys are ignored, and
+        an entry that restates the table is not an override."""
+        d = d or {}
+        overrides = {}
+        for kind, action in (d.get("retry") or {}).items():
+            k, a = FailureKind(kind), RetryAction(action)
+            if a != RETRY_TABLE[k]:
+                overrides[k] = a
+        return cls(max_attempts=int(d.get("max_attempts", DEFAULT_MAX_ATTEMPTS)), overrides=overrides,
+                   memory_snapshot=bool(d.get("memory_snapshot", False)), hooks=bool(d.get("hooks", False)),
+                   sample_interval_s=float(d.get("sample_interval_s", DEFAULT_SAMPLE_INTERVAL_S)))
+
+    @classmethod
+    def with_overrides(cls, items: list[str], **kwargs) -> RetryPolicy:
+        """A policy from `--retry KIND=ACTION` strings; UsageError naming what is allowed."""
+        overrides = {}
+        for item in items:
+            kind, _, action = item.partition("=")
+            try:
+                k, a = FailureKind(kind.strip().upper()), RetryAction(action.strip().lower())
+                if k not in OVERRIDABLE or a not in OVERRIDE_ACTIONS:
+                    raise ValueError
+            except ValueError:
+                raise UsageError(f"--retry {item!r}: expected KIND=ACTION with KIND one of "
+                                 f"{', '.join(OVERRIDABLE)} and ACTION one of {', '.join(OVERRIDE_ACTIONS)}") from None
+            overrides[k] = a
+        return cls(overrides=overrides, **kwargs)

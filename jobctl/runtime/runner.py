@@ -1,0 +1,182 @@
+"""The callable submitit runs once per node inside the job.
+
+It sets the environment explicitly, starts the GPU sampler, runs the recipe's command (under
+torchrun, or bare) as an argv list -- never through a shell --, copies its output to
+logs/node-<rank>.log, writes the node's outcome record, and on the first node hands the
+outcomes to the recovery it was given (a callable chosen by the job services: the runtime
+never imports them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from jobctl.backends import launch
+from jobctl.errors import UsageError
+from jobctl.model import RetryPolicy
+from jobctl.runtime.outcome import wait_for_outcomes, write_outcome
+from jobctl.store.folder import FINAL, RECOVERY_ERROR, JobFolder
+
+# The recovery the first node runs after every node has written its outcome, named
+# "module:function": called as function(JobFolder, outcomes), it decides and submits what
+# follows and returns what it did (also written to successor.json/final.json).
+Recovery = Callable[[JobFolder, list], "dict | None"]
+
+
+def resolve(name: str) -> Recovery:
+    """The function a "module:function" name refers to."""
+    import importlib
+
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+@dataclass
+class NodeRunner:
+    """Everything a node needs, picklable: submitit sends it to the nodes.
+
+    Checkpointable: on preemption or timeout submitit calls `checkpoint` and requeues it."""
+
+    folder: str
+    jobctl_id: int
+    nodes: int
+    gpus_per_node: int
+    env: dict[str, str]
+    command: list[str]
+    launcher: str
+    cwd: str | None = None
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    recovery: str | None = None  # "module:function" (see Recovery)
+
+    def argv(self, node_rank: int, master: str, job_id: str) -> list[str]:
+        command = list(self.command)
+        if self.launcher == "none" and command and command[0] in ("python", "python3"):
+            command[0] = sys.executable  # "python" means the job's interpreter
+        return launch.launcher_argv(self.nodes, self.gpus_per_node, command, node_rank, master,
+                                    launch.rdzv_port(job_id), self.launcher, rdzv_id=f"jobctl-{job_id}")
+
+    def environment(self, rank: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env)
+        env["JOBCTL_JOB_ID"] = str(self.jobctl_id)
+        env["JOBCTL_JOB_FOLDER"] = self.folder
+        env["JOBCTL_NODE_RANK"] = str(rank)
+        if self.policy.memory_snapshot:
+            env["JOBCTL_MEMORY_SNAPSHOT"] = "1"
+        if self.policy.hooks or self.policy.memory_snapshot:
+            from jobctl.runtime.hooks import site_env
+
+            env.update(site_env(env))  # every training process logs its peaks (jobctl.hooks)
+        return env
+
+    def __call__(self) -> dict:
+        import submitit
+
+        jenv = submitit.JobEnvironment()
+        rank = jenv.node if jenv.num_nodes > 1 else 0
+        job_id = str(jenv.job_id)
+        folder = JobFolder(self.folder)
+        argv = self.argv(rank, first_node_address(jenv.hostnames), job_id)
+        log_path = folder.log(rank)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        folder.outcome_path(rank).unlink(missing_ok=True)  # a requeued run starts afresh
+        if rank == 0:
+            folder.file(FINAL).unlink(missing_ok=True)  # ... and a verdict on its last run no longer holds
+        sampler = _start_sampler(folder, rank, self.policy.sample_interval_s)
+        started = time.time()
+        print(f"jobctl: node {rank}/{self.nodes} running: {json.dumps(argv)}", flush=True)
+        code: int | None = None
+        try:
+            with open(log_path, "ab", buffering=0) as log:
+                try:
+                    proc = subprocess.Popen(argv, env=self.environment(rank), cwd=self.cwd or os.getcwd(),
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+                    log.write(f"jobctl: cannot start {argv[0]!r}: {e}\n".encode())
+                    code = 127
+                else:
+                    for line in proc.stdout:
+                        log.write(line)
+                        sys.stdout.buffer.write(line)
+                        sys.stdout.flush()
+                    code = proc.wait()
+        finally:
+            if sampler is not None:
+                sampler.stop()
+        signal = -code if code is not None and code < 0 else None
+        outcome = _outcome(folder, rank, code, signal, time.time() - started, argv, job_id)
+        if rank == 0 and self.recovery is not None:
+            _recover(folder, self.nodes, self.recovery)
+        if code != 0:
+            raise RuntimeError(f"the command exited with code {code} on node {rank} "
+                               f"({outcome.get('failure', {}).get('kind', 'failed')}; see {log_path})")
+        return outcome
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def _start_sampler(folder: JobFolder, rank: int, interval_s: float):
+    """The GPU sampler for this node; it can never stop the run (errors are swallowed)."""
+    try:
+        from jobctl.runtime.sampler import GPUSampler
+
+        csv = folder.sampler_csv(rank)
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        sampler = GPUSampler(csv, interval_s=interval_s, node_rank=rank)
+        sampler.start()
+        return sampler
+    except Exception as e:  # monitoring is best effort
+        print(f"jobctl: GPU sampler not started: {e}", flush=True)
+        return None
+
+
+def _outcome(folder: JobFolder, rank: int, code, signal, duration_s: float, argv, job_id: str) -> dict:
+    try:
+        return write_outcome(folder, rank, code, signal, duration_s, argv, job_id)
+    except Exception as e:  # the record is best effort; the exit code still decides the job's state
+        record = {"node_rank": rank, "exit_code": code, "signal": signal, "duration_s": round(duration_s, 3),
+                  "job_id": job_id, "argv": argv, "error": f"outcome classification failed: {e}"}
+        folder.write_json(folder.outcome_path(rank).name, record)
+        return record
+
+
+def _recover(folder: JobFolder, nodes: int, recovery: str) -> None:
+    """First node, after the others have written their outcome: what follows (the OOM ladder)."""
+    try:
+        done = resolve(recovery)(folder, wait_for_outcomes(folder, nodes))
+        if done:
+            print(f"jobctl: {json.dumps({k: v for k, v in done.items() if k != 'failure'}, default=str)}", flush=True)
+    except Exception as e:  # recovery must never hide the original failure
+        folder.write_text(RECOVERY_ERROR, traceback.format_exc())
+        print(f"jobctl: recovery failed: {e}", flush=True)
+
+
+def first_node_address(hostnames: list[str]) -> str:
+    """An address the other nodes can reach the first node at: its name if it resolves,
+    else Slurm's NodeAddr for it (nodes named in slurm.conf but not in DNS)."""
+    host = hostnames[0] if hostnames else socket.gethostname()
+    try:
+        socket.gethostbyname(host)
+        return host
+    except OSError:
+        pass
+    from jobctl.backends.slurm import SlurmBackend
+
+    try:
+        addr = SlurmBackend().node_address(host)
+    except Exception:  # noqa: BLE001 - no Slurm to ask: fall through to the error below
+        addr = None
+    if addr:
+        return addr
+    raise UsageError(f"cannot find an address for the first node {host!r}")
