@@ -71,9 +71,14 @@ def test_tiny_recipe_one_node_completes_on_slurm(slurm_cluster, home):
     assert "step   20  loss" in (folder / "logs" / "node-0.log").read_text()
     rendered = (folder / "sbatch.sh").read_text()
     assert "#SBATCH --nodes=1" in rendered
-    # the script jobctl keeps (and shows with --dry-run) is the one submitit handed to sbatch
+    # the script jobctl keeps is the one submitit handed to sbatch ...
     (submitted,) = folder.glob("*_submission.sh")
     assert rendered == submitted.read_text()
+    # ... and the one --dry-run showed, but for the jobctl id a dry run cannot know
+    dry = jobctl("submit", "recipes/tiny.yaml", "--cluster", "dev", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    shown = json.loads(dry.stdout)["sbatch"]
+    assert shown.replace(f"/ID-tiny", f"/{job['id']}-tiny") == rendered
 
 
 def test_two_nodes_torchrun_world_and_environment(slurm_cluster, home, tmp_path):

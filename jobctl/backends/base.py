@@ -66,8 +66,9 @@ class JobBackend(Protocol):
     def cancel(self, jobs: Sequence[JobRef]) -> None:
         """Stop jobs that may still run (one call for all)."""
 
-    def render(self, request: SubmitRequest) -> str | None:
-        """The script the scheduler would be given for `request` (None: there is none)."""
+    def render(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> str | None:
+        """The script the scheduler would be given for `requests` (one submit call: one job, or
+        an array); None when there is none."""
 
     def test_only(self, script: str) -> tuple[bool, str]:
         """Whether the scheduler would accept `script` now, and what it said (no job created)."""

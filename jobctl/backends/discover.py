@@ -18,12 +18,10 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from jobctl.backends.launch import parse_slurm_time
+from jobctl.errors import JobctlError
 
-SINFO_FORMAT = "%P|%a|%l|%D|%c|%m|%G|%N"
-SINFO_ARGV = ["sinfo", "-h", "-o", SINFO_FORMAT]
-PARTITION_ARGV = ["scontrol", "show", "partition", "-o"]
-NODE_ARGV = ["scontrol", "show", "node", "-o"]
-CONFIG_ARGV = ["scontrol", "show", "config"]
+SINFO_FORMAT = "%P|%a|%l|%D|%c|%m|%G|%N"  # the columns parse_sinfo reads (slurm.py runs sinfo)
 
 UNTYPED = "gpu"  # the --gpu-map key for untyped GRES (`gpu:8`)
 
@@ -310,18 +308,19 @@ def resolve_gpus(facts: list[PartitionFacts], gpu_map: dict[str, str], catalog_k
 # --- writing the inventory ---------------------------------------------------------------------
 
 
+# Words a YAML 1.1 reader takes for booleans or null rather than strings.
+_YAML_WORDS = {"y", "yes", "n", "no", "true", "false", "on", "off", "null", "~"}
+
+
 def _scalar(value) -> str:
+    """A value for the inventory's YAML: plain when it cannot be read as anything but this
+    string (a name starting with a letter, no YAML word), else a JSON string (valid YAML)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return str(value)
     s = str(value)
-    import yaml
-
-    try:
-        plain = re.fullmatch(r"[A-Za-z0-9_./~@+-]+", s) and ":" not in s and yaml.safe_load(s) == s
-    except yaml.YAMLError:
-        plain = False
+    plain = re.fullmatch(r"[A-Za-z][A-Za-z0-9_./@+-]*", s) and s.lower() not in _YAML_WORDS
     return s if plain else json.dumps(s)
 
 
@@ -329,7 +328,7 @@ def inventory_yaml(name: str, facts: list[PartitionFacts], gpus: dict[str, str],
                    login: dict | None = None) -> str:
     """The inventory as YAML text, with comments saying where every value came from."""
     lines = [f"# Discovered by `jobctl clusters discover` from {source}:",
-             f"#   {' '.join(SINFO_ARGV[:3])} '{SINFO_FORMAT}', {' '.join(PARTITION_ARGV)}, {' '.join(NODE_ARGV)}",
+             f"#   sinfo -h -o '{SINFO_FORMAT}', scontrol show partition -o, scontrol show node -o",
              "# Check it with `jobctl clusters check NAME`; link bandwidths come from the GPU catalog.",
              f"name: {_scalar(name)}", "scheduler: slurm", "partitions:"]
     skipped = []
@@ -433,8 +432,6 @@ def _row(part: str, what: str, inv, now) -> Drift:
 def _minutes(value: str | None):
     if value is None:
         return None
-    from jobctl.errors import JobctlError
-    from jobctl.backends.launch import parse_slurm_time
 
     try:
         return parse_slurm_time(value, "time_limit")

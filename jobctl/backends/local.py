@@ -47,7 +47,7 @@ class LocalBackend:
             out.append(Submitted(str(job.job_id), r.folder.path, {"controller_start": start_time(int(job.job_id))}))
         return out
 
-    def render(self, request: SubmitRequest) -> None:
+    def render(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> None:
         return None  # no script: the controller is a process started directly
 
     def test_only(self, script: str) -> tuple[bool, str]:

@@ -18,12 +18,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from jobctl.backends.base import JobRef, SubmitRequest, Submitted
 from jobctl.errors import SchedulerError
 from jobctl.model import JobStatus, Scheduler
+from jobctl.backends import discover as d
 
 TIMEOUT_S = 60.0
 # Seconds before the time limit at which Slurm signals the job (submitit's USR2: checkpoint
@@ -32,6 +34,12 @@ SIGNAL_DELAY_S = 30
 MAX_NUM_TIMEOUT = 3  # submitit requeues a timed-out or preempted job at most this often
 SACCT_FIELDS = "JobID,State,ExitCode,Start,End,NodeList,Reason"
 SACCT_SLACK_S = 60.0  # clock skew between this machine and slurmctld, for sacct's -S bound
+
+# What `describe` and `cluster_name` ask (backends/discover.py parses the answers).
+SINFO_ARGV = ["sinfo", "-h", "-o", "%P|%a|%l|%D|%c|%m|%G|%N"]
+PARTITION_ARGV = ["scontrol", "show", "partition", "-o"]
+NODE_ARGV = ["scontrol", "show", "node", "-o"]
+CONFIG_ARGV = ["scontrol", "show", "config"]
 
 Run = Callable[[list[str], bool], str]  # (argv, required) -> stdout; SchedulerError on failure
 
@@ -95,23 +103,32 @@ class SlurmBackend:
         ex.update_parameters(**parameters, signal_delay_s=SIGNAL_DELAY_S)
         return ex
 
-    def submit(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> list[Submitted]:
-        """One sbatch call: a single job, or a job array for several with equal parameters.
-        Jobs run in `cwd` (sbatch --chdir), else where jobctl runs."""
-        import submitit
-
+    @staticmethod
+    def _plan(requests: Sequence[SubmitRequest], cwd: str | None) -> tuple[Path, dict]:
+        """Where submitit keeps its files (a job array's own folder beside the jobs') and its
+        parameters, the same for a submission and for its dry run."""
         folders = [r.folder.path for r in requests]
         exec_folder = folders[0] if len(requests) == 1 else folders[0].parent / f"array-{folders[0].name}"
         params = dict(requests[0].parameters)
         if cwd:
             params["additional_parameters"] = {**params.get("additional_parameters", {}), "chdir": cwd}
+        return exec_folder, params
+
+    def _submit(self, exec_folder: Path, params: dict, runners: list) -> list:
         ex = self._executor(exec_folder, params)
+        if len(runners) == 1:
+            return [ex.submit(runners[0])]
+        with ex.batch():
+            return [ex.submit(r) for r in runners]
+
+    def submit(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> list[Submitted]:
+        """One sbatch call: a single job, or a job array for several with equal parameters.
+        Jobs run in `cwd` (sbatch --chdir), else where jobctl runs."""
+        import submitit
+
+        exec_folder, params = self._plan(requests, cwd)
         try:
-            if len(requests) == 1:
-                jobs = [ex.submit(requests[0].runner)]
-            else:
-                with ex.batch():
-                    jobs = [ex.submit(r.runner) for r in requests]
+            jobs = self._submit(exec_folder, params, [r.runner for r in requests])
         except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as e:
             raise SchedulerError(f"the scheduler refused the job: {_sbatch_message(e)}",
                                  hint="check the partition, GPU count and time limit against `sinfo`, or run "
@@ -125,24 +142,27 @@ class SlurmBackend:
             out.append(Submitted(str(job.job_id), exec_folder, {"sbatch": script}))
         return out
 
-    def render(self, request: SubmitRequest) -> str:
-        """The sbatch script submitit would write for `request`, made by submitit itself: its
-        executor submits to a stand-in `sbatch` (first on PATH for this call) that only prints a
-        job id, in a scratch folder; the script it wrote is read back. The job folder's path is
-        the request's, so the text is what a real submission of it gets."""
+    def render(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> str:
+        """The sbatch script submitit would write for `requests` (one job, or an array), made
+        by submitit itself: its executor submits to a stand-in `sbatch` (first on PATH for this
+        call) that only prints a job id, in a scratch folder laid out like the real one; the
+        script it wrote is read back with the scratch folder's path replaced by the real one."""
+        real_root = requests[0].folder.path.parent
         with tempfile.TemporaryDirectory(prefix="jobctl-render-") as tmp:
             stand_in = Path(tmp) / "bin" / "sbatch"
             stand_in.parent.mkdir()
             stand_in.write_text("#!/bin/sh\necho 'Submitted batch job 1'\n")
             stand_in.chmod(0o700)
-            scratch = Path(tmp) / "job"
+            scratch_root = Path(tmp) / "jobs"
+            scratch = [replace(r, folder=type(r.folder)(scratch_root / r.folder.path.name)) for r in requests]
+            exec_folder, params = self._plan(scratch, cwd)
             with _path_first(stand_in.parent):
-                job = self._executor(scratch, request.parameters).submit(_nothing)
+                job = self._submit(exec_folder, params, [_nothing] * len(scratch))[0]
             text = job.paths.submission_file.read_text(encoding="utf-8")
+            real_exec = real_root / exec_folder.name
         # submitit quotes the folder where it passes it to python, and only there
-        real = str(request.folder.path)
-        text = text.replace(f"_submit {scratch}", f"_submit {shlex.quote(real)}")
-        return text.replace(str(scratch), real)
+        text = text.replace(f"_submit {exec_folder}", f"_submit {shlex.quote(str(real_exec))}")
+        return text.replace(str(scratch_root), str(real_root))
 
     def test_only(self, script: str) -> tuple[bool, str]:
         """`sbatch --test-only` of the very script: does Slurm accept it now (no job made)?"""
@@ -195,19 +215,21 @@ class SlurmBackend:
                 return word.split("=", 1)[1]
         return None
 
+    def version(self) -> str:
+        """`sbatch --version`: the Slurm release the client commands are (e.g. "slurm 22.05.8")."""
+        return self._run(["sbatch", "--version"], True).strip()
+
     def cluster_name(self) -> str | None:
         """Slurm's ClusterName (scontrol show config), or None when it does not say."""
-        from jobctl.backends import discover as d
 
-        return d.parse_cluster_name(self._run(d.CONFIG_ARGV, False))
+        return d.parse_cluster_name(self._run(CONFIG_ARGV, False))
 
     def describe(self) -> list:
         """The cluster's partitions as they are now (sinfo and scontrol): discover.PartitionFacts."""
-        from jobctl.backends import discover as d
 
-        sinfo = self._run(d.SINFO_ARGV, True)
-        parts = self._run(d.PARTITION_ARGV, True)
-        nodes = self._run(d.NODE_ARGV, True)
+        sinfo = self._run(SINFO_ARGV, True)
+        parts = self._run(PARTITION_ARGV, True)
+        nodes = self._run(NODE_ARGV, True)
         try:
             return d.cluster_facts(sinfo, parts, nodes)
         except ValueError as e:

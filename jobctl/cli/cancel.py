@@ -2,6 +2,10 @@
 and CANCELLED recorded in the history."""
 
 from __future__ import annotations
+from jobctl import ui
+from jobctl.jobs.cancel import cancel_records
+from jobctl.jobs.status import resolve
+from jobctl.store.history import History
 
 HELP = "cancel jobs (scancel for Slurm, a signal for local jobs) and record it"
 EPILOG = """examples:
@@ -20,10 +24,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import ui
-    from jobctl.jobs.cancel import cancel_records
-    from jobctl.jobs.status import resolve
-    from jobctl.store.history import History
 
     with History.open() as history:
         records = resolve(history, args.jobs)  # all known, or nothing is cancelled

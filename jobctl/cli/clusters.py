@@ -17,6 +17,11 @@ from __future__ import annotations
 import sys
 
 from jobctl.errors import EXIT_OK, UsageError
+from jobctl import ui
+from jobctl.config.loader import login_for_host, parse_yaml_text
+from jobctl.planner.catalog import gpu_names, unknown_message
+from jobctl.planning import load_inventory
+from jobctl.planning.clusters import check, discover
 
 EXIT_DRIFT = 3
 
@@ -60,7 +65,6 @@ def run(args) -> int:
 
 
 def _gpu_map(items: list[str], keys: list[str]) -> dict[str, str]:
-    from jobctl.planner.catalog import unknown_message
 
     out = {}
     for item in items:
@@ -98,16 +102,12 @@ def _ask(err, gpu_map: dict[str, str]) -> dict[str, str]:
 
 
 def _discover(args) -> int:
-    from jobctl import ui
-    from jobctl.planner.catalog import gpu_names
-    from jobctl.planning.clusters import discover
 
     gpu_map = _gpu_map(args.gpu_map, gpu_names())
     if args.target and args.cluster:
         raise UsageError("give either HOST or --cluster NAME, not both")
     login, login_block, name = None, None, args.name
     if args.cluster:
-        from jobctl.planning import load_inventory
 
         loaded = load_inventory(args.cluster)
         inv = loaded.value
@@ -118,21 +118,14 @@ def _discover(args) -> int:
         login_block = {k: v for k, v in dict(loaded.data.get("login") or {}).items() if v is not None}
         name = name or inv.name
     elif args.target:
-        from pydantic import ValidationError
 
-        from jobctl.config.schema import Login
-
-        try:
-            login = Login(host=args.target)
-        except ValidationError as e:
-            raise UsageError(f"HOST {args.target!r}: {e.errors()[0]['msg']}") from None
+        login = login_for_host(args.target)
         login_block = {"host": args.target}
         name = name or args.target.split(".")[0]
     text = discover(login, login_block, name, gpu_map, ask=_ask if sys.stdin.isatty() else None)
     if args.as_json:
-        import yaml
 
-        ui.print_json(yaml.safe_load(text))
+        ui.print_json(parse_yaml_text(text))
     else:
         ui.raw(text)
     return EXIT_OK
@@ -142,9 +135,6 @@ def _discover(args) -> int:
 
 
 def _check(args) -> int:
-    from jobctl import ui
-    from jobctl.planning import load_inventory
-    from jobctl.planning.clusters import check
 
     loaded = load_inventory(args.target)
     rows, drift = check(loaded)

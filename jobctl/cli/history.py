@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from jobctl.errors import UsageError
+from jobctl import ui
+from jobctl.jobs.status import job_row
+from jobctl.model import parse_state
+from jobctl.store.history import History
 
 HELP = "list past jobs from the history (no scheduler call), newest first"
 EPILOG = """examples:
@@ -28,10 +32,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import ui
-    from jobctl.jobs.status import job_row
-    from jobctl.model import parse_state
-    from jobctl.store.history import History
 
     if args.limit < 0:
         raise UsageError(f"--limit {args.limit}: expected 0 (all) or a positive number")

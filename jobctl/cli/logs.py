@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from jobctl.errors import EXIT_INTERRUPTED
+from jobctl import ui
+from jobctl.jobs.logs import follow, log_paths, no_log, open_tails
+from jobctl.jobs.status import resolve, sync_copies
+from jobctl.store.history import History
 
 HELP = "print a job's log (logs/node-N.log in its folder); -f follows it until the job ends"
 EPILOG = """examples:
@@ -23,10 +27,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import ui
-    from jobctl.jobs.logs import follow, log_paths, no_log, open_tails
-    from jobctl.jobs.status import resolve, sync_copies
-    from jobctl.store.history import History
 
     try:
         with History.open() as history:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from jobctl.errors import EXIT_NO_FIT, EXIT_OK
+from jobctl import ui
+from jobctl.planning.calculator import calculate
 
 HELP = "quick calculator: model-state memory per GPU from a parameter count"
 EPILOG = """examples:
@@ -38,8 +40,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import ui
-    from jobctl.planning.calculator import calculate
 
     result = calculate(
         params=args.params, model_size_gb=args.model_size_gb, model=args.model, gpu_memory_gb=args.gpu_memory_gb,

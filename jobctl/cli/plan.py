@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from jobctl.errors import EXIT_NO_FIT, EXIT_OK
+from jobctl import ui
+from jobctl.config.workspace import all_cluster_names
+from jobctl.errors import UsageError
+from jobctl.planning import after_oom, load_request, plan_on
+from jobctl.planning.learn import history_for
 
 HELP = "plan a recipe: which layout fits, its memory term by term, or why nothing fits"
 EPILOG = """examples:
@@ -28,15 +33,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import ui
-    from jobctl.planning import load_request, plan_on
-    from jobctl.config.workspace import all_cluster_names
 
     if args.after_oom:
         return _after_oom(args)
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster] if args.cluster else all_cluster_names())
     if args.cluster:
-        from jobctl.planning.learn import history_for
 
         result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain)
         past = history_for(result.data)  # reads nothing when there is no history file
@@ -72,10 +73,6 @@ def _overview_key(report: dict, objective: str):
 def _after_oom(args) -> int:
     """--after-oom PLAN.json: the next plan down the OOM ladder, as `plan` would print it."""
     import json
-
-    from jobctl import ui
-    from jobctl.errors import UsageError
-    from jobctl.planning import after_oom, load_request
 
     if not args.cluster:
         raise UsageError("--after-oom needs --cluster", hint="jobctl plan RECIPE --cluster C --after-oom PLAN.json")

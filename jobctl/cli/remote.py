@@ -13,6 +13,10 @@ typed by hand.
 """
 
 from __future__ import annotations
+from jobctl import ui
+from jobctl.jobs.agent import serve
+from jobctl.planning import load_inventory
+from jobctl.planning.clusters import remote_setup
 
 HELP = "install this jobctl on a cluster's login node (bootstrap) and check it"
 EPILOG = """examples:
@@ -35,20 +39,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if args.action == "agent":
-        from jobctl.jobs.agent import serve
 
         return serve(args.target)
-    from jobctl import ui
-    from jobctl.planning import load_inventory
-    from jobctl.remote.bootstrap import bootstrap, check
-    from jobctl.remote.ssh import Remote
 
     inv = load_inventory(args.target).value
     say = (lambda text: None) if args.as_json else ui.info
-    with Remote.for_inventory(inv) as remote:
-        out = bootstrap(remote, say) if args.action == "bootstrap" else {}
-        out.update(check(remote, say))
-    out = {"cluster": inv.name, "login": str(remote), **out}
+    out = remote_setup(inv, install=args.action == "bootstrap", say=say)
     if args.as_json:
         ui.print_json(out)
     else:

@@ -4,6 +4,12 @@ what each attempt of its chain ran and why it ended; optionally plot memory over
 from __future__ import annotations
 
 from jobctl.errors import EXIT_OK
+from jobctl import ui
+from jobctl.errors import UsageError
+from jobctl.jobs.memory import memory_series
+from jobctl.jobs.report import build
+from jobctl.jobs.status import resolve
+from jobctl.store.history import History
 
 HELP = "predicted vs measured GPU memory of a job, and its attempt chain (--plot PNG)"
 EPILOG = """examples:
@@ -28,12 +34,6 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from jobctl import ui
-    from jobctl.errors import UsageError
-    from jobctl.jobs.memory import memory_series
-    from jobctl.jobs.report import build
-    from jobctl.jobs.status import resolve
-    from jobctl.store.history import History
     from jobctl.ui.plot import import_pyplot, plot_memory
 
     if args.plot:

@@ -5,6 +5,11 @@ a CUDA out-of-memory. Everything comes from the job's folder; the failure figure
 from __future__ import annotations
 
 from jobctl.errors import EXIT_OK, UsageError
+from jobctl import ui
+from jobctl.jobs.requeue import requeue
+from jobctl.jobs.status import resolve
+from jobctl.jobs.watch import wait_for
+from jobctl.store.history import History
 
 HELP = "submit a job again as a new attempt: the same plan, or --smaller (the OOM ladder's next)"
 EPILOG = """examples:
@@ -33,11 +38,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import ui
-    from jobctl.jobs.requeue import requeue
-    from jobctl.jobs.status import resolve
-    from jobctl.jobs.watch import wait_for
-    from jobctl.store.history import History
 
     if args.tried_to_allocate is not None:
         if not args.smaller:

@@ -4,6 +4,9 @@ recorded in the history."""
 from __future__ import annotations
 
 from jobctl.errors import UsageError
+from jobctl import ui
+from jobctl.jobs.status import job_row, refresh_live, select
+from jobctl.store.history import History
 
 HELP = "show jobs with fresh states from the scheduler (one query for all)"
 EPILOG = """examples:
@@ -27,9 +30,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from jobctl import ui
-    from jobctl.jobs.status import job_row, refresh_live, select
-    from jobctl.store.history import History
 
     if args.limit < 0:
         raise UsageError(f"--limit {args.limit}: expected 0 or a positive number")

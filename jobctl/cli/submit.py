@@ -6,6 +6,14 @@ import itertools
 import re
 
 from jobctl.errors import EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, UsageError
+from jobctl import ui
+from jobctl.jobs import placement
+from jobctl.jobs.submission import dry_run, prepare, submit
+from jobctl.jobs.watch import wait_for
+from jobctl.model import RetryPolicy
+from jobctl.planning import load_inventory, load_recipe, plan_on
+from jobctl.remote.client import new_token
+from jobctl.store.history import History
 
 HELP = "plan and submit a recipe (Slurm through submitit, or this machine)"
 EPILOG = """examples:
@@ -65,15 +73,6 @@ def sweep_combinations(sweeps: list[str]) -> list[list[str]]:
 
 def run(args) -> int:
     from dataclasses import replace
-
-    from jobctl import ui
-    from jobctl.jobs import placement
-    from jobctl.jobs.submission import dry_run, prepare, submit
-    from jobctl.jobs.watch import wait_for
-    from jobctl.model import RetryPolicy
-    from jobctl.planning import load_inventory, load_recipe, plan_on
-    from jobctl.remote.client import new_token
-    from jobctl.store.history import History
 
     if args.check and not args.dry_run:
         raise UsageError("--check goes with --dry-run", hint="jobctl submit RECIPE -c CLUSTER --dry-run --check")

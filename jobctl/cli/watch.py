@@ -4,6 +4,10 @@ the plan, following OOM retries to the end of the chain."""
 from __future__ import annotations
 
 from jobctl.errors import EXIT_JOB_FAILED, EXIT_OK
+from jobctl import ui
+from jobctl.errors import UsageError
+from jobctl.jobs.watch import follow, pick, Watcher
+from jobctl.store.history import History
 
 HELP = "watch a job live: state, GPU memory vs the plan, its OOM retries"
 EPILOG = """examples:
@@ -31,11 +35,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     import sys
-
-    from jobctl import ui
-    from jobctl.errors import UsageError
-    from jobctl.jobs.watch import Watcher, follow, pick
-    from jobctl.store.history import History
 
     if not args.interval_s > 0:
         raise UsageError(f"--interval-s {args.interval_s}: expected a positive number of seconds")

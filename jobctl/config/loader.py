@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 from jobctl.errors import ConfigError, ConfigIssue
 from jobctl.config.validation import CLI, MISSING, Where, _dotted, _ordered, _validation_issues, _where_in
+from jobctl.config import cache as validcache
+from jobctl.errors import UsageError
 
 # `launch` is resolved at submit time, when the plan exists: its strings may say ${plan.tp}.
 DEFERRED_KEYS = ("launch",)
@@ -362,7 +364,6 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
     failed: set = set()
     text = None
     if not overrides:
-        from jobctl.config import cache as validcache
 
         try:
             text = p.read_text(encoding="utf-8")
@@ -398,7 +399,6 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
     if issues:
         raise ConfigError(_ordered(issues))
     if fast is not None and text is not None:
-        from jobctl.config import cache as validcache
 
         validcache.put(_kind(model_cls), text, value, data)
     return Loaded(shown, value, data, node, lines)
@@ -451,3 +451,32 @@ def from_data(data: dict, kind: str, path: str) -> Loaded:
                           hint="was it written by another jobctl version? (`jobctl remote bootstrap CLUSTER` "
                                "installs this one on a login node)") from None
     return Loaded(path, value, data, None, {})
+
+
+def parse_yaml_text(text: str):
+    """YAML text jobctl itself wrote (a resolved recipe kept in the history), as plain data;
+    None when it does not parse."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        return None
+
+
+def login_for_host(host: str):
+    """A `login:` block with only a host (`jobctl clusters discover HOST`); UsageError when the
+    host is not a bare host name or ssh alias."""
+    from pydantic import ValidationError
+
+    from jobctl.config.schema import Login
+
+    try:
+        return Login(host=host)
+    except ValidationError as e:
+        raise UsageError(f"HOST {host!r}: {e.errors()[0]['msg']}") from None
+
+
+def inventory_from_text(text: str, path: str):
+    """An inventory YAML text jobctl wrote (`clusters discover`), validated: a bug if not."""
+    return from_data(parse_yaml_text(text), "Inventory", path)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from jobctl.errors import UsageError
+from jobctl.errors import ConfigError, ConfigIssue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # jobctl/config/workspace.py -> the checkout
 
@@ -94,8 +95,6 @@ def find_recipe(name_or_path: str) -> Path:
                 if (d / f"{name_or_path}{ext}").exists():
                     return d / f"{name_or_path}{ext}"
         import difflib
-
-        from jobctl.errors import ConfigError, ConfigIssue
 
         names = sorted({f.stem for d in recipe_dirs() if d.is_dir() for f in d.glob("*.y*ml")})
         close = difflib.get_close_matches(name_or_path, names, n=1)

@@ -7,6 +7,7 @@ from jobctl.backends.local import LocalBackend
 from jobctl.backends.slurm import SlurmBackend
 from jobctl.model import Scheduler
 from jobctl.remote.client import RemoteBackend, cluster_of
+from jobctl.planning import load_inventory
 
 
 def backend(scheduler: Scheduler | str) -> JobBackend:
@@ -21,7 +22,6 @@ def remote_for_inventory(inv_loaded, history) -> RemoteBackend | None:
 
 
 def remote_for(cluster: str, history) -> RemoteBackend:
-    from jobctl.planning import load_inventory
 
     return RemoteBackend(cluster, history, load_inventory(cluster))
 

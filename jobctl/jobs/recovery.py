@@ -20,6 +20,7 @@ from jobctl.runtime.outcome import job_failure, measured_peaks
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
 from jobctl.store.history import History
+from jobctl.planning import after_oom
 
 
 def recover(folder: JobFolder, outcomes: list[dict]) -> dict | None:
@@ -126,7 +127,6 @@ def next_submission(folder: JobFolder, job: dict, info: dict | None = None, *, s
     The parent and attempt + 1 are set. InfeasibleError when nothing smaller fits.
 
     Shared by the in-job recovery (`recover`) and `jobctl requeue`."""
-    from jobctl.planning import after_oom
 
     rec, inv = loaded_inputs(folder, job)
     report = folder.plan_report()

@@ -104,38 +104,61 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
 
 # --- dry run ----------------------------------------------------------------------------------
 
-def render(sub: Submission) -> dict:
-    """Everything a submission would do, without doing it: the sbatch script (submitit's own),
-    the environment, the command each node runs (the first node's address as the scheduler
-    will give it)."""
-    folder = JobFolder(sub.workdir / f"<id>-{layout.slug(sub.recipe_name)}")
+FIRST_NODE = "<first-node>"  # what the dry run shows for the address Slurm gives the first node
+
+
+def render(sub: Submission, script: str | None = None) -> dict:
+    """Everything a submission would do, without doing it: the environment, the command each
+    node runs (the first node's address as the scheduler will give it) and `script`, the sbatch
+    script submitit writes for it (see dry_run)."""
     nodes = []
     for rank in range(sub.plan.nodes):
-        argv = launch.launcher_argv(sub.plan.nodes, sub.plan.gpus_per_node, sub.command, rank, "<first node>",
-                                    29500, sub.launcher, rdzv_id="<job id>") if sub.launcher == "torchrun" \
+        argv = launch.launcher_argv(sub.plan.nodes, sub.plan.gpus_per_node, sub.command, rank, FIRST_NODE,
+                                    29500, sub.launcher, rdzv_id="<job-id>") if sub.launcher == "torchrun" \
             else list(sub.command)
         nodes.append({"node_rank": rank, "argv": argv})
     out = {
         "recipe": sub.recipe_path, "cluster": sub.cluster, "partition": sub.partition,
-        "scheduler": sub.scheduler.value, "job_folder": str(folder.path), "plan": sub.plan.to_dict(),
+        "scheduler": sub.scheduler.value, "job_folder": str(_placeholder(sub).path), "plan": sub.plan.to_dict(),
         "parameters": sub.parameters, "env": sub.env, "nodes": nodes,
     }
-    script = placement.backend(sub.scheduler).render(sub.request(folder, 0))
     if script is not None:
         out["sbatch"] = script
     return out
 
 
+PLACEHOLDER_ID = "ID"  # the jobctl id a dry run cannot know (letters only: paths need no quoting)
+
+
+def _placeholder(sub: Submission, index: int | None = None) -> JobFolder:
+    """The job folder a submission will get, its jobctl id not known yet (ID, ID0, ID1, ...)."""
+    return JobFolder(sub.workdir / f"{PLACEHOLDER_ID}{'' if index is None else index}-{layout.slug(sub.recipe_name)}")
+
+
 def dry_run(subs: list[Submission], check: bool = False) -> list[dict]:
-    """`render` of each submission; with `check`, the scheduler's answer to its very script
-    (Slurm: `sbatch --test-only`)."""
-    out = [render(s) for s in subs]
-    if check:
-        for o, s in zip(out, subs):
-            if "sbatch" in o:
-                ok, text = placement.backend(s.scheduler).test_only(o["sbatch"])
-                o["check"] = {"ok": ok, "sbatch": text}
+    """`render` of each submission with the script its scheduler would be given: one per group
+    of equal resources, as submit_all submits them (a job array for several); with `check`, the
+    scheduler's answer to that very script (Slurm: `sbatch --test-only`)."""
+    out = []
+    for group in _groups(subs).values():
+        backend = placement.backend(group[0].scheduler)
+        folders = [_placeholder(s, i if len(group) > 1 else None) for i, s in enumerate(group)]
+        script = backend.render([s.request(f, 0) for s, f in zip(group, folders)], cwd=group[0].cwd)
+        rendered = [render(s, script) for s in group]
+        if check and script is not None:
+            ok, text = backend.test_only(script)
+            for r in rendered:
+                r["check"] = {"ok": ok, "sbatch": text}
+        out += rendered
     return out
+
+
+def _groups(subs: list[Submission]) -> dict[str, list[Submission]]:
+    """Submissions that share one scheduler call (a job array): equal resources."""
+    groups: dict[str, list[Submission]] = {}
+    for s in subs:
+        groups.setdefault(s.resource_key(), []).append(s)
+    return groups
 
 
 # --- submission -------------------------------------------------------------------------------
@@ -198,9 +221,7 @@ def _submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
                          f"{done['scheduler_job_id']}: not submitted again")
         else:
             todo.append(s)
-    groups: dict[str, list[Submission]] = {}
-    for s in todo:
-        groups.setdefault(s.resource_key(), []).append(s)
+    groups = _groups(todo)
     if todo:
         placement.backend(todo[0].scheduler).check()
     for s in todo:

@@ -9,6 +9,19 @@ from dataclasses import dataclass, field
 
 from jobctl.planner.catalog import GIB
 from jobctl.errors import ConfigError, ConfigIssue
+from jobctl.config import loader as config
+from jobctl.config.workspace import EMBEDDED_LOCAL, find_cluster, find_recipe
+from jobctl.errors import UsageError
+from jobctl.planner import inputs
+from jobctl.planner.advice import suggestions
+from jobctl.planner.catalog import gpu_names, unknown_message
+from jobctl.planner.explain import explain as explain_search, why_lost
+from jobctl.planner.ladder import next_plan, OOMInfo
+from jobctl.planner.memory import estimate
+from jobctl.planner.models import PRESETS
+from jobctl.planner.perf import estimate_step
+from jobctl.planner.plan import Plan
+from jobctl.planner.search import Candidate, rank, search
 
 
 @dataclass
@@ -31,8 +44,6 @@ class Loaded:
 
 def _check_preset(data: dict, where) -> list[ConfigIssue]:
     """`model:` names a preset that exists (a mapping is checked by the schema)."""
-    from jobctl.planner.catalog import unknown_message
-    from jobctl.planner.models import PRESETS
 
     model = data.get("model")
     if not isinstance(model, str) or model in PRESETS:
@@ -44,7 +55,6 @@ def _check_preset(data: dict, where) -> list[ConfigIssue]:
 
 def _check_gpus(data: dict, where) -> list[ConfigIssue]:
     """Every partition's `gpu:` is in the catalog."""
-    from jobctl.planner.catalog import gpu_names, unknown_message
 
     parts = data.get("partitions")
     out = []
@@ -58,16 +68,12 @@ def _check_gpus(data: dict, where) -> list[ConfigIssue]:
 
 def load_recipe(path: str, overrides: list[str]):
     """Load and validate a recipe (a path or a name from recipes/); ConfigError lists every problem."""
-    from jobctl.config import loader as config
-    from jobctl.config.workspace import find_recipe
 
     return config.load(find_recipe(path), "Recipe", overrides, checks=(_check_preset,))
 
 
 def load_inventory(name_or_path: str, overrides: list[str] | None = None):
     """Load and validate an inventory (a name from clusters/ or a path); None path = embedded local."""
-    from jobctl.config import loader as config
-    from jobctl.config.workspace import EMBEDDED_LOCAL, find_cluster
 
     path = find_cluster(name_or_path)
     if path is None:
@@ -113,9 +119,6 @@ def plan_on(recipe_loaded, inv_loaded, objective: str = "throughput", explain: b
             alternatives: int = 5) -> ClusterPlan:
     """Search every partition of one inventory (or the pinned resources.partition) and keep
     the best plan by `objective`."""
-    from jobctl.planner import inputs
-    from jobctl.planner.advice import suggestions
-    from jobctl.planner.search import rank, search
 
     recipe = recipe_loaded.value
     inv = inv_loaded.value
@@ -151,15 +154,12 @@ def _model_info(w) -> dict:
 
 
 def _candidate(c, w, t) -> dict:
-    from jobctl.planner.memory import estimate
 
     mem = estimate(w, t.gpu_memory_bytes, c.plan, t.host_mem_bytes)
     return {"plan": c.plan.to_dict(), "memory": mem.to_dict(), "estimate": c.estimate.to_dict() if c.estimate else None}
 
 
 def _report(recipe_loaded, w, res, cons, objective, explain, alternatives) -> dict:
-    from jobctl.planner.explain import explain as explain_search
-    from jobctl.planner.explain import why_lost
 
     best = res.best
     t = res.target
@@ -214,11 +214,6 @@ def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None
               history_plans: list[dict] | None = None) -> ClusterPlan:
     """The next plan after `failed_plan` ran out of memory (the OOM ladder), as a plan report
     with a `ladder` block: which rung, why, and the learned usable memory."""
-    from jobctl.errors import UsageError
-    from jobctl.planner import inputs
-    from jobctl.planner.ladder import OOMInfo, next_plan
-    from jobctl.planner.plan import Plan
-    from jobctl.planner.search import Candidate
 
     recipe, inv = recipe_loaded.value, inv_loaded.value
     try:
@@ -248,7 +243,6 @@ def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None
                                                   "than the failed one while keeping the global batch"], [], w)
         data["partition"] = t.partition
         return ClusterPlan(data, None, w, False)
-    from jobctl.planner.perf import estimate_step
 
     est = estimate_step(w, step.plan, t.links, t.gpus_per_node, train_steps(recipe)) if t.links else None
 

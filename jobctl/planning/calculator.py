@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from jobctl.planner.catalog import GIB, unknown_message
 from jobctl.errors import UsageError
+from jobctl.planner.memory import estimate, model_state_terms, optimizer_state_elements, Overheads, state_bytes, Workload
+from jobctl.planner.models import ModelSpec, PRESETS
+from jobctl.planner.plan import Plan
 
 OPTIMIZERS = ("adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum")
 PRECISIONS = ("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32")
@@ -24,9 +27,6 @@ def _choice(flag: str, value: str, allowed: tuple) -> None:
 def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0, num_gpus=1, optimizer="adamw",
               precision="bf16-mixed", zero_stage=0, framework="generic", offload="none", seq_len=None,
               micro_batch_size=1, recompute="none") -> dict:
-    from jobctl.planner.memory import Overheads, Workload, estimate, state_bytes
-    from jobctl.planner.models import PRESETS, ModelSpec
-    from jobctl.planner.plan import Plan
 
     _choice("--optimizer", optimizer, OPTIMIZERS)
     _choice("--precision", precision, PRECISIONS)
@@ -108,7 +108,6 @@ def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0
 
 def _states_only(mem: dict, n: int, sb, optimizer: str, sharding: str, num_gpus: int, offload: str, precision: str) -> dict:
     """Replace the placeholder model's states with those of n parameters (same rules as the planner)."""
-    from jobctl.planner.memory import model_state_terms, optimizer_state_elements
 
     state_elems = optimizer_state_elements(optimizer, [(n, 1, 1)])
     compute_b = 4 if precision == "fp32" else 2
@@ -136,7 +135,6 @@ def _drop_groups(mem: dict, groups: tuple) -> dict:
 def _retotal(mem: dict) -> dict:
     groups = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
     trans = sum(t["bytes"] for t in mem["terms"] if t["group"] in ("activations", "logits", "buffers"))
-    from jobctl.planner.memory import Overheads
 
     for t in mem["terms"]:
         if t["name"] == "allocator reserve":  # a share of the transient tensors, which changed

@@ -8,8 +8,10 @@ import contextlib
 
 from jobctl.backends import discover as d
 from jobctl.backends.slurm import SlurmBackend
+from jobctl.config.loader import inventory_from_text
 from jobctl.errors import SchedulerError, UsageError
 from jobctl.planner.catalog import gpu_names
+from jobctl.remote import bootstrap
 
 TIMEOUT_S = 60.0
 
@@ -24,17 +26,22 @@ def slurm_at(login=None, cluster: str | None = None):
     from jobctl.remote.ssh import Remote
 
     with Remote(login, cluster=cluster) as remote:
-        def run(argv: list[str], required: bool = True) -> str:
-            res = remote.run(argv, idempotent=True, timeout_s=TIMEOUT_S)
-            if res.rc != 0:
-                if not required:
-                    return ""
-                tail = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.rc}").splitlines()[-1][:300]
-                hint = "is sinfo on the PATH there?" if res.rc == 127 else "is slurmctld up? (`scontrol ping`)"
-                raise SchedulerError(f"`{' '.join(argv)}` failed on {remote}: {tail}", hint=hint)
-            return res.stdout
+        yield slurm_over(remote), str(remote)
 
-        yield SlurmBackend(run), str(remote)
+
+def slurm_over(remote) -> SlurmBackend:
+    """A SlurmBackend whose read-only commands run on a login node (an open remote.ssh.Remote)."""
+    def run(argv: list[str], required: bool = True) -> str:
+        res = remote.run(argv, idempotent=True, timeout_s=TIMEOUT_S)
+        if res.rc != 0:
+            if not required:
+                return ""
+            tail = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.rc}").splitlines()[-1][:300]
+            hint = f"is {argv[0]} on the PATH there?" if res.rc == 127 else "is slurmctld up? (`scontrol ping`)"
+            raise SchedulerError(f"`{' '.join(argv)}` failed on {remote}: {tail}", hint=hint)
+        return res.stdout
+
+    return SlurmBackend(run)
 
 
 def snapshot(login=None, cluster: str | None = None) -> tuple[list, str | None, str]:
@@ -64,17 +71,8 @@ def discover(login, login_block: dict | None, name: str | None, gpu_map: dict[st
             raise UsageError(e.message(), hint="pass --gpu-map GRESTYPE=KEY for each (see `jobctl clusters --help`)")
         gpus = d.resolve_gpus(facts, ask(e, gpu_map), keys)
     text = d.inventory_yaml(name, facts, gpus, source=where, login=login_block)
-    _validate(text)
+    inventory_from_text(text, "<discovered inventory>")  # what it writes must be a valid inventory
     return text
-
-
-def _validate(text: str) -> None:
-    """The YAML written must be a valid inventory (a bug otherwise)."""
-    import yaml
-
-    from jobctl.config.schema import Inventory
-
-    Inventory.model_validate(yaml.safe_load(text))
 
 
 def check(loaded) -> tuple[list, bool]:
@@ -87,3 +85,20 @@ def check(loaded) -> tuple[list, bool]:
     if inv.login is not None:
         rows.insert(0, d.Drift("-", "login", inv.login.host, f"ok ({where})", "ok"))
     return rows, d.has_drift(rows)
+
+
+def remote_setup(inv, *, install: bool, say) -> dict:
+    """`jobctl remote bootstrap|check`: (install this jobctl on the cluster's login node, then)
+    check that the node runs sbatch and this very build of jobctl."""
+    from jobctl.remote.ssh import Remote
+
+    with Remote.for_inventory(inv) as remote:
+        out = bootstrap.install(remote, say) if install else {}
+        try:
+            sbatch = slurm_over(remote).version()
+        except SchedulerError as e:
+            raise SchedulerError(f"{e.message} (on {remote})",
+                                 hint="jobctl submits with sbatch on the login node: check PATH and SLURM_CONF in "
+                                      "the login shell there") from None
+        out.update(bootstrap.check(remote, sbatch, say))
+        return {"cluster": inv.name, "login": str(remote), **out}

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobctl.model import FailureKind, JobState
+from jobctl.config.loader import parse_yaml_text
+from jobctl.planner.models import ModelSpec, PRESETS
+from jobctl.planner.plan import layout_text
+from jobctl.store.history import HistoryError, recent_jobs
+from jobctl.store.paths import history_path as path
 
 # `plan` reads only the newest jobs, so its cost stays flat however long the history grows:
 # a rowid range (the primary key) bounds the scan, LIMIT bounds the rows kept.
@@ -142,7 +147,6 @@ def _gib(x: int) -> str:
 
 
 def _layout(p: dict) -> str:
-    from jobctl.planner.plan import layout_text
 
     try:
         return layout_text(p)
@@ -154,7 +158,6 @@ def _layout(p: dict) -> str:
 
 def history_path() -> Path:
     """The history file (jobctl.store.paths: light, so `plan` does not import the store)."""
-    from jobctl.store.paths import history_path as path
 
     return path()
 
@@ -166,13 +169,10 @@ def history_for(report: dict, path: Path | None = None) -> dict:
     cluster = report.get("cluster")
     if not cluster or not path.is_file():
         return {}
-    import sqlite3
-
-    from jobctl.store.history import HistoryError
 
     try:
         return history_block(report, load(path, cluster))
-    except (sqlite3.Error, OSError, HistoryError):
+    except (OSError, HistoryError):
         return {}
 
 
@@ -180,7 +180,6 @@ def load(path: Path, cluster: str) -> list[PastJob]:
     """The jobs on `cluster` the rules look at, read-only: CUDA-OOMed ones (with the job that
     continued each) and finished ones with predicted and measured peaks, among the newest
     RECENT_JOBS of the history (the store's query)."""
-    from jobctl.store.history import recent_jobs
 
     rows = recent_jobs(path, cluster, recent=RECENT_JOBS, failure_kind=OOM_REASON, max_failed=MAX_OOM_JOBS,
                        finished_states=FINISHED_STATES, max_finished=MAX_ERROR_JOBS)
@@ -236,14 +235,8 @@ def _oom_job(row, cluster: str, successor, identities: dict) -> PastJob | None:
 
 def _recipe_identity(text: str) -> tuple[tuple[str, int] | None, int | None]:
     """(model name, parameter count) and train.seq_len of a resolved recipe's YAML text."""
-    import yaml
 
-    from jobctl.planner.models import PRESETS, ModelSpec
-
-    try:
-        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError:
-        return None, None
+    doc = parse_yaml_text(text)
     if not isinstance(doc, dict):
         return None, None
     train = doc.get("train")

@@ -14,6 +14,7 @@ import shlex
 
 from jobctl.errors import SchedulerError, UsageError
 from jobctl.remote.client import check_same_jobctl
+from jobctl import __version__
 
 PIP_TIMEOUT_S = 1200.0
 
@@ -32,7 +33,6 @@ def build_wheel(dest: str) -> str:
     from pathlib import Path
 
     import jobctl
-    from jobctl import __version__
 
     try:
         dist = importlib.metadata.distribution("jobctl")
@@ -65,7 +65,8 @@ def build_wheel(dest: str) -> str:
     return wheel
 
 
-def bootstrap(remote, say) -> dict:
+def install(remote, say) -> dict:
+    """Package, upload and install this jobctl on the login node (its venv made if missing)."""
     import posixpath
     import tempfile
 
@@ -98,20 +99,13 @@ def bootstrap(remote, say) -> dict:
     return {"wheel": target, "created_venv": created}
 
 
-def check(remote, say) -> dict:
-    from jobctl import __version__
+def check(remote, sbatch_version: str, say) -> dict:
+    """The login node runs this very jobctl (version and source digest); what it reports."""
 
-    res = remote.run(["sbatch", "--version"], idempotent=True, timeout_s=60)
-    if res.rc != 0:
-        raise SchedulerError(f"`sbatch --version` fails on {remote} (exit {res.rc}): "
-                             f"{(res.stderr or res.stdout).strip()[-300:] or 'no output'}",
-                             hint="jobctl submits with sbatch on the login node: check PATH and SLURM_CONF in "
-                                  "the login shell there")
-    sbatch = res.stdout.strip()
     version = check_same_jobctl(remote)
-    say(f"{remote}: jobctl {version} (the same build as here), {sbatch}")
+    say(f"{remote}: jobctl {version} (the same build as here), {sbatch_version}")
     return {"remote_version": version, "local_version": __version__, "remote_python": shlex.join(remote.python_argv()),
-            "sbatch": sbatch}
+            "sbatch": sbatch_version}
 
 
 def _venv_dir(python: list[str]) -> str | None:

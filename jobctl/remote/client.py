@@ -26,6 +26,7 @@ from jobctl.errors import JobctlError, SchedulerError, UsageError
 from jobctl.model import TERMINAL_STATES, JobStatus
 from jobctl.remote.protocol import APPENDED, agent_argv, source_digest
 from jobctl.store.paths import history_path
+from jobctl import __version__
 
 _SESSIONS: dict = {}  # cluster name -> connected, version-checked Remote
 
@@ -77,7 +78,6 @@ def session(cluster: str, inventory):
 def check_same_jobctl(remote) -> str:
     """Refuse (UsageError, exit 2) unless the login node runs this very jobctl: the same
     version, built from the same sources (agent.source_digest); returns the version."""
-    from jobctl import __version__
 
     try:
         answer = agent(remote, "version", {})

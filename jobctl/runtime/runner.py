@@ -24,6 +24,7 @@ from jobctl.errors import UsageError
 from jobctl.model import RetryPolicy
 from jobctl.runtime.outcome import wait_for_outcomes, write_outcome
 from jobctl.store.folder import FINAL, RECOVERY_ERROR, JobFolder
+from jobctl.backends.slurm import SlurmBackend
 
 # The recovery the first node runs after every node has written its outcome, named
 # "module:function": called as function(JobFolder, outcomes), it decides and submits what
@@ -171,7 +172,6 @@ def first_node_address(hostnames: list[str]) -> str:
         return host
     except OSError:
         pass
-    from jobctl.backends.slurm import SlurmBackend
 
     try:
         addr = SlurmBackend().node_address(host)

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from jobctl.errors import JobctlError, UsageError
 from jobctl.model import TERMINAL_STATES, FailureKind, JobState, Scheduler, parse_state
+from jobctl.store.paths import history_path
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 30_000  # writers queue behind each other; a write holds the lock for ~ms
@@ -55,7 +56,6 @@ class AmbiguousJobError(UsageError):
 
 def default_path(env: Mapping[str, str] | None = None) -> Path:
     """The history file: $JOBCTL_HOME, else $XDG_STATE_HOME/jobctl, else ~/.local/state/jobctl."""
-    from jobctl.store.paths import history_path
 
     return history_path(env)
 
@@ -591,6 +591,13 @@ def recent_jobs(path: str | os.PathLike, cluster: str, *, recent: int, failure_k
     LIMIT the rows, so the cost stays flat however long the history grows.
 
     An older schema is migrated first (the one write this makes); a newer one is HistoryError."""
+    try:
+        return _recent_jobs(path, cluster, recent, failure_kind, max_failed, finished_states, max_finished)
+    except sqlite3.Error as e:
+        raise HistoryError(f"{path}: {e}") from None
+
+
+def _recent_jobs(path, cluster, recent, failure_kind, max_failed, finished_states, max_finished):
     from urllib.parse import quote
 
     db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=1.0)

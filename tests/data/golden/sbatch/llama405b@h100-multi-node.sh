@@ -1,0 +1,21 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --cpus-per-task=192
+#SBATCH --error=<home>/jobs/ID-llama405b/%j_0_log.err
+#SBATCH --gpus-per-node=8
+#SBATCH --gres=gpu:8
+#SBATCH --job-name=llama405b
+#SBATCH --mem=2000G
+#SBATCH --nodes=16
+#SBATCH --ntasks-per-node=1
+#SBATCH --open-mode=append
+#SBATCH --output=<home>/jobs/ID-llama405b/%j_0_log.out
+#SBATCH --partition=gpu
+#SBATCH --signal=USR2@30
+#SBATCH --time=2880
+#SBATCH --wckey=submitit
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output <home>/jobs/ID-llama405b/%j_%t_log.out --error <home>/jobs/ID-llama405b/%j_%t_log.err <python> -u -m submitit.core._submit <home>/jobs/ID-llama405b

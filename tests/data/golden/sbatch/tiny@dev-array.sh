@@ -1,0 +1,22 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --array=0-2%3
+#SBATCH --cpus-per-task=16
+#SBATCH --error=<home>/jobs/array-ID0-tiny/%A_%a_0_log.err
+#SBATCH --gpus-per-node=1
+#SBATCH --gres=gpu:1
+#SBATCH --job-name=tiny
+#SBATCH --mem=62G
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --open-mode=append
+#SBATCH --output=<home>/jobs/array-ID0-tiny/%A_%a_0_log.out
+#SBATCH --partition=gpu
+#SBATCH --signal=USR2@30
+#SBATCH --time=10
+#SBATCH --wckey=submitit
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output <home>/jobs/array-ID0-tiny/%A_%a_%t_log.out --error <home>/jobs/array-ID0-tiny/%A_%a_%t_log.err <python> -u -m submitit.core._submit <home>/jobs/array-ID0-tiny
