@@ -34,7 +34,7 @@
 # Timeouts:
 #   JOBCTL_DEV_TIMEOUT            (default 60)  seconds to wait for each daemon to be ready
 #
-# Facts this follows: shared/design/real-components.md.
+# How it is built: docs/architecture.md, "Tests and real components".
 set -euo pipefail
 
 DIR="${JOBCTL_DEV_CLUSTER_DIR:-/tmp/jobctl-dev-cluster}"

@@ -1,4 +1,4 @@
-"""The memory model against measurements of real PyTorch models on CPU (memory-model.md §6).
+"""The memory model against measurements of real PyTorch models on CPU (docs/memory-model.md §6).
 
 tests/torch_reference.py builds tiny Llama- and GPT-style models the way the frameworks do
 (eager Hugging Face-style layers, or fused-kernel layers), runs a real training step and

@@ -1,4 +1,4 @@
-"""The memory model against published numbers and hand derivations (memory-model.md)."""
+"""The memory model against published numbers and hand derivations (docs/memory-model.md)."""
 
 import pytest
 
@@ -45,7 +45,7 @@ def test_zero_paper_example_through_the_cli(capsys):
 
 
 def test_megatron_distributed_optimizer_bytes_per_param():
-    # memory-model.md §2: Megatron's distributed optimizer is 6 + 12/N_d bytes per parameter.
+    # docs/memory-model.md §2: Megatron's distributed optimizer is 6 + 12/N_d bytes per parameter.
     for nd in (1, 8, 64):
         sb = state_bytes("megatron", "bf16-mixed", "adamw")
         terms = model_state_terms(1e9, 2e9, sb, "adamw", "zero1" if nd > 1 else "none", nd, "none", 2)
@@ -58,7 +58,7 @@ def test_megatron_distributed_optimizer_bytes_per_param():
     ("bf16-mixed", "torchtitan", 16), ("fp32", "generic", 16), ("bf16-pure", "generic", 8),
 ])
 def test_model_state_bytes_per_param_table(precision, framework, expected):
-    # memory-model.md §2 table: totals per parameter with AdamW.
+    # docs/memory-model.md §2 table: totals per parameter with AdamW.
     sb = state_bytes(framework, precision, "adamw")
     assert sb.weight + sb.grad + sb.master + 2 * sb.state_elem == expected
 
@@ -161,7 +161,7 @@ def test_pipeline_first_stage_holds_p_microbatches():
 
 
 def test_logits_are_large_for_llama3_vocabulary():
-    # memory-model.md §3: s·b·V at V = 128256, s = 8192 is several GiB per micro-batch.
+    # docs/memory-model.md §3: s·b·V at V = 128256, s = 8192 is several GiB per micro-batch.
     w = Workload(PRESETS["llama3.1-8b"], 8192, 1)
     mem = estimate(w, 80 * GIB, plan())
     logits = next(t.bytes for t in mem.terms if t.name == "logits and loss")

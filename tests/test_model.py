@@ -15,7 +15,7 @@ from jobctl.model import (
 
 
 def test_the_retry_table_is_the_architecture_decision():
-    """docs/architecture.md, decision 5: only a CUDA OOM walks the ladder; preemption, timeouts
+    """docs/architecture.md, decision 4: only a CUDA OOM walks the ladder; preemption, timeouts
     and lost nodes use submitit's requeue of the same plan; everything else waits for a person.
     Written out here by hand, kind by kind, so that a change to the table is a visible decision."""
     expected = {

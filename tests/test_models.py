@@ -4,7 +4,7 @@ import pytest
 
 from jobctl.planner.models import PRESETS, padded_vocab
 
-# Published counts: Llama 3.1 from memory-model.md §1 (no vocabulary padding); Llama 2 7B/13B/70B
+# Published counts: Llama 3.1 from docs/memory-model.md §1 (no vocabulary padding); Llama 2 7B/13B/70B
 # and Llama 3.2 1B/3B as sum(p.numel()) of the released Hugging Face checkpoints
 # (model cards: 6.74B, 13.0B, 69.0B, 1.24B, 3.21B); GPT-2 small: 124,439,808 (HF "gpt2").
 PUBLISHED = {

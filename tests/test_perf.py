@@ -1,4 +1,4 @@
-"""The performance model: published large-scale runs and hand-derived pieces (memory-model.md §5)."""
+"""The performance model: published large-scale runs and hand-derived pieces (docs/memory-model.md §5)."""
 
 from dataclasses import replace
 

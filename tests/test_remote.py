@@ -1,4 +1,4 @@
-"""jobctl.remote.ssh against a real OpenSSH sshd on 127.0.0.1:2223, started by this module.
+"""jobctl.remote.ssh against a real OpenSSH sshd on 127.0.0.1 (a free port), started by this module.
 
 The session fixture `sshd` (root only; skips otherwise unless JOBCTL_REQUIRE_SLURM is set)
 installs openssh-server if needed, creates the user `jobctl-rtest`, makes host and client
@@ -30,7 +30,18 @@ from jobctl.remote.ssh import MANIFEST, Remote
 from jobctl.config.schema import Inventory, Login
 
 SSHD = "/usr/sbin/sshd"
-PORT = 2223  # not 2222: the dev cluster's ssh mode may use that
+
+
+def _free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's pick), for this module's own sshd."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+PORT = _free_port()
 USER = "jobctl-rtest"
 POLICY_RC = "/usr/sbin/policy-rc.d"
 
@@ -234,9 +245,9 @@ def test_unknown_host_key_is_refused_with_fingerprint_and_fix(sshd):
     assert e.exit_code == 5
     fp = _fingerprint(sshd.dir / "host_ed25519.pub")
     assert fp.startswith("SHA256:") and fp in e.message and fp in e.hint
-    assert "[127.0.0.1]:2223" in e.message and "not in" in e.message
+    assert f"[127.0.0.1]:{PORT}" in e.message and "not in" in e.message
     assert "out of band" in e.hint
-    fix = re.search(r"ssh-keyscan -p 2223 (-t ed25519 )?127\.0\.0\.1 >> \S+", e.hint)
+    fix = re.search(rf"ssh-keyscan -p {PORT} (-t ed25519 )?127\.0\.0\.1 >> \S+", e.hint)
     assert fix and str(kh) in fix.group(0)
     assert kh.read_text() == ""  # never added behind the user's back
     # The fix the message gives works.
@@ -261,7 +272,7 @@ def test_changed_host_key_is_refused_naming_the_line(sshd, hashed):
     assert f"{kh}:3" in e.message and f"{kh}:3" in e.hint
     assert _fingerprint(sshd.dir / "host_ed25519.pub") in e.message
     assert _fingerprint(sshd.dir / "other_ed25519.pub") in e.message
-    assert f"ssh-keygen -R '[127.0.0.1]:2223' -f {kh}" in e.hint
+    assert f"ssh-keygen -R '[127.0.0.1]:{PORT}' -f {kh}" in e.hint
     assert kh.read_text() == before
 
 
@@ -503,7 +514,7 @@ def test_version_check(sshd):
 
 def test_auth_failures_and_bad_key_file(sshd, tmp_path):
     stranger = _keygen(tmp_path / "stranger")
-    with pytest.raises(SchedulerError, match="authentication as jobctl-rtest@127.0.0.1:2223 failed") as ei:
+    with pytest.raises(SchedulerError, match=f"authentication as jobctl-rtest@127.0.0.1:{PORT} failed") as ei:
         Remote(sshd.login(key_file=str(stranger))).connect()
     assert ei.value.exit_code == 5
     locked = _keygen(tmp_path / "locked", passphrase="s3cret-pass")

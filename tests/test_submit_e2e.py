@@ -78,7 +78,7 @@ def test_tiny_recipe_one_node_completes_on_slurm(slurm_cluster, home):
     dry = jobctl("submit", "recipes/tiny.yaml", "--cluster", "dev", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     shown = json.loads(dry.stdout)["sbatch"]
-    assert shown.replace(f"/ID-tiny", f"/{job['id']}-tiny") == rendered
+    assert shown.replace("/ID-tiny", f"/{job['id']}-tiny") == rendered
 
 
 def test_two_nodes_torchrun_world_and_environment(slurm_cluster, home, tmp_path):

@@ -242,25 +242,65 @@ def _submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
             write_folder(s, folder, jid)
             ids.append(jid)
             folders.append(folder)
-        try:
-            answers = backend.submit([s.request(f, jid) for s, f, jid in zip(group, folders, ids)], cwd=group[0].cwd)
-        except SchedulerError as e:
-            for jid in ids:
-                history.mark_submit_failed(jid, e.message.removeprefix("the scheduler refused the job: "))
-            raise
-        for answer, jid, folder, s in zip(answers, ids, folders, group):
-            history.mark_submitted(jid, answer.job_id, str(folder.path))
-            history.transition(jid, JobState.SUBMITTED, f"{s.scheduler} job {answer.job_id}")
-            meta = {"job_id": answer.job_id, "submitit_folder": str(answer.submitit_folder)}
-            meta.update({k: v for k, v in answer.meta.items() if k != "sbatch"})
-            folder.write_json(layout.SCHEDULER, meta)
-            if answer.meta.get("sbatch"):
-                folder.write_text(layout.SBATCH, answer.meta["sbatch"])
-            results.append({"id": jid, "scheduler_job_id": answer.job_id, "job_folder": str(folder.path),
-                            "recipe": s.recipe_name})
-            if progress:
-                progress(f"submitted #{jid} as {s.scheduler} job {answer.job_id} ({folder.path})")
+        with _interrupts_deferred(block_children=group[0].scheduler is Scheduler.SLURM):
+            results += _submit_group(backend, group, ids, folders, history, progress)
     return results
+
+
+def _submit_group(backend, group, ids, folders, history, progress) -> list[dict]:
+    """Ask the scheduler and record its answer: the one stretch an interruption must not split."""
+    results = []
+    try:
+        answers = backend.submit([s.request(f, jid) for s, f, jid in zip(group, folders, ids)], cwd=group[0].cwd)
+    except SchedulerError as e:
+        for jid in ids:
+            history.mark_submit_failed(jid, e.message.removeprefix("the scheduler refused the job: "))
+        raise
+    for answer, jid, folder, s in zip(answers, ids, folders, group):
+        history.mark_submitted(jid, answer.job_id, str(folder.path))
+        history.transition(jid, JobState.SUBMITTED, f"{s.scheduler} job {answer.job_id}")
+        meta = {"job_id": answer.job_id, "submitit_folder": str(answer.submitit_folder)}
+        meta.update({k: v for k, v in answer.meta.items() if k != "sbatch"})
+        folder.write_json(layout.SCHEDULER, meta)
+        if answer.meta.get("sbatch"):
+            folder.write_text(layout.SBATCH, answer.meta["sbatch"])
+        results.append({"id": jid, "scheduler_job_id": answer.job_id, "job_folder": str(folder.path),
+                        "recipe": s.recipe_name})
+        if progress:
+            progress(f"submitted #{jid} as {s.scheduler} job {answer.job_id} ({folder.path})")
+    return results
+
+
+@contextlib.contextmanager
+def _interrupts_deferred(block_children: bool):
+    """Ctrl-C (SIGINT) and SIGTERM wait until the scheduler's answer is recorded, then
+    interrupt as usual: a job the scheduler made is never left unrecorded by them (a kill -9
+    still can: `jobctl status` reconciles such rows by name). With `block_children` the signals
+    are blocked in the C sense too, which the scheduler's short-lived client (sbatch) inherits:
+    a Ctrl-C at the terminal reaches the whole process group. Not for local jobs, whose
+    controller lives on and must keep the default signals."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
+    if block_children:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        if block_children:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # a pending one now runs the handler above
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if caught:
+        if caught[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.raise_signal(caught[0])
 
 
 def write_folder(sub: Submission, folder: JobFolder, job_id: int) -> None:

@@ -6,7 +6,7 @@ not have been submitted). So the next plan must predict strictly less than the f
 one, keep the global batch, and fit under a *learned* limit that is lower than the one
 the model used (see `learned_usable_bytes`).
 
-Rungs, in order (architecture.md, decision 4); a step changes one rung:
+Rungs, in order (docs/architecture.md, decision 3); a step changes one rung:
 
 1. micro-batch: a smaller micro_batch_size with more gradient accumulation, same dp:
    the largest one that fits among those at most half the current one.

@@ -1,6 +1,6 @@
 """The memory model: bytes on the most loaded rank, term by term, each with its source.
 
-See ../shared/design/memory-model.md. Notation: s sequence, b micro-batch, h hidden,
+See docs/memory-model.md. Notation: s sequence, b micro-batch, h hidden,
 a heads, g KV heads, f FFN hidden, L layers, V vocabulary, t tp, p pp, c cp, N shard group.
 Every term is a named field of `MemoryBreakdown`; nothing is multiplied by an unnamed
 factor. Defaults of the overhead terms live in `Overheads` and can be overridden by a
@@ -46,7 +46,7 @@ QLORA_WEIGHT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 
 @dataclass(frozen=True)
 class Overheads:
-    """Named, configurable terms for what the GPU holds besides tensors (memory-model.md §4)."""
+    """Named, configurable terms for what the GPU holds besides tensors (docs/memory-model.md §4)."""
 
     # CUDA context, kernels and cuBLAS workspace per process: typically 0.5-1 GiB on
     # Hopper with CUDA 12 lazy loading; measure as nvidia-smi used minus memory_reserved().
@@ -154,7 +154,7 @@ class MemoryBreakdown:
 
 @dataclass(frozen=True)
 class StateBytes:
-    """Bytes per parameter of each model state under a precision recipe (memory-model.md §2)."""
+    """Bytes per parameter of each model state under a precision recipe (docs/memory-model.md §2)."""
 
     weight: float
     grad: float
@@ -389,7 +389,7 @@ def recomputed_layers(plan: Plan, layers: float) -> float:
 
 
 def logits_bytes_per_elem(w: Workload) -> float:
-    """Peak bytes per logit element around the loss (memory-model.md §3).
+    """Peak bytes per logit element around the loss (docs/memory-model.md §3).
 
     Unfused: the 16-bit logits (2), their fp32 log-softmax kept for backward (4), and in
     backward the incoming fp32 gradient (4) and the produced one (4): 14 bytes.

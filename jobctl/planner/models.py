@@ -1,4 +1,4 @@
-"""Model architectures and their exact parameter counts (memory-model.md section 1)."""
+"""Model architectures and their exact parameter counts (docs/memory-model.md §1)."""
 
 from __future__ import annotations
 

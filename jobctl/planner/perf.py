@@ -1,4 +1,4 @@
-"""The performance model: the time of one optimizer step and its parts (memory-model.md §5).
+"""The performance model: the time of one optimizer step and its parts (docs/memory-model.md §5).
 
 An analytical model in the Megatron-LM/Calculon family: compute at an achievable fraction
 of the GPU's peak, tensor-parallel collectives on the intra-node link, the pipeline bubble

@@ -1,6 +1,6 @@
 """Reach a cluster's login node over SSH (paramiko) and run jobctl there as short-lived JSON commands.
 
-The only module that imports paramiko (architecture.md, decision 1). One `Remote` holds one SSH
+The only module that imports paramiko (docs/architecture.md, decision 1). One `Remote` holds one SSH
 connection for the whole jobctl command; commands, SFTP and version checks share it.
 
 Host keys are checked strictly, as `ssh -o StrictHostKeyChecking=yes` would: an unknown or a
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import paramiko
 
-from jobctl.errors import JobctlError, SchedulerError, UsageError
+from jobctl.errors import SchedulerError, UsageError
 from jobctl.remote.protocol import error_from_payload
 
 if TYPE_CHECKING:  # the pydantic models, for annotations only (remote/ does not read YAML)

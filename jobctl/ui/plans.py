@@ -1,0 +1,192 @@
+"""Plans for people: the memory breakdown with a bar per term, the step estimate, the
+alternatives, the decision (--explain), the dry run, every cluster side by side."""
+
+from __future__ import annotations
+
+
+from jobctl.planner.plan import layout_text
+from jobctl.ui.terminal import bar, console, duration, gib
+
+
+def memory_table(mem: dict, title: str):
+    """Every term of a breakdown, GiB, with a bar against the usable memory."""
+    from rich.table import Table
+    from rich.text import Text
+
+    usable = mem["gpu_usable_bytes"]
+    table = Table(title=title, title_justify="left", show_lines=False, pad_edge=False)
+    table.add_column("term")
+    table.add_column("GiB", justify="right")
+    table.add_column("", no_wrap=True)
+    table.add_column("how it is computed", overflow="fold")
+    for t in mem["terms"]:
+        if t["bytes"] == 0 and t["group"] not in ("weights",):
+            continue
+        table.add_row(Text(t["name"]), gib(t["bytes"]), Text(bar(t["bytes"], usable), style="cyan"), Text(t["formula"]))
+    share = mem["total_bytes"] / usable if usable else float("inf")
+    style = "bold green" if share <= 1 else "bold red"
+    table.add_row(Text("total", style="bold"), Text(gib(mem["total_bytes"]), style=style),
+                  Text(bar(min(mem["total_bytes"], usable * 1.25), usable), style=style),
+                  Text(f"{share:.0%} of {gib(usable)} GiB usable (GPU total minus the safety margin)"))
+    return table
+
+
+def render_plan(report: dict) -> None:
+    from rich.text import Text
+
+    con = console()
+    head = f"{report['recipe']} on {report['cluster']}/{report['partition']}"
+    m = report.get("model") or {}
+    if m:
+        head += f" — {m['name']} ({m['params'] / 1e9:.2f}B params)"
+    con.print(Text(head, style="bold"))
+    if report["feasible"]:
+        p = report["plan"]
+        con.print(Text(
+            f"fits: {p['nodes']} node(s) x {p['gpus_per_node']} {report['gpu']} = {p['world_size']} GPUs | "
+            f"tp {p['tp']} · pp {p['pp']} · dp {p['dp']} · cp {p['cp']} | sharding {p['sharding']} | "
+            f"micro-batch {p['micro_batch_size']} x {p['grad_accum_steps']} accumulation x dp {p['dp']} "
+            f"= {p['global_batch_size']} sequences | recompute {p['recompute']} | offload {p['offload']} | "
+            f"sequence parallel {'on' if p['sequence_parallel'] else 'off'}", style="green"))
+        mem = report["memory"]
+        con.print(memory_table(mem, f"Memory per GPU (GiB = 2^30 bytes), most loaded rank: {mem['stage']} stage"))
+        host = mem["host_bytes_per_node"]
+        con.print(f"Host RAM per node: {gib(host)} GiB of {gib(mem['host_usable_bytes'])} GiB usable")
+        est = report.get("estimate")
+        if est:
+            con.print(Text(estimate_line(est), style="bold"))
+        for line in report.get("why_not", []):
+            con.print(Text("  why not " + line))
+        alts = report.get("alternatives") or []
+        if alts:
+            con.print(alternatives_table(alts))
+        s = report.get("search") or {}
+        if s:
+            con.print(Text(f"{s['considered']} layouts evaluated, {s['feasible']} fit, objective: "
+                           f"{report.get('objective', 'throughput')}", style="dim"))
+        if report.get("explain"):
+            render_explain(report["explain"])
+    else:
+        con.print(Text("does not fit", style="bold red"))
+        for r in report["reasons"]:
+            con.print(Text("  - " + r), soft_wrap=True)
+        if report.get("closest"):
+            c = report["closest"]
+            con.print(memory_table(c["memory"], "The layout that came closest (GiB)"))
+        if report["suggestions"]:
+            con.print(Text("What would fit:", style="bold"))
+            for s in report["suggestions"]:
+                con.print(Text("  - " + s), soft_wrap=True)
+
+
+def estimate_line(est: dict) -> str:
+    line = (f"step {duration(est['step_time_s'])} · {est['tokens_per_s']:,.0f} tokens/s · "
+            f"{est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU · MFU {est['mfu']:.1%}")
+    if est.get("time_to_train_s"):
+        line += f" · {est['steps']} steps: {duration(est['time_to_train_s'])}, {est['gpu_hours']:,.0f} GPU-hours"
+    return line
+
+
+def alternatives_table(alts: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="Next best layouts", title_justify="left")
+    for col in ("layout", "GPUs", "GiB", "step", "tokens/s/GPU", "MFU"):
+        table.add_column(col, justify="left" if col == "layout" else "right")
+    for a in alts:
+        p, m, e = a["plan"], a["memory"], a["estimate"] or {}
+        table.add_row(layout_text(p), str(p["world_size"]), gib(m["total_bytes"]), duration(e.get("step_time_s")),
+                      f"{e.get('tokens_per_s_per_gpu', 0):,.0f}", f"{e.get('mfu', 0):.1%}")
+    return table
+
+
+def render_explain(ex: dict) -> None:
+    from rich.text import Text
+
+    con = console()
+    con.print(Text(f"Decision ({ex['objective']}): {ex['layouts_evaluated']} layouts evaluated, "
+                   f"{ex['feasible']} fit.", style="bold"))
+    for reason, n in sorted(ex["rejected"].items(), key=lambda x: -x[1]):
+        con.print(Text(f"  rejected, {reason}: {n}"))
+    for i, wnr in enumerate(ex["winners"], 1):
+        con.print(Text(f"  #{i} {wnr['plan']} on {wnr['world_size']} GPUs: {wnr['memory_gib']} GiB, "
+                       f"step {duration(wnr['step_time_s'])}, {wnr['tokens_per_s_per_gpu'] or 0:,.0f} tokens/s/GPU"))
+
+
+def render_dry_run(items: list[dict]) -> None:
+    """What submit would do: parameters, environment, each node's command, the sbatch script."""
+    import json as _json
+
+    from rich.text import Text
+
+    con = console()
+    for item in items:
+        con.print(Text(f"{item['recipe']} -> {item['cluster']}/{item['partition']} ({item['scheduler']}), "
+                       f"job folder {item['job_folder']}", style="bold"), soft_wrap=True)
+        con.print(Text("parameters: " + _json.dumps(item["parameters"], default=str)), soft_wrap=True)
+        con.print(Text("environment:", style="bold"))
+        for k, v in item["env"].items():
+            con.print(Text(f"  {k}={v!r}" if len(v) < 200 else f"  {k}=<{len(v)} characters>"), soft_wrap=True)
+        for node in item["nodes"]:
+            con.print(Text(f"node {node['node_rank']} runs (argv, no shell): " + _json.dumps(node["argv"])),
+                      soft_wrap=True)
+        if "sbatch" in item:
+            con.print(Text("sbatch script:", style="bold"))
+            con.print(Text(item["sbatch"]), soft_wrap=True)
+        if "check" in item:
+            ok = item["check"]["ok"]
+            con.print(Text(("sbatch --test-only: OK " if ok else "sbatch --test-only: REFUSED ") + item["check"]["sbatch"],
+                           style="green" if ok else "bold red"), soft_wrap=True)
+
+
+def render_plan_overview(reports: list[dict], recipe: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"{recipe} on every cluster, best first (GiB per GPU)", title_justify="left")
+    for col in ("cluster", "partition", "fits", "GPUs", "layout", "peak GiB", "step", "time to train", "why not / what would"):
+        table.add_column(col, overflow="fold", min_width=4 if col in ("fits", "GPUs") else None)
+    for r in reports:
+        if r["feasible"]:
+            p, mem, est = r["plan"], r["memory"], r.get("estimate") or {}
+            table.add_row(r["cluster"], r["partition"] or "", Text("yes", style="green"), str(p["world_size"]),
+                          layout_text(p), f"{gib(mem['total_bytes'])}/{gib(mem['gpu_usable_bytes'])}",
+                          duration(est.get("step_time_s")), duration(est.get("time_to_train_s")), "")
+        else:
+            closest = (r.get("closest") or {}).get("memory")
+            if closest:
+                why = f"needs {gib(closest['total_bytes'])} GiB/GPU"
+            else:
+                why = r["reasons"][0] if r["reasons"] else "does not fit"
+            if r["suggestions"]:
+                why += "; " + r["suggestions"][0].split(":")[0]
+            table.add_row(r["cluster"], r.get("partition") or "", Text("no", style="red"), "", "", "", "", "", Text(why))
+    console().print(table)
+
+
+def render_memory_calc(result: dict) -> None:
+    from rich.text import Text
+
+    con = console()
+    con.print(Text(result["headline"], style="bold"))
+    con.print(memory_table(result["memory"], "Memory per GPU (GiB = 2^30 bytes)"))
+    for note in result["notes"]:
+        con.print(Text("note: " + note))
+    verdict = result["verdict"]
+    con.print(Text(verdict, style="bold green" if result["fits"] else "bold red"))
+
+
+def render_history(block: dict) -> None:
+    """Under the plan table: what the history says (plan's "history" block), if anything."""
+    from rich.text import Text
+
+    if not block:
+        return
+    con = console()
+    for w in block.get("warnings") or []:
+        con.print(Text("warning: ", style="bold yellow") + Text(w["message"]), soft_wrap=True)
+    err = block.get("model_error")
+    if err:
+        con.print(Text(f"memory model on this cluster, from {err['jobs']} finished job(s) with measured peaks: "
+                       f"median error {err['median_pct']:+.1f}%, worst {err['worst_pct']:+.1f}% "
+                       "(predicted vs measured; negative: predicted less than used)", style="dim"), soft_wrap=True)

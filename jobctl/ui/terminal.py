@@ -1,0 +1,116 @@
+"""The terminal: one rich console per stream, JSON on stdout, messages on stderr, and the
+small formatting helpers every view shares. User strings are never read as markup."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+GIB = 1 << 30
+
+
+BAR_WIDTH = 12
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, markup=False, highlight=False, emoji=False, soft_wrap=False)
+
+
+def print_json(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def error(message: str, hint: str | None = None) -> None:
+    con = console(stderr=True)
+    from rich.text import Text
+
+    con.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+    if hint:
+        con.print(Text.assemble(("To fix: ", "bold"), hint), soft_wrap=True)
+
+
+def line(text: str) -> None:
+    """One line of data on stdout (tab-separated results scripts read)."""
+    sys.stdout.write(text + "\n")
+
+
+def raw(text: str) -> None:
+    """Text as it is on stdout (a log, a YAML document), flushed."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def info(message: str) -> None:
+    from rich.text import Text
+
+    console(stderr=True).print(Text(message, style="dim"), soft_wrap=True)
+
+
+def gib(x) -> str:
+    return f"{x / GIB:,.2f}"
+
+
+def bar(value: float, scale: float) -> str:
+    if scale <= 0:
+        return ""
+    n = min(value / scale, 1.25) * BAR_WIDTH
+    full = int(n)
+    return "█" * full + ("▌" if n - full >= 0.5 else "")
+
+
+def duration(seconds) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def local_time(iso: str | None) -> str:
+    """A stored UTC timestamp as local wall-clock time, to the minute."""
+    from datetime import datetime
+
+    if not iso:
+        return ""
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return iso
+
+
+STATE_STYLES = {"COMPLETED": "green", "RUNNING": "bold cyan", "COMPLETING": "cyan", "PENDING": "yellow",
+                 "SUBMITTED": "yellow", "REQUEUED": "yellow", "SUSPENDED": "yellow", "PREPARED": "dim",
+                 "CANCELLED": "magenta", "UNKNOWN": "dim"}
+
+
+def gib_or(x, empty: str = "—") -> str:
+    return empty if x is None else gib(x)
+
+
+def pct(x) -> str:
+    return "" if x is None else f"{x:+.1f} %"
+
+
+def clock_time(iso: str | None) -> str:
+    """A sampler timestamp (UTC ISO) as local time of day."""
+    from datetime import datetime
+
+    if not iso:
+        return ""
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%H:%M:%S")
+    except ValueError:
+        return iso
+
+
+def state_text(state: str):
+    from rich.text import Text
+
+    return Text(state, style=STATE_STYLES.get(state, "bold red"))
