@@ -44,8 +44,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
 import torch_reference as tr  # noqa: E402
+
 from jobctl.planner.memory import (  # noqa: E402
     GIB,
     Workload,

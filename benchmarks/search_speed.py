@@ -20,11 +20,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    from jobctl.config.workspace import all_cluster_names
     from jobctl.planner import inputs
-    from jobctl.planner.memory import _layer_bytes, _stage_params_cached, _stage_state_elements
+    from jobctl.planner.memory import (
+        _layer_bytes,
+        _stage_params_cached,
+        _stage_state_elements,
+    )
     from jobctl.planner.search import search
     from jobctl.planning import load_inventory, load_recipe
-    from jobctl.config.workspace import all_cluster_names
 
     def clear():  # each measurement starts cold
         for f in (_layer_bytes, _stage_params_cached, _stage_state_elements):

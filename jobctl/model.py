@@ -109,22 +109,25 @@ class FailureKind(StrEnum):
 
 
 class RetryAction(StrEnum):
-    """What follows a failure: walk the OOM ladder (a new job with a smaller plan), requeue
-    the same plan (submitit's checkpoint/requeue, for jobs stopped from outside), or nothing."""
+    """What follows a failure: walk the OOM ladder (a new job with a smaller GPU plan), step
+    the host side down (less CPU offload: a new job), requeue the same plan (submitit's
+    checkpoint/requeue, for jobs stopped from outside), or nothing."""
 
     LADDER = "ladder"
+    HOST = "host"
     REQUEUE = "requeue"
     NONE = "none"
 
 
-# THE retry table: a smaller plan after a CUDA OOM; the same plan again when the scheduler
+# THE retry table: a smaller GPU plan after a CUDA OOM; less host memory after a host OOM (it
+# is CPU offload or the data loader, never the GPU plan); the same plan again when the scheduler
 # stopped the job from outside (submitit requeues the checkpointable runner); nothing for the
-# rest, which need a person: a host OOM is the data loader or CPU offload, not the GPU plan;
-# NCCL errors are usually the fabric; a user error is a bug or a bad config.
+# rest, which need a person: NCCL errors are usually the fabric; a user error is a bug or a
+# bad config.
 RETRY_TABLE: Mapping[FailureKind, RetryAction] = {
     FailureKind.COMPLETED: RetryAction.NONE,
     FailureKind.CUDA_OOM: RetryAction.LADDER,
-    FailureKind.HOST_OOM: RetryAction.NONE,
+    FailureKind.HOST_OOM: RetryAction.HOST,
     FailureKind.TIMEOUT: RetryAction.REQUEUE,
     FailureKind.PREEMPTED: RetryAction.REQUEUE,
     FailureKind.NODE_FAIL: RetryAction.REQUEUE,
@@ -135,7 +138,7 @@ RETRY_TABLE: Mapping[FailureKind, RetryAction] = {
 # What `submit --retry KIND=ACTION` may change: the kinds whose failure happened inside the
 # job. Requeues after TIMEOUT/PREEMPTED/NODE_FAIL are submitit's and a cancel is the user's.
 OVERRIDABLE = (FailureKind.CUDA_OOM, FailureKind.HOST_OOM, FailureKind.NCCL, FailureKind.USER_ERROR)
-OVERRIDE_ACTIONS = (RetryAction.LADDER, RetryAction.NONE)
+OVERRIDE_ACTIONS = (RetryAction.LADDER, RetryAction.HOST, RetryAction.NONE)
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_SAMPLE_INTERVAL_S = 5.0
 

@@ -10,8 +10,13 @@ import pytest
 from jobctl.model import RETRY_TABLE, FailureKind
 from jobctl.model import RetryAction as Retry
 from jobctl.runtime.classify import (
-    EVIDENCE_MAX_CHARS, SCAN_TAIL_CHARS, Failure, OOMFigures, classify,
-    parse_oom, parse_size,
+    EVIDENCE_MAX_CHARS,
+    SCAN_TAIL_CHARS,
+    Failure,
+    OOMFigures,
+    classify,
+    parse_oom,
+    parse_size,
 )
 
 FIXTURES = Path(__file__).parent / "data" / "failures"

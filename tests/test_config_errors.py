@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` points at
     sys.path.insert(0, str(REPO))
 
-from jobctl.config import schema  # noqa: E402
-from jobctl.config import loader as config
 from jobctl.cli import main  # noqa: E402
+from jobctl.config import loader as config
+from jobctl.config import schema  # noqa: E402
 from jobctl.errors import EXIT_USAGE, ConfigError  # noqa: E402
 
 BAD = "tests/data/bad"

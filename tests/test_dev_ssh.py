@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from slurm_fixture import REPO_ROOT, SCRIPT, TERMINAL_STATES, slurm_cluster  # noqa: F401  (pytest fixture)
 from ssh_fixture import SSHCluster, ssh_cluster  # noqa: F401  (pytest fixture)
 

@@ -17,9 +17,9 @@ import yaml
 from ssh_fixture import ssh_cluster  # noqa: F401  (pytest fixture)
 
 from jobctl.backends import discover as d
-from jobctl.planner.catalog import gpu_names
 from jobctl.cli import main
 from jobctl.config.schema import Inventory
+from jobctl.planner.catalog import gpu_names
 
 DATA = Path(__file__).parent / "data" / "slurm"
 

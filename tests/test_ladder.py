@@ -7,7 +7,15 @@ import pytest
 
 from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.ladder import (
-    RUNGS, LadderStep, OOMInfo, ladder, learned_usable_bytes, next_plan,
+    RUNGS,
+    Calibration,
+    CalibrationPoint,
+    LadderStep,
+    OOMInfo,
+    ladder,
+    next_host_plan,
+    next_plan,
+    scaling_bytes,
 )
 from jobctl.planner.memory import Workload, estimate
 from jobctl.planner.models import PRESETS
@@ -65,60 +73,131 @@ def test_first_rung_halves_the_micro_batch_and_doubles_accumulation():
     assert "micro_batch_size 4 -> 2" in s.reason and "grad_accum_steps 2 -> 4" in s.reason
 
 
-# The ladder's documented minimum step (planner/ladder.py, module docstring): every step
-# predicts at least 2% less than the plan that failed. Written here, not imported.
-TWO_PERCENT = 0.02
+def mem(w, t, p):
+    return estimate(w, t.gpu_memory_bytes, p, t.host_mem_bytes)
 
 
-def test_default_margin_is_two_percent_of_the_failed_peak():
-    p = peak(W, T, START)
-    s = next_plan(W, T, Constraints(), START)
-    assert s.usable_bytes == p - math.ceil(TWO_PERCENT * p)
-    assert s.memory.total_bytes <= s.usable_bytes
+USABLE = H100.memory_bytes - GIB  # the catalog's H100 less the 1 GiB safety margin
 
 
-def test_tried_to_allocate_sets_the_margin():
-    # "Tried to allocate 3.91 GiB": the next plan predicts at most P - 3.91 GiB
-    tried = int(3.91 * GIB)
-    p = peak(W, T, START)
-    assert tried > TWO_PERCENT * p  # 3.91 GiB > 2% of ~65 GiB, so the figure binds
-    s = next_plan(W, T, Constraints(), START, OOMInfo(tried_to_allocate_bytes=tried))
-    assert s.usable_bytes == p - tried
-    assert s.memory.total_bytes <= p - tried
-
-
-def test_a_large_failed_allocation_skips_micro_batches():
-    # micro-batch 2 predicts ~47.3 GiB, 1 ~38.7 GiB: wanting 20 GiB more than P ~64.7 leaves ~44.7
-    p = peak(W, T, START)
-    p2 = peak(W, T, plan(micro_batch_size=2, grad_accum_steps=4))
-    p1 = peak(W, T, plan(micro_batch_size=1, grad_accum_steps=8))
-    tried = 20 * GIB
-    assert p1 <= p - tried < p2
-    s = next_plan(W, T, Constraints(), START, OOMInfo(tried_to_allocate_bytes=tried))
-    assert (s.plan.micro_batch_size, s.plan.grad_accum_steps) == (1, 8)
-
-
-def test_total_capacity_and_free_figures():
-    # "GPU 0 has a total capacity of 79.14 GiB of which 0.2 GiB is free": the process wanted
-    # 79.14 - 0.2 + 3.91 GiB where the model said P, an under-prediction u it will repeat.
+def test_one_failure_calibrates_the_terms_the_rungs_shrink():
+    """PyTorch's figures: total 79.14 GiB, 0.2 GiB free, tried 3.91 GiB. The step needed at
+    least D = 79.14 - 0.2 + 3.91 GiB; the model said P. The gap D - P is put on the
+    activations and logits S (gamma = (D - P) / S), so a plan with S' is calibrated at
+    P' + gamma * S' (derived here, not taken from the ladder)."""
     cap, free, tried = int(79.14 * GIB), int(0.2 * GIB), int(3.91 * GIB)
-    p = peak(W, T, START)
-    u = cap - free + tried - p
-    expected = min(cap - GIB - u, p - tried)  # safety margin 1 GiB
-    assert expected == cap - GIB - u  # free < safety margin: this rule binds
-    got = learned_usable_bytes(W, T, p, OOMInfo(tried, cap, free))
-    assert got == expected
+    m0 = mem(W, T, START)
+    d = cap - free + tried
+    gamma = (d - m0.total_bytes) / scaling_bytes(m0)
     s = next_plan(W, T, Constraints(), START, OOMInfo(tried, cap, free))
-    assert s.usable_bytes == expected and s.memory.total_bytes <= expected
+    assert s.calibration.per_scaling == pytest.approx(gamma) and s.calibration.fixed_gap_bytes == 0
+    assert s.calibration.points == (CalibrationPoint(m0.total_bytes, scaling_bytes(m0), d,
+                                                     "OOM message: in use + tried to allocate"),)
+    m2 = mem(W, T, s.plan)
+    assert s.calibrated_bytes == int(m2.total_bytes + gamma * scaling_bytes(m2))
+    # the usable memory is the reported capacity (smaller than the catalog's) less the margin
+    assert s.usable_bytes == cap - GIB and s.calibrated_bytes <= s.usable_bytes and s.expected_to_fit
+    assert (s.rung, s.plan.micro_batch_size) == ("micro-batch", 2)  # the largest that fits, calibrated
 
 
-def test_measured_peak_above_the_prediction_lowers_the_limit():
-    p = peak(W, T, START)
-    measured = p + 6 * GIB  # the monitor saw 6 GiB more than predicted
-    got = learned_usable_bytes(W, T, p, OOMInfo(measured_peak_bytes=measured))
-    assert got == min(T.gpu_memory_bytes - GIB - 6 * GIB, p - math.ceil(0.02 * p))
-    # a smaller reported capacity than the catalog's lowers the model's own limit
-    assert learned_usable_bytes(W, T, 100 * GIB, OOMInfo(total_capacity_bytes=70 * GIB)) == 69 * GIB
+def test_a_failure_far_above_the_prediction_still_has_a_next_step():
+    """The case the old ladder stopped at: a "Tried to allocate" 1000x what the model predicted for
+    the whole step (an unmodelled buffer). The usable memory never goes negative: the ladder
+    picks the plan whose calibrated need is the least, and says the evidence does not promise it fits."""
+    m0 = mem(W, T, START)
+    tried = 1000 * m0.total_bytes
+    s = next_plan(W, T, Constraints(), START, OOMInfo(tried, int(79.14 * GIB), int(0.2 * GIB)))
+    assert s is not None and not s.expected_to_fit
+    assert s.memory.total_bytes < m0.total_bytes and s.calibrated_bytes < s.calibration.points[0].observed_bytes
+    # it is the least-demanding step (by the calibration) among the single rungs and combinations
+    assert s.plan.micro_batch_size == 1 and s.plan.recompute == "full"
+
+
+def test_ten_times_the_prediction_is_cured_by_a_small_enough_micro_batch_and_recompute():
+    m0 = mem(W, T, START)
+    cap, free = H100.memory_bytes, int(0.5 * GIB)
+    tried = 10 * m0.total_bytes - (cap - free)  # the step wanted 10x what the model said
+    s = next_plan(W, T, Constraints(tp=1, pp=1), START, OOMInfo(tried, cap, free))
+    gamma = (10 * m0.total_bytes - m0.total_bytes) / scaling_bytes(m0)
+    m1 = mem(W, T, s.plan)
+    assert s.expected_to_fit and m1.total_bytes + gamma * scaling_bytes(m1) <= USABLE
+    assert s.plan.global_batch_size == GBS and s.memory.total_bytes < m0.total_bytes
+
+
+def test_measured_peak_is_evidence_too():
+    m0 = mem(W, T, START)
+    seen = m0.total_bytes + 20 * GIB  # the sampler saw 20 GiB more than predicted
+    s = next_plan(W, T, Constraints(), START, OOMInfo(measured_peak_bytes=seen))
+    assert s.calibration.points[0].observed_bytes == max(seen, T.gpu_memory_bytes)
+    assert s.calibration.points[0].source in ("measured peak", "no figures: more than the GPU's capacity")
+
+
+def test_without_figures_the_demand_is_at_least_the_capacity():
+    m0 = mem(W, T, START)
+    s = next_plan(W, T, Constraints(), START)
+    assert s.calibration.points[0].observed_bytes == T.gpu_memory_bytes  # it did not fit: > capacity
+    assert s.calibration.per_scaling == pytest.approx((T.gpu_memory_bytes - m0.total_bytes) / scaling_bytes(m0))
+
+
+def test_two_failures_separate_a_gap_no_rung_changes():
+    """Two points, hand-solved: gaps 30 and 20 GiB at S = 40 and 20 GiB give gamma = 0.5 and
+    beta = 10 GiB (30 = 10 + 0.5 * 40; 20 = 10 + 0.5 * 20)."""
+    p1 = CalibrationPoint(60 * GIB, 40 * GIB, 90 * GIB, "a")
+    p2 = CalibrationPoint(45 * GIB, 20 * GIB, 65 * GIB, "b")
+    cal = Calibration.fit((p1, p2))
+    assert cal.per_scaling == pytest.approx(0.5) and cal.fixed_gap_bytes == 10 * GIB
+    # a constant gap (a leak): gamma 0, beta the gap
+    cal = Calibration.fit((CalibrationPoint(60 * GIB, 40 * GIB, 80 * GIB, "a"),
+                           CalibrationPoint(45 * GIB, 20 * GIB, 65 * GIB, "b")))
+    assert cal.per_scaling == 0 and cal.fixed_gap_bytes == 20 * GIB
+    # points that would need a negative beta keep both explained with gamma alone
+    cal = Calibration.fit((CalibrationPoint(60 * GIB, 40 * GIB, 62 * GIB, "a"),
+                           CalibrationPoint(45 * GIB, 20 * GIB, 65 * GIB, "b")))
+    assert all(p.predicted_bytes + cal.fixed_gap_bytes + cal.per_scaling * p.scaling_bytes >= p.observed_bytes
+               for p in cal.points)
+    assert Calibration.from_dict(cal.to_dict()) == cal
+
+
+GRID = [  # (micro-batch of the failed plan, tried GiB, free GiB, capacity GiB)
+    (mbs, tried, free, cap)
+    for mbs in (8, 4, 1)
+    for tried in (0.05, 3.91, 40.0, 4000.0)
+    for free in (0.0, 0.7, 12.0)
+    for cap in (79.14, 40.0)
+]
+
+
+@pytest.mark.parametrize("mbs, tried, free, cap", GRID)
+def test_grid_next_plan_exists_until_the_bottom_and_never_predicts_more(mbs, tried, free, cap):
+    """Over a grid of PyTorch's figures (including a capacity below the catalog's): there is a
+    next plan until the real bottom, and no step predicts more than the plan that failed, by
+    the model or by the calibration."""
+    c = Constraints(tp=1, pp=1)  # a short ladder: micro-batch, recompute, sharding, offload
+    failed = plan(micro_batch_size=mbs, grad_accum_steps=GBS // (8 * mbs))
+    info = OOMInfo(int(tried * GIB), int(cap * GIB), int(free * GIB))
+    history, cal = (), None
+    for _ in range(30):
+        s = next_plan(W, T, c, failed, info, history, cal)
+        if s is None:
+            break
+        before = mem(W, T, failed)
+        assert s.memory.total_bytes < before.total_bytes
+        assert s.calibrated_bytes < s.calibration.predict(before)
+        assert s.plan.global_batch_size == GBS
+        history, failed, info, cal = history + (failed,), s.plan, None, s.calibration
+    else:
+        raise AssertionError("the ladder did not end")
+    # the bottom: micro-batch 1, every layer recomputed, ZeRO-3, the optimizer and the parameters offloaded
+    assert (failed.micro_batch_size, failed.recompute, failed.recompute_layers, failed.sharding, failed.offload) == \
+        (1, "full", 0, "zero3", "optimizer+params")
+
+
+def test_host_oom_steps_offload_back_or_stops():
+    offloaded = plan(sharding="zero3", offload="optimizer+params", micro_batch_size=1, grad_accum_steps=8)
+    s = next_host_plan(W, T, Constraints(), offloaded)
+    assert s.plan.offload == "optimizer" and s.rung == "host offload"
+    assert s.memory.host_bytes_per_node < mem(W, T, offloaded).host_bytes_per_node and s.memory.fits_gpu
+    assert next_host_plan(W, T, Constraints(), START) is None  # nothing offloaded: nothing jobctl can do
 
 
 def test_micro_batch_one_goes_to_recompute():
@@ -211,15 +290,15 @@ def test_never_returns_a_plan_from_history():
 
 
 def test_combines_rungs_when_no_single_rung_fits():
-    # Wanting 30 GiB below P ~64.7 GiB: micro-batch 1 alone (~38.7 GiB) and recompute alone are
-    # not enough, nor is ZeRO-3 at micro-batch 4 with tp and pp pinned; both micro-batch and
-    # recompute together are.
+    # 150 GiB more than was there, with tp and pp pinned: neither micro-batch 1 alone nor full
+    # recompute alone is calibrated to fit; both together are.
     c = Constraints(tp=1, pp=1)
-    p = peak(W, T, START)
-    s = next_plan(W, T, c, START, OOMInfo(tried_to_allocate_bytes=30 * GIB))
-    assert s.memory.total_bytes <= p - 30 * GIB
+    s = next_plan(W, T, c, START, OOMInfo(150 * GIB, H100.memory_bytes, 0))
+    assert s.expected_to_fit and s.calibrated_bytes <= USABLE
     assert "+" in s.rung and set(s.rung.split("+")) <= set(RUNGS)
     assert s.plan.global_batch_size == GBS
+    for single in (plan(micro_batch_size=1, grad_accum_steps=8), replace(START, recompute="full")):
+        assert s.calibration.predict(mem(W, T, single)) > USABLE
 
 
 def test_the_ladder_strictly_lowers_memory_and_keeps_the_batch():

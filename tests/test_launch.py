@@ -19,8 +19,16 @@ from jobctl.backends.launch import (
     rdzv_port,
     slurm_parameters,
 )
+from jobctl.config.schema import (
+    Inventory,
+    Launch,
+    Partition,
+    Recipe,
+    Resources,
+    SlurmOptions,
+    Train,
+)
 from jobctl.planner.plan import Plan
-from jobctl.config.schema import Inventory, Launch, Partition, Recipe, Resources, SlurmOptions, Train
 
 # Strings a shell would act on. Every one must come back exactly as it went in.
 HOSTILE = [

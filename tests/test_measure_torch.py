@@ -13,7 +13,12 @@ torch = pytest.importorskip("torch")
 import torch_reference as tr  # noqa: E402  (tests/ is on sys.path: conftest.py)
 
 from jobctl.planner.memory import (  # noqa: E402
-    Workload, _stage_matrices, layer_activation_bytes, optimizer_state_elements, state_bytes, stored_layer_bytes,
+    Workload,
+    _stage_matrices,
+    layer_activation_bytes,
+    optimizer_state_elements,
+    state_bytes,
+    stored_layer_bytes,
 )
 from jobctl.planner.models import ModelSpec  # noqa: E402
 from jobctl.planner.plan import Plan  # noqa: E402

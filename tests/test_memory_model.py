@@ -3,8 +3,16 @@
 import pytest
 
 from jobctl.planner.memory import (
-    GIB, Overheads, _estimate_stage, Workload, estimate, layer_activation_bytes, model_state_terms, optimizer_state_elements,
-    state_bytes, stored_layer_bytes,
+    GIB,
+    Overheads,
+    Workload,
+    _estimate_stage,
+    estimate,
+    layer_activation_bytes,
+    model_state_terms,
+    optimizer_state_elements,
+    state_bytes,
+    stored_layer_bytes,
 )
 from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.plan import Plan

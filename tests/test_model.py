@@ -15,11 +15,12 @@ from jobctl.model import (
 
 
 def test_the_retry_table_is_the_architecture_decision():
-    """docs/architecture.md, decision 4: only a CUDA OOM walks the ladder; preemption, timeouts
-    and lost nodes use submitit's requeue of the same plan; everything else waits for a person.
-    Written out here by hand, kind by kind, so that a change to the table is a visible decision."""
+    """docs/architecture.md, decision 4: only a CUDA OOM walks the GPU ladder; a host OOM steps
+    the host side down; preemption, timeouts and lost nodes use submitit's requeue of the same
+    plan; everything else waits for a person. Written out here by hand, kind by kind, so that a
+    change to the table is a visible decision."""
     expected = {
-        "COMPLETED": "none", "CUDA_OOM": "ladder", "HOST_OOM": "none", "TIMEOUT": "requeue",
+        "COMPLETED": "none", "CUDA_OOM": "ladder", "HOST_OOM": "host", "TIMEOUT": "requeue",
         "PREEMPTED": "requeue", "NODE_FAIL": "requeue", "NCCL": "none", "CANCELLED": "none", "USER_ERROR": "none",
     }
     assert {k.value: a.value for k, a in RETRY_TABLE.items()} == expected
@@ -38,7 +39,7 @@ def test_policy_overrides_only_what_the_user_said():
 @pytest.mark.parametrize("item", ["TIMEOUT=ladder", "CUDA_OOM=requeue", "OOM=ladder", "CUDA_OOM", "=none"])
 def test_policy_refuses_what_cannot_be_overridden(item):
     with pytest.raises(UsageError, match="expected KIND=ACTION with KIND one of CUDA_OOM, HOST_OOM, NCCL, "
-                                         "USER_ERROR and ACTION one of ladder, none"):
+                                         "USER_ERROR and ACTION one of ladder, host, none"):
         RetryPolicy.with_overrides([item])
 
 
@@ -47,7 +48,9 @@ def test_a_policy_written_by_an_older_jobctl_reads_back():
     old = {"max_attempts": 2, "retry": {"CUDA_OOM": "ladder", "HOST_OOM": "none", "NCCL": "none", "USER_ERROR": "none"},
            "memory_snapshot": False, "sample_interval_s": 5.0, "hooks": True}
     policy = RetryPolicy.from_dict(old)
-    assert policy.overrides == {} and policy.max_attempts == 2 and policy.hooks
+    # its HOST_OOM "none" was the table then; read back it is an override of today's table
+    assert policy.overrides == {FailureKind.HOST_OOM: RetryAction.NONE}
+    assert policy.max_attempts == 2 and policy.hooks
 
 
 def test_states():

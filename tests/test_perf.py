@@ -7,7 +7,12 @@ import pytest
 from jobctl.planner import inputs
 from jobctl.planner.memory import Workload
 from jobctl.planner.models import PRESETS
-from jobctl.planner.perf import INTRA_NODE_EFFICIENCY, Links, estimate_step, model_flops_per_token
+from jobctl.planner.perf import (
+    INTRA_NODE_EFFICIENCY,
+    Links,
+    estimate_step,
+    model_flops_per_token,
+)
 from jobctl.planner.plan import Plan
 from jobctl.planner.search import search
 from jobctl.planning import load_inventory, load_recipe

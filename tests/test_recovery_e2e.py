@@ -100,3 +100,85 @@ def test_always_oom_stops_after_max_attempts(slurm_cluster, home, tmp_path):
     final = json.loads((Path(rows[-1]["job_folder"]) / "final.json").read_text())
     assert "attempt 2 of 2" in final["stopped"]
     assert len(history(home)) == 2  # no third job
+
+
+# --- a need far above the prediction (issue: the ladder must believe the GPU) -----------------
+
+SCALING_PAYLOAD = ROOT / "tests" / "payloads" / "oom_scaling_payload.py"
+CAPACITY, FREE = 79.19 * (1 << 30), 0.75 * (1 << 30)
+
+
+def scaling_recipe(tmp_path, factor: int) -> tuple[Path, dict]:
+    """The tiny model with 64 sequences a step on one (fake) H100, and a payload whose first
+    OOM says "Tried to allocate" `factor` times what the model predicted for the whole step.
+    The unmodelled need scales like the activations and logits; gamma is solved here from the
+    first plan (need = P + gamma * S, tried = need - in use = factor * P)."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "recipes" / "tiny.yaml").read_text())
+    doc.update(name=f"need-{factor}x", resources={"time": "00:05:00"})
+    doc["train"]["global_batch_size"] = 64
+    doc["parallelism"] = {"tp": 1, "pp": 1, "cp": 1, "dp": 1}
+    doc["launch"] = {"launcher": "none", "command": ["python", str(SCALING_PAYLOAD)]}
+    path = tmp_path / f"need-{factor}x.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    first = json.loads(jobctl("plan", str(path), "--cluster", "dev", "--json").stdout)
+    p = first["memory"]["total_bytes"]
+    s = first["memory"]["activations_bytes"] + first["memory"]["logits_bytes"]
+    gamma = ((CAPACITY - FREE) + factor * p - p) / s
+    doc["launch"]["env"] = {"OOM_GAMMA": repr(gamma)}
+    path.write_text(yaml.safe_dump(doc))
+    return path, {"predicted": p, "scaling": s, "gamma": gamma, "plan": first["plan"]}
+
+
+@pytest.mark.parametrize("factor", [10, 100, 1000])
+def test_a_need_far_above_the_prediction_completes_on_the_second_attempt(slurm_cluster, home, tmp_path, factor):
+    """Nobody watches. The first attempt's OOM is `factor` x the prediction; the ladder calibrates
+    the model from it (the gap put on the activations and logits), so the second attempt is one
+    the evidence says fits, and it does: two attempts, the fewest the evidence allows."""
+    path, first = scaling_recipe(tmp_path, factor)
+    p = jobctl("submit", str(path), "--cluster", "dev", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = poll_until(home, lambda rows: any(r["state"] in ("COMPLETED",) for r in rows) or
+                      any((Path(r["job_folder"] or "/") / "final.json").exists() for r in rows))
+    assert [r["state"] for r in rows] == ["FAILED", "COMPLETED"], [r["state"] for r in rows]
+    assert [r["attempt"] for r in rows] == [1, 2] and rows[1]["parent_id"] == rows[0]["id"]
+    plans = [json.loads(r["plan_json"]) for r in rows]
+    assert {pl["global_batch_size"] for pl in plans} == {64}
+    assert plans[0]["micro_batch_size"] == first["plan"]["micro_batch_size"]
+    assert plans[1]["micro_batch_size"] < plans[0]["micro_batch_size"]
+    # the calibration is in the history with the failed attempt: predicted, what the failure showed, the factor
+    cal = json.loads(rows[0]["extra_json"])["calibration"]
+    (point,) = cal["points"]
+    assert point["predicted_bytes"] == first["predicted"] and point["scaling_bytes"] == first["scaling"]
+    showed = CAPACITY - FREE + factor * first["predicted"]  # in use + tried, as the message printed them
+    assert abs(point["observed_bytes"] - showed) < 0.01 * (1 << 30)  # the message rounds to 0.01 GiB
+    assert abs(cal["per_scaling"] - first["gamma"]) / first["gamma"] < 0.01
+    # `jobctl report` and `watch` show it
+    rep = json.loads(jobctl("report", str(rows[1]["id"]), "--json").stdout)
+    assert "OOM showed at least" in rep["chain"][0]["calibration_text"]
+    # and a new plan on the same cluster uses it, and says so
+    again = json.loads(jobctl("plan", str(path), "--cluster", "dev", "--json").stdout)
+    assert again["learned"]["from"] == f"job #{rows[0]['id']}'s CUDA OOM"
+    (term,) = [t for t in again["memory"]["terms"] if t["name"] == "learned from an OOM"]
+    mem = again["memory"]
+    assert abs(term["bytes"] - cal["per_scaling"] * (mem["activations_bytes"] + mem["logits_bytes"])) < 1 << 20
+    assert mem["total_bytes"] <= mem["gpu_usable_bytes"] < CAPACITY  # a plan the payload's GPU holds
+
+
+def test_always_oom_walks_down_until_the_attempt_limit_or_the_bottom(slurm_cluster, home, tmp_path):
+    """An OOM at every size: the chain never stops early with a safe rung left; it ends at
+    --max-attempts, or earlier only at the ladder's real bottom, and final.json says which."""
+    p = jobctl("submit", str(recipe(tmp_path, budget=0)), "--cluster", "dev", "--max-attempts", "4", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = poll_until(home, lambda rows: any((Path(r["job_folder"] or "/") / "final.json").exists() for r in rows),
+                      timeout_s=400)
+    final = json.loads((Path(rows[-1]["job_folder"]) / "final.json").read_text())
+    assert all(r["state"] == "FAILED" for r in rows)
+    if len(rows) < 4:
+        assert "bottom" in final["stopped"], final
+    else:
+        assert "attempt 4 of 4" in final["stopped"], final
+    plans = [json.loads(r["plan_json"]) for r in rows]
+    assert {pl["global_batch_size"] for pl in plans} == {16}
+    assert "calibration" in final and len(final["calibration"]["points"]) == len(rows)

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from jobctl.config.schema import Inventory, Login
 from jobctl.errors import ConfigError, InfeasibleError, SchedulerError, UsageError
 from jobctl.remote.protocol import error_from_payload
 from jobctl.remote.ssh import MANIFEST, Remote
-from jobctl.config.schema import Inventory, Login
 
 SSHD = "/usr/sbin/sshd"
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from jobctl_run import jobctl  # noqa: E402
 from slurm_fixture import slurm_cluster  # noqa: E402,F401  (pytest fixture)
 from ssh_fixture import SSHCluster, ssh_cluster  # noqa: E402,F401  (pytest fixture)

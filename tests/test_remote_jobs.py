@@ -9,13 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-
 from jobctl_run import ROOT, jobctl  # noqa: E402
 
-from jobctl.remote import client as remote_jobs  # noqa: E402
-from jobctl.remote.protocol import error_payload  # noqa: E402
 from jobctl.errors import ConfigError, ConfigIssue, SchedulerError, UsageError  # noqa: E402
-from jobctl.remote.protocol import error_from_payload  # noqa: E402
+from jobctl.remote import client as remote_jobs  # noqa: E402
+from jobctl.remote.protocol import (
+    error_from_payload,  # noqa: E402
+    error_payload,  # noqa: E402
+)
 from jobctl.store.history import History  # noqa: E402
 
 

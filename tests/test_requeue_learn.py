@@ -96,8 +96,8 @@ def test_requeue_smaller_then_same_of_a_finished_local_job(capsys, tmp_path):
 
 def test_requeue_at_the_bottom_of_the_ladder_exits_3(capsys, tmp_path):
     """A job whose plan is the ladder's last one: nothing smaller, exit 3, nothing submitted."""
-    from jobctl.planning import after_oom, load_request, plan_on
     from jobctl.jobs.submission import prepare, write_folder
+    from jobctl.planning import after_oom, load_request, plan_on
     from jobctl.store.folder import JobFolder
 
     rec, (inv,) = load_request("recipes/tiny.yaml", [], ["local"])
@@ -117,7 +117,7 @@ def test_requeue_at_the_bottom_of_the_ladder_exits_3(capsys, tmp_path):
         h.transition(jid, "FAILED", failure_kind="CUDA_OOM")
     code, out, err = jobctl(capsys, "requeue", jid, "--smaller", "--tried-to-allocate", "0.5")
     assert code == 3 and out == ""
-    assert "nothing smaller" in err
+    assert "the ladder is at its bottom" in err
     assert len(rows()) == 1
 
 
@@ -166,8 +166,8 @@ def oom_recipe(tmp_path: Path, budget: int) -> Path:
 def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkeypatch, tmp_path):
     """A real Slurm job OOMs (its own recovery turned off); `requeue --smaller` steps down with
     the figures of its outcome record, and the new job completes. Then a scheduler failure."""
-    from jobctl.planning import after_oom, load_request
     from jobctl.jobs.recovery import failure_figures
+    from jobctl.planning import after_oom, load_request
     from jobctl.store.folder import JobFolder
 
     code, _, err = jobctl(capsys, "submit", oom_recipe(tmp_path, budget=4), "--cluster", "dev",
@@ -212,8 +212,8 @@ def _record(report: dict, *, state: str, failure_kind: str | None = None, exit_c
             predicted: int | None = None, measured: int | None = None, cluster: str = "h100",
             plan_json=None) -> int:
     """A job in the history as submit records it: the resolved recipe text, the plan."""
-    from jobctl.planning import load_request
     from jobctl.jobs.submission import prepare
+    from jobctl.planning import load_request
 
     rec, (inv,) = load_request(report["recipe"], [f"train.seq_len={report['train']['seq_len']}"], ["h100"])
     sub = prepare(rec, inv, report)

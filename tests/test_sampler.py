@@ -10,8 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobctl.runtime.sampler import (COLUMNS, MIB, SMI_ARGS, GPUSampler, parse_samples, parse_smi_csv,
-                                    peak_memory_by_gpu, read_nvml, read_samples)
+from jobctl.runtime.sampler import (
+    COLUMNS,
+    MIB,
+    SMI_ARGS,
+    GPUSampler,
+    parse_samples,
+    parse_smi_csv,
+    peak_memory_by_gpu,
+    read_nvml,
+    read_samples,
+)
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -13,10 +13,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from jobctl.store import history as store
 from jobctl.errors import UsageError
 from jobctl.model import JobState as State
 from jobctl.planner.plan import Plan
+from jobctl.store import history as store
 from jobctl.store.history import (
     SCHEMA_VERSION,
     AmbiguousJobError,

@@ -23,9 +23,9 @@ if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` p
     sys.path.insert(0, str(REPO))
 
 from jobctl import cli  # noqa: E402
-from jobctl.runtime.sampler import COLUMNS, GPUSampler, sample_rows  # noqa: E402
 from jobctl.model import RetryPolicy  # noqa: E402
 from jobctl.runtime.outcome import write_outcome  # noqa: E402
+from jobctl.runtime.sampler import COLUMNS, GPUSampler, sample_rows  # noqa: E402
 from jobctl.store.folder import JobFolder  # noqa: E402
 from jobctl.store.history import History  # noqa: E402
 

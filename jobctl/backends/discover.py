@@ -18,6 +18,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+
 from jobctl.backends.launch import parse_slurm_time
 from jobctl.errors import JobctlError
 

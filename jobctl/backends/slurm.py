@@ -22,10 +22,10 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from jobctl.backends import discover as d
 from jobctl.backends.base import JobRef, SubmitRequest, Submitted
 from jobctl.errors import SchedulerError
 from jobctl.model import JobStatus, Scheduler
-from jobctl.backends import discover as d
 
 TIMEOUT_S = 60.0
 # Seconds before the time limit at which Slurm signals the job (submitit's USR2: checkpoint

@@ -2,6 +2,7 @@
 and CANCELLED recorded in the history."""
 
 from __future__ import annotations
+
 from jobctl import ui
 from jobctl.jobs.cancel import cancel_records
 from jobctl.jobs.status import resolve

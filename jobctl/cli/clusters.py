@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import sys
 
-from jobctl.errors import EXIT_OK, UsageError
 from jobctl import ui
 from jobctl.config.loader import login_for_host, parse_yaml_text
+from jobctl.errors import EXIT_OK, UsageError
 from jobctl.planner.catalog import gpu_names, unknown_message
 from jobctl.planning import load_inventory
 from jobctl.planning.clusters import check, discover

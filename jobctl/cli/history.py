@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jobctl.errors import UsageError
 from jobctl import ui
+from jobctl.errors import UsageError
 from jobctl.jobs.status import job_row
 from jobctl.model import parse_state
 from jobctl.store.history import History

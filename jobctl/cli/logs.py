@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jobctl.errors import EXIT_INTERRUPTED
 from jobctl import ui
+from jobctl.errors import EXIT_INTERRUPTED
 from jobctl.jobs.logs import follow, log_paths, no_log, open_tails
 from jobctl.jobs.status import resolve, sync_copies
 from jobctl.store.history import History

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jobctl.errors import EXIT_NO_FIT, EXIT_OK
 from jobctl import ui
+from jobctl.errors import EXIT_NO_FIT, EXIT_OK
 from jobctl.planning.calculator import calculate
 
 HELP = "quick calculator: model-state memory per GPU from a parameter count"

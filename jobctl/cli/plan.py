@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from jobctl.errors import EXIT_NO_FIT, EXIT_OK
 from jobctl import ui
 from jobctl.config.workspace import all_cluster_names
-from jobctl.errors import UsageError
+from jobctl.errors import EXIT_NO_FIT, EXIT_OK, UsageError
 from jobctl.planning import after_oom, load_request, plan_on
 from jobctl.planning.learn import history_for
 
@@ -29,6 +28,8 @@ def add_arguments(p) -> None:
     p.add_argument("--after-oom", metavar="PLAN.json", help="the next plan to try after this plan ran out of memory")
     p.add_argument("--tried-to-allocate", metavar="GIB", type=float,
                    help="with --after-oom: the failed allocation from PyTorch's message (GiB)")
+    p.add_argument("--no-learn", action="store_true",
+                   help="leave out what earlier CUDA OOMs of this workload on the cluster taught the memory model")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON (bytes) on stdout")
 
 
@@ -39,7 +40,7 @@ def run(args) -> int:
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster] if args.cluster else all_cluster_names())
     if args.cluster:
 
-        result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain)
+        result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain, learn=not args.no_learn)
         past = history_for(result.data)  # reads nothing when there is no history file
         if past:
             result.data["history"] = past
@@ -49,7 +50,8 @@ def run(args) -> int:
             ui.render_plan(result.data)
             ui.render_history(past)
         return EXIT_OK if result.feasible else EXIT_NO_FIT
-    reports = [plan_on(rec, inv, objective=args.objective, alternatives=0).data for inv in invs]
+    reports = [plan_on(rec, inv, objective=args.objective, alternatives=0, learn=not args.no_learn).data
+               for inv in invs]
     reports.sort(key=lambda r: (not r["feasible"], _overview_key(r, args.objective)))
     if args.as_json:
         ui.print_json({"recipe": rec.path, "objective": args.objective, "clusters": reports})
@@ -95,13 +97,13 @@ def _after_oom(args) -> int:
             raise UsageError(f"--tried-to-allocate: expected a positive size in GiB, got {args.tried_to_allocate}")
         failure["tried_to_allocate_bytes"] = int(args.tried_to_allocate * (1 << 30))
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
-    result = after_oom(rec, invs[0], plan, failure)
+    prior = (doc.get("ladder") or {}).get("calibration") or (doc.get("learned") or {}).get("calibration")
+    result = after_oom(rec, invs[0], plan, failure, prior=prior)
     if args.as_json:
         ui.print_json(result.data)
     else:
         lad = result.data.get("ladder")
         if lad:
-            ui.info(f"after the OOM: {lad['rung']} — {lad['reason']} (usable memory learned: "
-                    f"{lad['usable_bytes'] / (1 << 30):.2f} GiB)")
+            ui.info(f"after the OOM: {lad['rung']} — {lad['reason']}")
         ui.render_plan(result.data)
     return EXIT_OK if result.feasible else EXIT_NO_FIT

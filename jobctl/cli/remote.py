@@ -13,6 +13,7 @@ typed by hand.
 """
 
 from __future__ import annotations
+
 from jobctl import ui
 from jobctl.jobs.agent import serve
 from jobctl.planning import load_inventory

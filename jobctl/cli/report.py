@@ -3,9 +3,8 @@ what each attempt of its chain ran and why it ended; optionally plot memory over
 
 from __future__ import annotations
 
-from jobctl.errors import EXIT_OK
 from jobctl import ui
-from jobctl.errors import UsageError
+from jobctl.errors import EXIT_OK, UsageError
 from jobctl.jobs.memory import memory_series
 from jobctl.jobs.report import build
 from jobctl.jobs.status import resolve

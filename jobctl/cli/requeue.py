@@ -4,8 +4,8 @@ a CUDA out-of-memory. Everything comes from the job's folder; the failure figure
 
 from __future__ import annotations
 
-from jobctl.errors import EXIT_OK, UsageError
 from jobctl import ui
+from jobctl.errors import EXIT_OK, UsageError
 from jobctl.jobs.requeue import requeue
 from jobctl.jobs.status import resolve
 from jobctl.jobs.watch import wait_for

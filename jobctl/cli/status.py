@@ -3,8 +3,8 @@ recorded in the history."""
 
 from __future__ import annotations
 
-from jobctl.errors import UsageError
 from jobctl import ui
+from jobctl.errors import UsageError
 from jobctl.jobs.status import job_row, refresh_live, select
 from jobctl.store.history import History
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import re
 
-from jobctl.errors import EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, UsageError
 from jobctl import ui
+from jobctl.errors import EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, UsageError
 from jobctl.jobs import placement
 from jobctl.jobs.submission import dry_run, prepare, submit
 from jobctl.jobs.watch import wait_for

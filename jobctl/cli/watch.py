@@ -3,10 +3,9 @@ the plan, following OOM retries to the end of the chain."""
 
 from __future__ import annotations
 
-from jobctl.errors import EXIT_JOB_FAILED, EXIT_OK
 from jobctl import ui
-from jobctl.errors import UsageError
-from jobctl.jobs.watch import follow, pick, Watcher
+from jobctl.errors import EXIT_JOB_FAILED, EXIT_OK, UsageError
+from jobctl.jobs.watch import Watcher, follow, pick
 from jobctl.store.history import History
 
 HELP = "watch a job live: state, GPU memory vs the plan, its OOM retries"

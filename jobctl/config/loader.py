@@ -13,10 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from jobctl.errors import ConfigError, ConfigIssue
-from jobctl.config.validation import CLI, MISSING, Where, _dotted, _ordered, _validation_issues, _where_in
 from jobctl.config import cache as validcache
-from jobctl.errors import UsageError
+from jobctl.config.validation import (
+    CLI,
+    MISSING,
+    Where,
+    _dotted,
+    _ordered,
+    _validation_issues,
+    _where_in,
+)
+from jobctl.errors import ConfigError, ConfigIssue, UsageError
 
 # `launch` is resolved at submit time, when the plan exists: its strings may say ${plan.tp}.
 DEFERRED_KEYS = ("launch",)

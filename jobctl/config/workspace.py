@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from jobctl.errors import UsageError
-from jobctl.errors import ConfigError, ConfigIssue
+from jobctl.errors import ConfigError, ConfigIssue, UsageError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # jobctl/config/workspace.py -> the checkout
 

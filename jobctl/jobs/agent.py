@@ -29,7 +29,13 @@ from jobctl.jobs.requeue import requeue_record
 from jobctl.jobs.status import refresh
 from jobctl.jobs.submission import dry_run, prepare, submit_all
 from jobctl.model import RetryPolicy
-from jobctl.remote.protocol import ACTIONS, MAX_FILE_BYTES, SKIP_SUFFIXES, error_payload, source_digest
+from jobctl.remote.protocol import (
+    ACTIONS,
+    MAX_FILE_BYTES,
+    SKIP_SUFFIXES,
+    error_payload,
+    source_digest,
+)
 from jobctl.store.folder import JobFolder
 from jobctl.store.history import History, UnknownJobError
 

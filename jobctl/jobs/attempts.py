@@ -3,8 +3,15 @@ chain in one line ("#12 → #13 (OOM, mbs 4→2) → #14 RUNNING"). Shared by `w
 
 from __future__ import annotations
 
-from jobctl.jobs.memory import error_pct, gpu_usage, hook_peaks, plan_memory, read_gpu_samples
+from jobctl.jobs.memory import (
+    error_pct,
+    gpu_usage,
+    hook_peaks,
+    plan_memory,
+    read_gpu_samples,
+)
 from jobctl.model import JobState
+from jobctl.planner.ladder import Calibration
 from jobctl.planner.plan import layout_text
 from jobctl.runtime.outcome import job_failure
 from jobctl.store import folder as layout
@@ -53,6 +60,18 @@ def failure_of(record) -> dict | None:
         return {"kind": record.failure_kind.value, "summary": record.detail}
     return {"kind": record.state.value, "summary": record.detail or (f"exit {record.exit_code}" if record.exit_code
                                                                       else None)}
+
+
+def calibration_of(record, folder: JobFolder | None, final: dict | None = None) -> dict | None:
+    """What the attempt's CUDA OOM taught the ladder: the history's record of it, else the
+    first node's verdict (successor.json / final.json); None without one."""
+    cal = record.extra.get("calibration") if hasattr(record, "extra") else None
+    if cal:
+        return cal
+    for data in ((folder.successor() if folder else None), final):
+        if isinstance(data, dict) and isinstance(data.get("calibration"), dict):
+            return data["calibration"]
+    return None
 
 
 def plan_change(parent_plan: dict, child_plan: dict) -> str:
@@ -109,6 +128,9 @@ def attempt(record, parent=None, *, measure: bool = False) -> dict:
         row["label"] = ", ".join(words + ([change] if change else [])) or None
     final = folder.read_json(layout.FINAL) if folder else None
     row["stopped"] = (final or {}).get("stopped")
+    cal = calibration_of(record, folder, final)
+    row["calibration"] = cal
+    row["calibration_text"] = Calibration.from_dict(cal).summary() if cal else None
     if measure:
         sampled = [g["peak_bytes"] for g in gpu_usage(read_gpu_samples(folder)) if g["peak_bytes"] is not None]
         hooked = [r["max_memory_reserved_bytes"] for r in hook_peaks(folder)[0]

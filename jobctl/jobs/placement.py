@@ -6,8 +6,8 @@ from jobctl.backends.base import JobBackend
 from jobctl.backends.local import LocalBackend
 from jobctl.backends.slurm import SlurmBackend
 from jobctl.model import Scheduler
-from jobctl.remote.client import RemoteBackend, cluster_of
 from jobctl.planning import load_inventory
+from jobctl.remote.client import RemoteBackend, cluster_of
 
 
 def backend(scheduler: Scheduler | str) -> JobBackend:

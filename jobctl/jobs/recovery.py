@@ -16,16 +16,19 @@ from jobctl.errors import InfeasibleError
 from jobctl.jobs.submission import Submission, prepare, submit_all
 from jobctl.model import FailureKind, RetryAction, RetryPolicy
 from jobctl.planner.plan import Plan
+from jobctl.planning import after_host_oom, after_oom
 from jobctl.runtime.outcome import job_failure, measured_peaks
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
 from jobctl.store.history import History
-from jobctl.planning import after_oom
 
 
 def recover(folder: JobFolder, outcomes: list[dict]) -> dict | None:
-    """After a run: record its failure, and when the policy sends it up the ladder, submit
-    the next attempt. Returns what was done (also written to successor.json or final.json)."""
+    """After a run: record its failure, and when the policy says so, submit the next attempt
+    (a smaller GPU plan after a CUDA OOM, less offload after a host OOM). Returns what was
+    done (also written to successor.json or final.json). A CUDA OOM's calibration (what the
+    model predicted, what the failure showed, the factor the ladder used) is recorded with the
+    attempt whether or not a next one follows."""
     job = folder.job()
     failure = job_failure(outcomes)
     _record(job, failure, outcomes)
@@ -35,17 +38,25 @@ def recover(folder: JobFolder, outcomes: list[dict]) -> dict | None:
     action = policy.action(failure["kind"])
     if action is RetryAction.REQUEUE:
         return _final(folder, f"{failure['kind']}: the scheduler requeues the same plan (submitit)", failure)
-    if action is not RetryAction.LADDER:
+    if action not in (RetryAction.LADDER, RetryAction.HOST):
         return _final(folder, f"{failure['kind']}: not retried ({failure['summary']})", failure)
     attempt = int(job.get("attempt", 1))
-    if attempt >= policy.max_attempts:
-        return _final(folder, f"{failure['kind']} on attempt {attempt} of {policy.max_attempts}: giving up "
-                              "(raise --max-attempts to allow more)", failure)
+    figures = failure_figures(job, outcomes)
+    calibration = None
     try:
-        step = next_submission(folder, job, failure_figures(job, outcomes), smaller=True)
-    except InfeasibleError:
-        return _final(folder, f"{failure['kind']} and nothing smaller fits on this partition (the ladder ended)",
-                      failure)
+        step = next_submission(folder, job, figures, smaller=True, host=action is RetryAction.HOST)
+        calibration = step.calibration
+    except InfeasibleError as e:
+        step, bottom = None, e.message
+    if calibration is None and failure["kind"] == FailureKind.CUDA_OOM:
+        calibration = _calibration_only(folder, job, figures)
+    _record_calibration(job, calibration)
+    extra = {"calibration": calibration} if calibration else {}
+    if step is None:
+        return _final(folder, f"{failure['kind']}: {bottom}", failure, extra)
+    if attempt >= policy.max_attempts:
+        return _final(folder, f"{failure['kind']} on attempt {attempt} of {policy.max_attempts}: giving up before "
+                              f"the next step ({step.rung}) -- raise --max-attempts to allow more", failure, extra)
     with History.open(job.get("history_path")) as history:
         (res,) = submit_all([step.submission], history)
     out = step.summary(res) | {"failure": failure}
@@ -88,10 +99,38 @@ def failure_figures(job: dict, outcomes: list[dict]) -> dict:
     return {k: v for k, v in info.items() if v is not None}
 
 
-def _final(folder: JobFolder, reason: str, failure: dict) -> dict:
-    out = {"stopped": reason, "failure": failure}
+def _final(folder: JobFolder, reason: str, failure: dict, extra: dict | None = None) -> dict:
+    out = {"stopped": reason, "failure": failure, **(extra or {})}
     folder.write_json(layout.FINAL, out)
     return out
+
+
+def _calibration_only(folder: JobFolder, job: dict, figures: dict) -> dict | None:
+    """The calibration of a CUDA OOM when no next attempt was computed (the ladder's bottom)."""
+    from jobctl.planning import oom_calibration
+
+    try:
+        rec, inv = loaded_inputs(folder, job)
+        report = folder.plan_report()
+        return oom_calibration(rec, inv, report["plan"], {"partition": job.get("partition"), **figures},
+                               prior=prior_calibration(report))
+    except Exception:  # noqa: BLE001 - a record only: never let it cost the verdict
+        return None
+
+
+def _record_calibration(job: dict, calibration: dict | None) -> None:
+    """Keep the calibration with the failed attempt in the history (`plan` learns from it)."""
+    from pathlib import Path
+
+    path = job.get("history_path")
+    if not calibration or not path or not Path(path).exists():
+        return
+    try:
+        with History.open(path) as history:
+            rec = history.get(int(job["jobctl_id"]))
+            history.set_extra(rec.id, {**rec.extra, "calibration": calibration})
+    except Exception:  # noqa: BLE001 - the history is a mirror
+        pass
 
 
 @dataclass
@@ -102,13 +141,20 @@ class NextAttempt:
     submission: Submission  # parent and attempt set
     rung: str | None = None
     reason: str | None = None
+    calibration: dict | None = None  # what the failure taught the ladder (a CUDA OOM)
 
     def summary(self, res: dict) -> dict:
         """What was submitted (a submit_all result), as successor.json and `requeue --json` show it."""
         sub = self.submission
         return {"jobctl_id": res["id"], "scheduler_job_id": res["scheduler_job_id"], "job_folder": res["job_folder"],
                 "parent_id": sub.parent_id, "attempt": sub.attempt, "rung": self.rung, "reason": self.reason,
-                "plan": sub.plan.to_dict()}
+                "calibration": self.calibration, "plan": sub.plan.to_dict()}
+
+
+def prior_calibration(report: dict) -> dict | None:
+    """What the attempts before a job taught the ladder: its plan's ladder block (an earlier
+    attempt of this chain), else what the plan learned from another job's OOM."""
+    return (report.get("ladder") or {}).get("calibration") or (report.get("learned") or {}).get("calibration")
 
 
 def loaded_inputs(folder: JobFolder, job: dict):
@@ -120,31 +166,37 @@ def loaded_inputs(folder: JobFolder, job: dict):
     return rec, inv
 
 
-def next_submission(folder: JobFolder, job: dict, info: dict | None = None, *, smaller: bool = True) -> NextAttempt:
+def next_submission(folder: JobFolder, job: dict, info: dict | None = None, *, smaller: bool = True,
+                    host: bool = False) -> NextAttempt:
     """The next attempt of the job in `folder` (job.json read into `job`), not yet submitted:
     its recipe, inventory and plan come from the folder; with `smaller`, the plan is the OOM
-    ladder's next one (global batch kept) given the failure figures `info`, else the same plan.
-    The parent and attempt + 1 are set. InfeasibleError when nothing smaller fits.
+    ladder's next one (global batch kept) given the failure figures `info` (with `host`: the
+    host side's step, less offload), else the same plan. The parent and attempt + 1 are set.
+    InfeasibleError at the ladder's bottom.
 
     Shared by the in-job recovery (`recover`) and `jobctl requeue`."""
 
     rec, inv = loaded_inputs(folder, job)
     report = folder.plan_report()
     Plan.from_dict(report.get("plan"), str(folder.file(layout.PLAN)))  # refuse a damaged plan here, by name
-    rung = reason = None
+    rung = reason = calibration = None
     if smaller:
         figures = {"partition": job.get("partition"), **(info or {})}
-        result = after_oom(rec, inv, report["plan"], {k: v for k, v in figures.items() if v is not None})
+        figures = {k: v for k, v in figures.items() if v is not None}
+        if host:
+            result = after_host_oom(rec, inv, report["plan"], figures)
+        else:
+            result = after_oom(rec, inv, report["plan"], figures, prior=prior_calibration(report))
         if not result.feasible:
             raise InfeasibleError(result.data["reasons"][0],
                                   hint="give the job more GPUs (resources.max_nodes, a larger partition) "
                                        "or a shorter sequence, then submit it again")
         report = result.data
         lad = report.get("ladder") or {}
-        rung, reason = lad.get("rung"), lad.get("reason")
+        rung, reason, calibration = lad.get("rung"), lad.get("reason"), lad.get("calibration")
     sub = prepare(rec, inv, report, job.get("overrides") or [])
     sub.parent_id = int(job["jobctl_id"])
     sub.policy = RetryPolicy.from_dict(job.get("policy"))
     sub.attempt = int(job.get("attempt", 1)) + 1
     sub.cwd = job.get("cwd")  # the same directory as the first attempt (a synced working tree)
-    return NextAttempt(sub, rung, reason)
+    return NextAttempt(sub, rung, reason, calibration)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from jobctl.errors import SchedulerError
 from jobctl.jobs.attempts import attempts, chain_text, folder_of, lineage
-from jobctl.jobs.memory import error_pct, gpu_usage, hook_peaks, plan_memory, read_gpu_samples, sampler_notes
+from jobctl.jobs.memory import (
+    error_pct,
+    gpu_usage,
+    hook_peaks,
+    plan_memory,
+    read_gpu_samples,
+    sampler_notes,
+)
 from jobctl.jobs.status import refresh_live, sync_copies
 from jobctl.store.history import sync_measured_peak
 

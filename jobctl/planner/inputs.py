@@ -37,14 +37,20 @@ def overheads(*knob_blocks, cpu: bool = False) -> Overheads:
     return o
 
 
-def workload(recipe, inventory=None, cpu: bool = False) -> Workload:
+def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = None) -> Workload:
+    """The recipe as the planner sees it; `learned` ({fixed_gap_bytes, per_scaling, from}): what an
+    earlier CUDA OOM of this workload on this partition showed the model missed."""
     t = recipe.train
+    o = overheads(inventory.memory if inventory is not None else None, recipe.memory, cpu=cpu)
+    if learned:
+        o = replace(o, learned_gap_bytes=int(learned.get("fixed_gap_bytes") or 0),
+                    learned_per_scaling=float(learned.get("per_scaling") or 0.0), learned_from=str(learned.get("from", "")))
     return Workload(
         model=model_spec(recipe.model), seq_len=t.seq_len, global_batch_size=t.global_batch_size,
         optimizer=t.optimizer, precision=t.precision, method=t.method, lora_rank=t.lora_rank,
         lora_targets=tuple(t.lora_targets), attention=t.attention, fused_cross_entropy=t.fused_cross_entropy,
         framework=recipe.framework,
-        overheads=overheads(inventory.memory if inventory is not None else None, recipe.memory, cpu=cpu),
+        overheads=o,
     )
 
 

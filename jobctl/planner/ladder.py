@@ -1,37 +1,43 @@
 """The OOM ladder: after a CUDA out-of-memory, the next smaller plan to try (pure).
 
-A plan that ran out of memory says two things: this layout is too big, and the memory
-model under-predicted what this cluster can hold (the plan fitted the model, or it would
-not have been submitted). So the next plan must predict strictly less than the failed
-one, keep the global batch, and fit under a *learned* limit that is lower than the one
-the model used (see `learned_usable_bytes`).
+An OOM is evidence that the memory model was wrong for this job, and the evidence wins.
+Each failure gives a point: the model predicted P bytes for the failed plan, the failure
+showed a demand of at least D (PyTorch's message: memory in use + the allocation it tried;
+else the sampler's peak; else the GPU's capacity). The gap D − P is attributed to the terms
+that the rungs below change, not kept as a constant:
+
+    calibrated(plan) = P(plan) + β + γ · S(plan)
+
+where S is the model's activations and logits (they scale with the micro-batch and shrink
+with recomputation and model parallelism). One point gives γ = (D − P)/S, β = 0; two or
+more at different S separate an unmodelled part that does not scale (a leak, a fixed buffer:
+β) from one that does (γ), and every point stays explained (calibrated >= D).
 
 Rungs, in order (docs/architecture.md, decision 3); a step changes one rung:
 
 1. micro-batch: a smaller micro_batch_size with more gradient accumulation, same dp:
-   the largest one that fits among those at most half the current one.
+   the largest one among those at most half the current one.
 2. recompute: none -> selective (eager attention only: it drops the a·s² scores) ->
    full recompute of a quarter, half, three quarters of a stage's layers (block
-   recompute, Plan.recompute_layers) -> all of them (recompute_layers 0); the least
-   that fits.
+   recompute, Plan.recompute_layers) -> all of them (recompute_layers 0).
 3. sharding, then parallelism: none -> zero1 -> zero2 -> hsdp -> zero3, those the
-   framework offers (memory.SHARDINGS), the next one that fits; then tp (inside a node),
-   pp or cp (Megatron-LM, torchtitan) larger by a whole factor, on the same GPUs (dp
-   shrinks, grad_accum_steps grows), then on more GPUs of the same partition (dp and
+   framework offers, then tp (inside a node), pp or cp larger by a whole factor, on the same
+   GPUs (dp shrinks, grad_accum_steps grows), then on more GPUs of the same partition (dp and
    grad_accum_steps kept), fewest GPUs first. A pinned tp, pp, cp or dp stays.
 4. offload: optimizer states, then parameters too (ZeRO-3/HSDP only; not Megatron).
 
-When no single rung fits the learned limit, rungs are combined (the fewest, the lowest,
-each as weak as the limit allows) and the step's `rung` names all of them, e.g.
-"micro-batch+recompute". Pins on micro_batch_size, recompute, sharding and offload are
-what the ladder exists to override.
+The step taken is the first rung option whose *calibrated* prediction fits the usable
+memory; when no single rung fits, rungs are combined (the fewest, the lowest, each as weak
+as it can be). When even the strongest combination is not predicted to fit, the ladder does
+not stop: its own prediction has just been refuted, so it takes the step that needs the least
+(by the calibrated model) and lets the next run be the evidence. It stops only at the real
+bottom -- nothing left that predicts less -- or at the job's attempt limit (jobs/recovery.py).
 
-Bounded: every step predicts at least 2% less than the one before (the minimum margin),
-and no knob ever moves back: the micro-batch at least halves, recompute climbs a
-quarter of the layers or more, sharding only grows, tp·pp·cp at least doubles, offload
-only grows. So a ladder from micro-batch b on a model with L layers and g GPUs per node
-has at most log2(b) + 5 + 4 + log2(g) + log2(L) + log2(MAX_CP) + 2 steps (no cp term
-where the framework has no context parallelism).
+Bounded: every step's plan predicts strictly less than the failed one (by the model and by
+the calibration) and no knob ever moves back: the micro-batch at least halves, recompute
+climbs, sharding only grows, tp·pp·cp at least doubles, offload only grows. So a ladder from
+micro-batch b on a model with L layers and g GPUs per node has at most log2(b) + 5 + 4 +
+log2(g) + log2(L) + log2(MAX_CP) + 2 steps.
 """
 
 from __future__ import annotations
@@ -41,13 +47,26 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 
 from jobctl.planner.catalog import GIB
-from jobctl.planner.memory import SHARDINGS, MemoryBreakdown, Workload, estimate, stage_layers
+from jobctl.planner.memory import (
+    SHARDINGS,
+    MemoryBreakdown,
+    Workload,
+    estimate,
+    stage_layers,
+)
 from jobctl.planner.plan import Plan
-from jobctl.planner.search import CP_FRAMEWORKS, MAX_CP, SP_FRAMEWORKS, Constraints, Target, divisors
+from jobctl.planner.search import (
+    CP_FRAMEWORKS,
+    MAX_CP,
+    SP_FRAMEWORKS,
+    Constraints,
+    Target,
+    divisors,
+)
 
-# An OOM of a plan predicted at P teaches that less than P is usable: aim at least this
-# fraction of P lower, or lower by the failed allocation when that is larger.
-MIN_MARGIN_FRACTION = 0.02
+# A failed plan's demand is at least this much above its prediction even when the failure
+# gave no figures (the OOM says only "more than was there").
+MIN_GAP_FRACTION = 0.02
 
 # Sharding from least to most sharded; hsdp shards weights too but only inside a node.
 SHARDING_ORDER = ("none", "zero1", "zero2", "hsdp", "zero3")
@@ -69,62 +88,135 @@ class OOMInfo:
     measured_peak_bytes: int | None = None
 
 
+def scaling_bytes(mem: MemoryBreakdown) -> int:
+    """The terms the rungs shrink: activations and logits (micro-batch, recompute, tp/pp/cp)."""
+    return int(mem.activations_bytes + mem.logits_bytes)
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One failure: what the model predicted for the plan, and what the failure showed."""
+
+    predicted_bytes: int  # P: the model's peak for the failed plan
+    scaling_bytes: int  # S: its activations and logits
+    observed_bytes: int  # D: the demand the failure showed, at least
+    source: str  # where D comes from
+
+    def to_dict(self) -> dict:
+        return {"predicted_bytes": self.predicted_bytes, "scaling_bytes": self.scaling_bytes,
+                "observed_bytes": self.observed_bytes, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CalibrationPoint:
+        return cls(int(d["predicted_bytes"]), int(d["scaling_bytes"]), int(d["observed_bytes"]), str(d["source"]))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The model corrected by failures: calibrated = predicted + fixed_gap + per_scaling · S."""
+
+    points: tuple[CalibrationPoint, ...] = ()
+    fixed_gap_bytes: int = 0  # β: unmodelled bytes that no rung changes
+    per_scaling: float = 0.0  # γ: unmodelled bytes per byte of activations and logits
+
+    @classmethod
+    def fit(cls, points: tuple[CalibrationPoint, ...]) -> Calibration:
+        """β and γ that explain every point (calibrated >= observed at each), from the newest
+        two points with different S when there are two, else from the newest one."""
+        if not points:
+            return cls()
+        gaps = [(p.scaling_bytes, max(0, p.observed_bytes - p.predicted_bytes)) for p in points]
+        s2, g2 = gaps[-1]
+        earlier = [(s, g) for s, g in gaps[:-1] if s != s2]
+        if earlier:
+            s1, g1 = earlier[-1]
+            gamma = (g2 - g1) / (s2 - s1)
+            beta = g2 - gamma * s2
+            if gamma < 0 or beta < 0:  # the two points disagree with the shape: the safer reading
+                gamma, beta = (0.0, float(max(g1, g2))) if gamma < 0 else (max(g1 / s1, g2 / s2), 0.0)
+        elif s2 > 0:
+            gamma, beta = g2 / s2, 0.0
+        else:
+            gamma, beta = 0.0, float(g2)
+        # every failure must stay explained
+        beta += max(0.0, max(g - (beta + gamma * s) for s, g in gaps))
+        return cls(tuple(points), int(math.ceil(beta)), gamma)
+
+    def extra_bytes(self, mem: MemoryBreakdown) -> int:
+        return int(self.fixed_gap_bytes + self.per_scaling * scaling_bytes(mem))
+
+    def predict(self, mem: MemoryBreakdown) -> int:
+        """The calibrated peak of a plan whose model breakdown is `mem`."""
+        return int(mem.total_bytes + self.extra_bytes(mem))
+
+    def to_dict(self) -> dict:
+        return {"points": [p.to_dict() for p in self.points], "fixed_gap_bytes": self.fixed_gap_bytes,
+                "per_scaling": self.per_scaling,
+                "attributed_to": "activations and logits (they scale with the micro-batch and shrink with "
+                                 "recompute and model parallelism)" + (", and a part no rung changes"
+                                                                       if self.fixed_gap_bytes else "")}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Calibration:
+        if not d:
+            return cls()
+        return cls(tuple(CalibrationPoint.from_dict(p) for p in d.get("points") or ()),
+                   int(d.get("fixed_gap_bytes") or 0), float(d.get("per_scaling") or 0.0))
+
+    def summary(self) -> str:
+        if not self.points:
+            return "no failure to learn from"
+        last = self.points[-1]
+        return (f"the model predicted {last.predicted_bytes / GIB:.2f} GiB, the OOM showed at least "
+                f"{last.observed_bytes / GIB:.2f} GiB ({last.source}): activations and logits x"
+                f"{1 + self.per_scaling:.3g}" + (f", plus {self.fixed_gap_bytes / GIB:.2f} GiB no rung changes"
+                                                  if self.fixed_gap_bytes else ""))
+
+
+def observed_demand(t: Target, predicted: int, failure: OOMInfo | None) -> tuple[int, str]:
+    """(D, where it comes from): the least the failed step needed. PyTorch's message gives
+    what was in use (total − free) plus what it tried to allocate; the sampler's peak is a
+    lower bound too; without figures, the GPU's capacity (it did not fit)."""
+    f = failure or OOMInfo()
+    capacity = f.total_capacity_bytes or t.gpu_memory_bytes
+    floor = max(capacity, math.ceil(predicted * (1 + MIN_GAP_FRACTION)))
+    candidates = [(floor, "no figures: more than the GPU's capacity")]
+    if f.tried_to_allocate_bytes is not None:
+        if f.free_bytes is not None and f.total_capacity_bytes is not None:
+            candidates.append((f.total_capacity_bytes - f.free_bytes + f.tried_to_allocate_bytes,
+                               "OOM message: in use + tried to allocate"))
+        else:
+            candidates.append((capacity + f.tried_to_allocate_bytes - (f.free_bytes or 0),
+                               "OOM message: capacity + tried to allocate"))
+    if f.measured_peak_bytes is not None:
+        candidates.append((f.measured_peak_bytes, "measured peak"))
+    return max(candidates, key=lambda c: c[0])
+
+
 @dataclass(frozen=True)
 class LadderStep:
-    """The next plan, its predicted memory, which rung produced it and why."""
+    """The next plan, its predicted and calibrated memory, which rung produced it and why."""
 
     plan: Plan
     memory: MemoryBreakdown
     rung: str  # one of RUNGS, or several joined by "+" when no single rung fits
     reason: str
-    usable_bytes: int  # the learned limit the plan's predicted peak stays under
-
-
-def learned_usable_bytes(w: Workload, t: Target, failed_peak_bytes: int, failure: OOMInfo | None = None) -> int:
-    """Predicted bytes a plan may reach on this cluster after a plan predicted at P OOMed.
-
-    The minimum of:
-    1. the model's own limit, gpu_memory_bytes − safety margin (what `fits` uses), and
-       total_capacity − safety margin when the driver reported a smaller total;
-    2. P − margin, margin = max(tried_to_allocate, 2% of P): the failed plan did not fit,
-       so the usable memory, in the model's units, is below P; at the failure at least
-       `tried` more bytes were wanted than were there;
-    3. capacity − safety margin − u, where u = max(0, D − P) is how much the model
-       under-predicted: the real demand at the failure was at least
-       D = max(total_capacity − free + tried, measured_peak) (each term when known).
-       The error is assumed to carry over additively to the next plan of the same
-       workload: a plan predicted at Q needs about Q + u, which must stay under the
-       capacity. (This binds over rule 2 only when free < safety margin.)
-    """
-    p = failed_peak_bytes
-    f = failure or OOMInfo()
-    safety = int(w.overheads.safety_margin_gib * GIB)
-    capacity = t.gpu_memory_bytes
-    if f.total_capacity_bytes:
-        capacity = min(capacity, f.total_capacity_bytes)
-    limit = capacity - safety
-    margin = max(f.tried_to_allocate_bytes or 0, math.ceil(MIN_MARGIN_FRACTION * p))
-    limit = min(limit, p - margin)
-    demand = 0
-    if f.total_capacity_bytes is not None and f.free_bytes is not None and f.tried_to_allocate_bytes is not None:
-        demand = f.total_capacity_bytes - f.free_bytes + f.tried_to_allocate_bytes
-    if f.measured_peak_bytes is not None:
-        demand = max(demand, f.measured_peak_bytes)
-    under = max(0, demand - p)
-    if under:
-        limit = min(limit, capacity - safety - under)
-    return int(limit)
+    usable_bytes: int  # what the GPU can hold (its capacity less the safety margin)
+    calibration: Calibration = Calibration()
+    calibrated_bytes: int = 0  # the calibrated prediction for `plan`
+    expected_to_fit: bool = True  # False: the least-demanding step, though the evidence says it may not fit
 
 
 def next_plan(w: Workload, t: Target, c: Constraints, failed: Plan, failure: OOMInfo | None = None,
-              history: tuple[Plan, ...] = ()) -> LadderStep | None:
-    """The next plan to try after `failed` ran out of GPU memory, or None: nothing smaller fits.
+              history: tuple[Plan, ...] = (), prior: Calibration | None = None) -> LadderStep | None:
+    """The next plan to try after `failed` ran out of GPU memory, or None at the real bottom
+    (no valid plan predicts less).
 
-    The plan predicts strictly less than `failed`, keeps its global_batch_size, fits under
-    `learned_usable_bytes` (and the host RAM), is none of `history` and passes Plan.check().
-    A tp, pp, dp or cp pinned in `c` keeps the failed plan's value. ValueError if `failed`
-    itself does not add up.
-    """
+    `failure` is this failure's figures; `prior` the calibration of the attempts before it
+    (same workload), to which this failure adds a point. The plan keeps the global batch,
+    predicts strictly less than `failed` (model and calibration), fits the host RAM, is none
+    of `history` and passes Plan.check(); a pinned tp, pp, dp or cp stays. ValueError if
+    `failed` itself does not add up."""
     problems = failed.check()
     if not stage_layers(w.model.layers, failed.pp):
         problems.append(f"pp={failed.pp} cannot split {w.model.layers} layers")
@@ -133,59 +225,103 @@ def next_plan(w: Workload, t: Target, c: Constraints, failed: Plan, failure: OOM
                         f"global_batch_size({w.global_batch_size})")
     if problems:
         raise ValueError("cannot step down from an invalid plan: " + "; ".join(problems))
-    peak = _memory(w, t, failed).total_bytes
-    limit = learned_usable_bytes(w, t, peak, failure)
+    failed_mem = _memory(w, t, failed)
+    peak = failed_mem.total_bytes
+    demand, source = observed_demand(t, peak, failure)
+    point = CalibrationPoint(peak, scaling_bytes(failed_mem), demand, source)
+    cal = Calibration.fit(tuple((prior or Calibration()).points) + (point,))
+    f = failure or OOMInfo()
+    capacity = min(t.gpu_memory_bytes, f.total_capacity_bytes or t.gpu_memory_bytes)
+    usable = capacity - int(w.overheads.safety_margin_gib * GIB)
     seen = set(history) | {failed}
 
-    def fitting(plan: Plan) -> MemoryBreakdown | None:
+    def candidate(plan: Plan) -> tuple[MemoryBreakdown, int] | None:
         if plan in seen or not _valid(w, t, c, failed, plan):
             return None
         mem = _memory(w, t, plan)
-        if mem.total_bytes < peak and mem.total_bytes <= limit and mem.fits_host:
-            return mem
+        if mem.total_bytes < peak and mem.fits_host:
+            return mem, cal.predict(mem)
         return None
 
-    def step(plan: Plan, mem: MemoryBreakdown, rungs: list[str]) -> LadderStep:
+    def step(plan: Plan, mem: MemoryBreakdown, calibrated: int, rungs: list[str], fits: bool) -> LadderStep:
         changes = ", ".join(f"{k} {a} -> {b}" for k, a, b in _diff(failed, plan))
-        why = (f"{changes}: predicted {mem.total_bytes / GIB:.2f} GiB <= learned usable {limit / GIB:.2f} GiB "
-               f"(the failed plan predicted {peak / GIB:.2f} GiB; global batch {plan.global_batch_size} kept)")
-        if len(rungs) > 1:
+        why = (f"{changes}: calibrated {calibrated / GIB:.2f} GiB (model {mem.total_bytes / GIB:.2f} GiB) "
+               f"{'<=' if fits else '>'} usable {usable / GIB:.2f} GiB; {cal.summary()}; global batch "
+               f"{plan.global_batch_size} kept")
+        if not fits:
+            why += "; nothing is predicted to fit, so the step that needs the least: the next run is the evidence"
+        elif len(rungs) > 1:
             why += "; no single rung fits, so rungs are combined"
-        return LadderStep(plan, mem, "+".join(rungs), why, limit)
+        return LadderStep(plan, mem, "+".join(rungs), why, usable, cal, calibrated, fits)
 
-    # One rung: the first rung with a plan that fits, its smallest change.
-    for name, options in _RUNG_OPTIONS:
+    # One rung: the first rung with a plan the calibrated model says fits, its smallest change.
+    least = None  # (calibrated, rungs, plan, mem): the least-demanding candidate seen
+    for r, (name, options) in enumerate(_RUNG_OPTIONS):
         for plan in options(w, t, c, failed):
-            mem = fitting(plan)
-            if mem is not None:
-                return step(plan, mem, [name])
+            found = candidate(plan)
+            if found is None:
+                continue
+            mem, calibrated = found
+            if calibrated <= usable:
+                return step(plan, mem, calibrated, [name], True)
+            if least is None or (calibrated, 1) < (least[0], len(least[1])):
+                least = (calibrated, [name], plan, mem)
 
     # Combined: every subset of rungs, each at a few of its settings (_combinations), the
     # fewest rungs first, then the lowest last rung, then the weakest settings, later rungs first.
     best = None
     for plan, choices in _combinations(w, t, c, failed):
-        if len(choices) > 1 and (mem := fitting(plan)) is not None:
+        if len(choices) < 2 or (found := candidate(plan)) is None:
+            continue
+        mem, calibrated = found
+        names = [_RUNG_OPTIONS[r][0] for r, _ in choices]
+        if calibrated <= usable:
             key = (len(choices), [r for r, _ in reversed(choices)], [i for _, i in reversed(choices)])
             if best is None or key < best[0]:
-                best = (key, plan, mem, [_RUNG_OPTIONS[r][0] for r, _ in choices])
+                best = (key, plan, mem, calibrated, names)
+        elif least is None or (calibrated, len(names)) < (least[0], len(least[1])):
+            least = (calibrated, names, plan, mem)
     if best is not None:
-        return step(best[1], best[2], best[3])
+        return step(best[1], best[2], best[3], best[4], True)
+    if least is not None:
+        calibrated, names, plan, mem = least
+        return step(plan, mem, calibrated, names, False)
+    return None
+
+
+HOST_STEPS = {"optimizer+params": ("optimizer", "none"), "optimizer": ("none",)}
+
+
+def next_host_plan(w: Workload, t: Target, c: Constraints, failed: Plan) -> LadderStep | None:
+    """After a host (CPU RAM) OOM: the same plan with less CPU offload, the global batch kept,
+    when the GPUs can hold what comes back (by the model); None when nothing is offloaded or
+    nothing less fits the GPUs: what is left of the host memory is the training script's own
+    (data loader workers, prefetching), which jobctl cannot change."""
+    failed_mem = _memory(w, t, failed)
+    for offload in HOST_STEPS.get(failed.offload, ()):
+        plan = replace(failed, offload=offload)
+        mem = _memory(w, t, plan)
+        if mem.fits_gpu and mem.host_bytes_per_node < failed_mem.host_bytes_per_node:
+            why = (f"offload {failed.offload} -> {offload}: host RAM per node {mem.host_bytes_per_node / GIB:.1f} GiB "
+                   f"(was {failed_mem.host_bytes_per_node / GIB:.1f} GiB); GPU {mem.total_bytes / GIB:.2f} GiB <= "
+                   f"usable {mem.gpu_usable_bytes / GIB:.2f} GiB; global batch {plan.global_batch_size} kept")
+            return LadderStep(plan, mem, "host offload", why, mem.gpu_usable_bytes, calibrated_bytes=mem.total_bytes)
     return None
 
 
 def ladder(w: Workload, t: Target, c: Constraints, start: Plan, failure: OOMInfo | None = None,
            max_steps: int = 50) -> list[LadderStep]:
     """Every step of the ladder from `start` (which OOMed with `failure`), each later step as
-    if its predecessor had OOMed too (no figures), until nothing smaller fits or max_steps."""
+    if its predecessor had OOMed too (no figures), until the bottom or max_steps."""
     steps: list[LadderStep] = []
-    plan, fail, history = start, failure, ()
+    plan, fail, history, cal = start, failure, (), Calibration()
     for _ in range(max_steps):
-        s = next_plan(w, t, c, plan, fail, history)
+        s = next_plan(w, t, c, plan, fail, history, cal)
         if s is None:
             break
         steps.append(s)
         history += (plan,)
-        plan, fail = s.plan, None
+        plan, fail, cal = s.plan, None, s.calibration
     return steps
 
 

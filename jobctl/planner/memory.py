@@ -64,6 +64,11 @@ class Overheads:
     # host allocations, dataloader workers).
     host_reserve_gib: float = 8.0
     host_per_process_gib: float = 3.0
+    # Learned from an earlier CUDA OOM of this workload on this partition (planner/ladder.py,
+    # Calibration): bytes the model missed, fixed plus per byte of activations and logits.
+    learned_gap_bytes: int = 0
+    learned_per_scaling: float = 0.0
+    learned_from: str = ""
 
     @property
     def reserve_fraction(self) -> float:
@@ -593,6 +598,11 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         add("nccl buffers", comms * o.nccl_gib * GIB, "overhead", lambda: f"{comms} communicator(s) x {o.nccl_gib:g} GiB")
     add("allocator reserve", transient * o.reserve_fraction, "overhead", lambda:
         f"{o.reserve_fraction:.0%} of transient tensors ({'expandable_segments' if o.expandable_segments else 'default allocator'})")
+    if o.learned_gap_bytes or o.learned_per_scaling:
+        scaling = groups["activations"] + groups["logits"]
+        add("learned from an OOM", o.learned_gap_bytes + o.learned_per_scaling * scaling, "overhead", lambda:
+            f"{o.learned_from}: {o.learned_gap_bytes / GIB:.2f} GiB + {o.learned_per_scaling:.3g} x activations and "
+            "logits the model missed")
 
     host = groups.pop("host")
     total = sum(groups.values())

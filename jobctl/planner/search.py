@@ -12,7 +12,13 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from jobctl.planner.catalog import GIB, GPUSpec
-from jobctl.planner.memory import SHARDINGS, MemoryBreakdown, Workload, estimate, stage_layers
+from jobctl.planner.memory import (
+    SHARDINGS,
+    MemoryBreakdown,
+    Workload,
+    estimate,
+    stage_layers,
+)
 from jobctl.planner.perf import Links, StepEstimate, estimate_step
 from jobctl.planner.plan import Plan
 

@@ -7,21 +7,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jobctl.planner.catalog import GIB
-from jobctl.errors import ConfigError, ConfigIssue
 from jobctl.config import loader as config
 from jobctl.config.workspace import EMBEDDED_LOCAL, find_cluster, find_recipe
-from jobctl.errors import UsageError
+from jobctl.errors import ConfigError, ConfigIssue, UsageError
 from jobctl.planner import inputs
 from jobctl.planner.advice import suggestions
-from jobctl.planner.catalog import gpu_names, unknown_message
-from jobctl.planner.explain import explain as explain_search, why_lost
-from jobctl.planner.ladder import next_plan, OOMInfo
+from jobctl.planner.catalog import GIB, gpu_names, unknown_message
+from jobctl.planner.explain import explain as explain_search
+from jobctl.planner.explain import why_lost
+from jobctl.planner.ladder import (
+    Calibration,
+    CalibrationPoint,
+    OOMInfo,
+    next_host_plan,
+    next_plan,
+    observed_demand,
+    scaling_bytes,
+)
 from jobctl.planner.memory import estimate
 from jobctl.planner.models import PRESETS
 from jobctl.planner.perf import estimate_step
 from jobctl.planner.plan import Plan
 from jobctl.planner.search import Candidate, rank, search
+from jobctl.planning.learn import learned_calibration
 
 
 @dataclass
@@ -116,9 +124,11 @@ def train_steps(recipe) -> int | None:
 
 
 def plan_on(recipe_loaded, inv_loaded, objective: str = "throughput", explain: bool = False,
-            alternatives: int = 5) -> ClusterPlan:
+            alternatives: int = 5, learn: bool = True) -> ClusterPlan:
     """Search every partition of one inventory (or the pinned resources.partition) and keep
-    the best plan by `objective`."""
+    the best plan by `objective`. With `learn`, the memory model of a partition where this
+    workload (model, sequence length) ran out of GPU memory before is calibrated by what that
+    failure showed (planning.learn; the report's "learned" block says from which job)."""
 
     recipe = recipe_loaded.value
     inv = inv_loaded.value
@@ -132,9 +142,16 @@ def plan_on(recipe_loaded, inv_loaded, objective: str = "throughput", explain: b
     cons = inputs.constraints(recipe)
     steps = train_steps(recipe)
     found, first = [], None
+    identity, learned_points = None, {}
     for part in parts:
         tgt = inputs.target(inv, part, recipe.train.precision)
         w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu)
+        if learn:
+            identity = identity or (w.model.name, w.model.params())
+            learned = learned_calibration(inv.name, part.name, identity, w.seq_len)
+            if learned:
+                w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, learned=learned)
+                learned_points[part.name] = learned
         res = search(w, tgt, cons, objective=objective, steps=steps)
         if res.best is not None:
             found.append((res.best, w, tgt, res))
@@ -143,7 +160,10 @@ def plan_on(recipe_loaded, inv_loaded, objective: str = "throughput", explain: b
     if found:
         order = rank([f[0] for f in found], objective)
         best, w, tgt, res = next(f for f in found if f[0] is order[0])
-        return ClusterPlan(_report(recipe_loaded, w, res, cons, objective, explain, alternatives), res, w, True)
+        data = _report(recipe_loaded, w, res, cons, objective, explain, alternatives)
+        if tgt.partition in learned_points:  # the evidence itself, so a chain that OOMs again builds on it
+            data["learned"]["calibration"] = {k: v for k, v in learned_points[tgt.partition].items() if k != "from"}
+        return ClusterPlan(data, res, w, True)
     w, tgt, res = first
     tips = suggestions(w, tgt, cons, res) if not res.reasons or res.considered else []
     return ClusterPlan(_no_fit(recipe_loaded, inv, res, res.reasons, tips, w), res, w, False)
@@ -182,9 +202,17 @@ def _report(recipe_loaded, w, res, cons, objective, explain, alternatives) -> di
         "reasons": [],
         "suggestions": [],
     }
+    if w.overheads.learned_from:
+        out["learned"] = learned_block(w)
     if explain:
         out["explain"] = explain_search(res)
     return out
+
+
+def learned_block(w) -> dict:
+    """The report's "learned" block: the calibration an earlier OOM taught, and from which job."""
+    o = w.overheads
+    return {"from": o.learned_from, "fixed_gap_bytes": o.learned_gap_bytes, "per_scaling": o.learned_per_scaling}
 
 
 def _no_fit(recipe_loaded, inv, res, reasons, tips, w=None) -> dict:
@@ -210,40 +238,60 @@ def gib(x: float) -> float:
     return x / GIB
 
 
+def oom_calibration(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None = None,
+                    prior: dict | None = None) -> dict:
+    """The calibration a CUDA OOM of `failed_plan` teaches (with the attempts before it,
+    `prior`), without stepping down: what a job records when its chain stops."""
+    recipe, inv = recipe_loaded.value, inv_loaded.value
+    failed = Plan.from_dict(failed_plan, "the failed plan")
+    part = next((p for p in inv.partitions if p.name == (failure or {}).get("partition")), None) or inv.partitions[0]
+    t = inputs.target(inv, part, recipe.train.precision)
+    w = inputs.workload(recipe, inv, cpu=t.gpu.is_cpu)
+    mem = estimate(w, t.gpu_memory_bytes, failed, t.host_mem_bytes, detail=False)
+    demand, source = observed_demand(t, mem.total_bytes, _oom_info(failure))
+    points = Calibration.from_dict(prior).points + (CalibrationPoint(mem.total_bytes, scaling_bytes(mem), demand, source),)
+    return Calibration.fit(points).to_dict()
+
+
+def _oom_info(failure: dict | None) -> OOMInfo:
+    return OOMInfo(**{k: int(v) for k, v in (failure or {}).items()
+                      if k in ("tried_to_allocate_bytes", "total_capacity_bytes", "free_bytes", "measured_peak_bytes")
+                      and v is not None})
+
+
 def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None = None,
-              history_plans: list[dict] | None = None) -> ClusterPlan:
+              history_plans: list[dict] | None = None, prior: dict | None = None) -> ClusterPlan:
     """The next plan after `failed_plan` ran out of memory (the OOM ladder), as a plan report
-    with a `ladder` block: which rung, why, and the learned usable memory."""
+    with a `ladder` block: which rung, why, and the calibration the failure taught (added to
+    `prior`, the calibration of the attempts before it: the failed report's own ladder block)."""
 
     recipe, inv = recipe_loaded.value, inv_loaded.value
-    try:
-        failed = Plan.from_dict(failed_plan)
-    except TypeError as e:
-        raise UsageError(f"the failed plan is not a jobctl plan: {e}",
-                         hint="give the output of `jobctl plan ... --json` (or its \"plan\" object)") from None
-    problems = failed.check()
-    if problems:
-        raise UsageError("the failed plan is inconsistent: " + "; ".join(problems))
+    failed = Plan.from_dict(failed_plan, "the failed plan")
     part = next((p for p in inv.partitions if p.name == (failure or {}).get("partition")), None) or inv.partitions[0]
     t = inputs.target(inv, part, recipe.train.precision)
     w = inputs.workload(recipe, inv, cpu=t.gpu.is_cpu)
     if failed.global_batch_size != w.global_batch_size:
         raise UsageError(f"the failed plan's global batch ({failed.global_batch_size}) differs from the recipe's "
                          f"({w.global_batch_size}): the ladder keeps the global batch fixed")
-    info = OOMInfo(**{k: int(v) for k, v in (failure or {}).items()
-                      if k in ("tried_to_allocate_bytes", "total_capacity_bytes", "free_bytes", "measured_peak_bytes")
-                      and v is not None})
+    info = _oom_info(failure)
     seen = tuple(Plan.from_dict(p) for p in (history_plans or []))
     try:
-        step = next_plan(w, t, inputs.constraints(recipe), failed, info, seen)
+        step = next_plan(w, t, inputs.constraints(recipe), failed, info, seen, Calibration.from_dict(prior))
     except ValueError as e:
         raise UsageError(f"cannot step down from this plan: {e}") from None
     if step is None:
-        data = _no_fit(recipe_loaded, inv, None, ["nothing smaller: no plan on this partition predicts less memory "
-                                                  "than the failed one while keeping the global batch"], [], w)
+        data = _no_fit(recipe_loaded, inv, None, ["the ladder is at its bottom: no plan on this partition that the "
+                                                  "framework runs predicts less memory than the failed one while "
+                                                  "keeping the global batch"], [], w)
         data["partition"] = t.partition
         return ClusterPlan(data, None, w, False)
 
+    return _ladder_report(recipe_loaded, w, t, step, failed)
+
+
+def _ladder_report(recipe_loaded, w, t, step, failed: Plan) -> ClusterPlan:
+    """A ladder step as a plan report with its `ladder` block."""
+    recipe = recipe_loaded.value
     est = estimate_step(w, step.plan, t.links, t.gpus_per_node, train_steps(recipe)) if t.links else None
 
     class _Res:  # the shape _report reads
@@ -256,5 +304,27 @@ def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None
     data = _report(recipe_loaded, w, res, inputs.constraints(recipe), "throughput", False, 0)
     data["why_not"] = []
     data["ladder"] = {"rung": step.rung, "reason": step.reason, "usable_bytes": step.usable_bytes,
+                      "calibrated_bytes": step.calibrated_bytes, "expected_to_fit": step.expected_to_fit,
+                      "calibration": step.calibration.to_dict() if step.calibration.points else None,
                       "failed_plan": failed.to_dict()}
     return ClusterPlan(data, res, w, True)
+
+
+def after_host_oom(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None = None) -> ClusterPlan:
+    """The next plan after `failed_plan` ran out of host memory: less CPU offload (the GPU
+    plan is not what ran out). Not feasible, with the reason, when nothing is offloaded."""
+    recipe, inv = recipe_loaded.value, inv_loaded.value
+    failed = Plan.from_dict(failed_plan, "the failed plan")
+    part = next((p for p in inv.partitions if p.name == (failure or {}).get("partition")), None) or inv.partitions[0]
+    t = inputs.target(inv, part, recipe.train.precision)
+    w = inputs.workload(recipe, inv, cpu=t.gpu.is_cpu)
+    step = next_host_plan(w, t, inputs.constraints(recipe), failed)
+    if step is None:
+        why = ("the host ran out of memory with nothing offloaded to it: the training script's own host memory "
+               "(data loader workers, prefetching, pinned buffers) is what to reduce, or ask for a partition with "
+               "more RAM per node" if failed.offload == "none" else
+               "the host ran out of memory, and bringing the offloaded states back does not fit the GPUs")
+        data = _no_fit(recipe_loaded, inv, None, [why], [], w)
+        data["partition"] = t.partition
+        return ClusterPlan(data, None, w, False)
+    return _ladder_report(recipe_loaded, w, t, step, failed)

@@ -6,10 +6,17 @@ planner (planner/memory.py), and says which rules of thumb hold for the chosen r
 
 from __future__ import annotations
 
-from jobctl.planner.catalog import GIB, unknown_message
 from jobctl.errors import UsageError
-from jobctl.planner.memory import estimate, model_state_terms, optimizer_state_elements, Overheads, state_bytes, Workload
-from jobctl.planner.models import ModelSpec, PRESETS
+from jobctl.planner.catalog import GIB, unknown_message
+from jobctl.planner.memory import (
+    Overheads,
+    Workload,
+    estimate,
+    model_state_terms,
+    optimizer_state_elements,
+    state_bytes,
+)
+from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.plan import Plan
 
 OPTIMIZERS = ("adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum")

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobctl.model import FailureKind, JobState
 from jobctl.config.loader import parse_yaml_text
-from jobctl.planner.models import ModelSpec, PRESETS
+from jobctl.model import FailureKind, JobState
+from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.plan import layout_text
 from jobctl.store.history import HistoryError, recent_jobs
 from jobctl.store.paths import history_path as path
@@ -51,6 +51,7 @@ class PastJob:
     measured_peak_bytes: int | None = None
     attempt: int = 1
     successor: tuple[int, str, dict] | None = None  # (id, state, plan) of the job that continued it
+    calibration: dict | None = None  # what its CUDA OOM showed the model missed (planner.ladder.Calibration)
 
 
 # --- the rules (pure) ------------------------------------------------------------------------------
@@ -127,6 +128,31 @@ def model_error(jobs: list[PastJob]) -> dict | None:
         return None
     return {"jobs": len(errors), "median_pct": round(statistics.median(errors), 1),
             "worst_pct": round(max(errors, key=abs), 1)}
+
+
+def calibration_for(jobs: list[PastJob], partition: str, model: tuple[str, int], seq_len: int) -> dict | None:
+    """The newest calibration a CUDA OOM of the same model and sequence length on this
+    partition recorded (with the job it came from), or None."""
+    for job in sorted(jobs, key=lambda j: -j.id):
+        if job.failure_kind == OOM_REASON and job.calibration and job.partition == partition \
+                and job.model == model and job.seq_len == seq_len:
+            return {**job.calibration, "from": f"job #{job.id}'s CUDA OOM"}
+    return None
+
+
+def learned_calibration(cluster: str, partition: str, model: tuple[str, int], seq_len: int,
+                        path: Path | None = None) -> dict | None:
+    """`calibration_for` from the history file (read-only; None without one or when it cannot
+    be read: a plan never fails for it)."""
+    path = history_path() if path is None else Path(path)
+    if not path.is_file():
+        return None
+    from jobctl.store.history import HistoryError
+
+    try:
+        return calibration_for(load(path, cluster), partition, model, seq_len)
+    except (OSError, HistoryError):
+        return None
 
 
 def history_block(report: dict, jobs: list[PastJob]) -> dict:
@@ -230,7 +256,7 @@ def _oom_job(row, cluster: str, successor, identities: dict) -> PastJob | None:
     predicted = row.predicted_peak_bytes or (report.get("memory") or {}).get("total_bytes")
     return PastJob(row.id, row.state.value, row.failure_kind.value if row.failure_kind else None, cluster,
                    row.partition or report.get("partition"), plan, model, seq_len, predicted, None, row.attempt,
-                   successor)
+                   successor, row.extra.get("calibration"))
 
 
 def _recipe_identity(text: str) -> tuple[tuple[str, int] | None, int | None]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import shlex
 
+from jobctl import __version__
 from jobctl.errors import SchedulerError, UsageError
 from jobctl.remote.client import check_same_jobctl
-from jobctl import __version__
 
 PIP_TIMEOUT_S = 1200.0
 

@@ -22,11 +22,11 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+from jobctl import __version__
 from jobctl.errors import JobctlError, SchedulerError, UsageError
 from jobctl.model import TERMINAL_STATES, JobStatus
 from jobctl.remote.protocol import APPENDED, agent_argv, source_digest
 from jobctl.store.paths import history_path
-from jobctl import __version__
 
 _SESSIONS: dict = {}  # cluster name -> connected, version-checked Remote
 

@@ -22,7 +22,14 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from jobctl.errors import ConfigError, ConfigIssue, InfeasibleError, JobctlError, SchedulerError, UsageError
+from jobctl.errors import (
+    ConfigError,
+    ConfigIssue,
+    InfeasibleError,
+    JobctlError,
+    SchedulerError,
+    UsageError,
+)
 
 ACTIONS = ("version", "submit", "status", "cancel", "requeue")
 # Files not worth copying to the laptop: submitit's pickles (the callable, its result).

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jobctl.backends import launch
+from jobctl.backends.slurm import SlurmBackend
 from jobctl.errors import UsageError
 from jobctl.model import RetryPolicy
 from jobctl.runtime.outcome import wait_for_outcomes, write_outcome
 from jobctl.store.folder import FINAL, RECOVERY_ERROR, JobFolder
-from jobctl.backends.slurm import SlurmBackend
 
 # The recovery the first node runs after every node has written its outcome, named
 # "module:function": called as function(JobFolder, outcomes), it decides and submits what

@@ -7,11 +7,32 @@ lives in its own module; this package names them all.
 
 from jobctl.ui.jobs import jobs_table, render_drift, render_jobs
 from jobctl.ui.plans import (
-    alternatives_table, estimate_line, memory_table, render_dry_run, render_explain, render_history,
-    render_memory_calc, render_plan, render_plan_overview,
+    alternatives_table,
+    estimate_line,
+    memory_table,
+    render_dry_run,
+    render_explain,
+    render_history,
+    render_memory_calc,
+    render_plan,
+    render_plan_overview,
 )
-from jobctl.ui.report import attempts_table, render_report, report_gpu_table, report_rank_table
-from jobctl.ui.terminal import duration, error, gib, info, line, local_time, print_json, raw
+from jobctl.ui.report import (
+    attempts_table,
+    render_report,
+    report_gpu_table,
+    report_rank_table,
+)
+from jobctl.ui.terminal import (
+    duration,
+    error,
+    gib,
+    info,
+    line,
+    local_time,
+    print_json,
+    raw,
+)
 from jobctl.ui.watch import live_watch, render_watch, watch_view
 
 __all__ = [

@@ -3,7 +3,6 @@ alternatives, the decision (--explain), the dry run, every cluster side by side.
 
 from __future__ import annotations
 
-
 from jobctl.planner.plan import layout_text
 from jobctl.ui.terminal import bar, console, duration, gib
 
@@ -49,6 +48,12 @@ def render_plan(report: dict) -> None:
             f"= {p['global_batch_size']} sequences | recompute {p['recompute']} | offload {p['offload']} | "
             f"sequence parallel {'on' if p['sequence_parallel'] else 'off'}", style="green"))
         mem = report["memory"]
+        learned = report.get("learned")
+        if learned:
+            con.print(Text(f"memory calibrated by {learned['from']}: +{gib(learned['fixed_gap_bytes'])} GiB and "
+                           f"{learned['per_scaling']:.3g} x the activations and logits the model missed (the "
+                           "\"learned from an OOM\" term; `plan --no-learn` leaves it out)", style="yellow"),
+                      soft_wrap=True)
         con.print(memory_table(mem, f"Memory per GPU (GiB = 2^30 bytes), most loaded rank: {mem['stage']} stage"))
         host = mem["host_bytes_per_node"]
         con.print(f"Host RAM per node: {gib(host)} GiB of {gib(mem['host_usable_bytes'])} GiB usable")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 from jobctl.errors import UsageError
+
 
 def import_pyplot():
     """matplotlib's pyplot on the Agg backend (files only, no display); UsageError when the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobctl.ui.terminal import bar, console, gib_or, pct, state_text, gib
+from jobctl.ui.terminal import bar, console, gib, gib_or, pct, state_text
 from jobctl.ui.watch import chain_line
 
 
@@ -60,6 +60,8 @@ def attempts_table(chain: list[dict]):
             notes.append(summary if summary.startswith(f["kind"]) else f"{f['kind']}" + (f": {summary}" if summary else ""))
         if a.get("stopped"):
             notes.append(a["stopped"])
+        if a.get("calibration_text"):
+            notes.append(f"calibrated: {a['calibration_text']}")
         table.add_row(f"#{a['id']}", str(a["attempt"]), state_text(a["state"]), Text(a.get("layout") or ""),
                       gib_or(a["predicted_peak_bytes"], ""), gib_or(a.get("measured_peak_bytes"), ""),
                       pct(a.get("error_pct")), Text("; ".join(notes)))

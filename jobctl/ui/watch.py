@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobctl.ui.terminal import bar, clock_time, console, gib_or, state_text, duration
+from jobctl.ui.terminal import bar, clock_time, console, duration, gib_or, state_text
 
 
 def chain_line(chain: list[dict], text: str):
@@ -43,6 +43,9 @@ def watch_view(snap: dict, live: bool = False):
     tip = snap["chain"][-1] if snap["chain"] else {}
     if tip.get("layout"):
         parts.append(Text.assemble(("layout    ", "bold"), tip["layout"]))
+    learned = [a for a in snap["chain"] if a.get("calibration_text")]
+    if learned:  # what the newest OOM of the chain taught the ladder
+        parts.append(Text.assemble(("learned   ", "bold"), f"#{learned[-1]['id']}: {learned[-1]['calibration_text']}"))
     predicted, usable = mem.get("predicted_peak_bytes"), mem.get("gpu_usable_bytes")
     limits = f"predicted peak {gib_or(predicted)} GiB/GPU, usable {gib_or(usable)} GiB"
     if mem["nodes"]:
