@@ -193,3 +193,9 @@ class RetryPolicy:
                                  f"{', '.join(OVERRIDABLE)} and ACTION one of {', '.join(OVERRIDE_ACTIONS)}") from None
             overrides[k] = a
         return cls(overrides=overrides, **kwargs)
+
+
+# The job folder as argv and the environment name it before it exists: a rendered framework
+# file's path is written with this token, which the runner on the node replaces by the job's
+# folder (no shell ever reads it).
+JOB_FOLDER_TOKEN = "{JOBCTL_JOB_FOLDER}"

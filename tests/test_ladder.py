@@ -204,16 +204,30 @@ def test_micro_batch_one_goes_to_recompute():
     one = plan(micro_batch_size=1, grad_accum_steps=8)
     s = next_plan(W, T, Constraints(), one)
     assert s.rung == "recompute"
-    # flash attention: no selective step; block recompute of a quarter of the 32 layers
-    assert (s.plan.recompute, s.plan.recompute_layers) == ("full", 8)
+    # DeepSpeed (HF gradient checkpointing) recomputes every layer or none
+    assert (s.plan.recompute, s.plan.recompute_layers) == ("full", 0)
     assert (s.plan.micro_batch_size, s.plan.grad_accum_steps) == (1, 8)
 
 
+def test_megatron_recomputes_a_quarter_of_the_layers_first():
+    # flash attention: no selective step (Megatron's selective recomputes only the a·s² scores);
+    # --recompute-method block of a quarter of the 32 layers
+    one = plan(micro_batch_size=1, grad_accum_steps=8, sharding="zero1")
+    s = next_plan(work(framework="megatron"), T, Constraints(), one)
+    assert (s.rung, s.plan.recompute, s.plan.recompute_layers) == ("recompute", "full", 8)
+
+
 def test_eager_attention_tries_selective_recompute_first():
-    w = work(attention="eager")
-    one = plan(micro_batch_size=1, grad_accum_steps=8)
+    w = work(attention="eager", framework="megatron")
+    one = plan(micro_batch_size=1, grad_accum_steps=8, sharding="zero1")
     s = next_plan(w, T, Constraints(), one)
     assert (s.rung, s.plan.recompute) == ("recompute", "selective")
+
+
+def test_deepspeed_never_gets_selective_recompute_it_does_not_have():
+    one = plan(micro_batch_size=1, grad_accum_steps=8)
+    s = next_plan(work(attention="eager"), T, Constraints(), one)
+    assert (s.rung, s.plan.recompute, s.plan.recompute_layers) == ("recompute", "full", 0)
 
 
 def test_full_recompute_goes_to_sharding_then_offload():
@@ -257,7 +271,7 @@ def test_pinned_tp_and_pp_stay_along_the_whole_ladder():
     c = Constraints(tp=1, pp=1)
     steps = ladder(W, T, c, START)
     assert [s.rung for s in steps] == (
-        ["micro-batch", "micro-batch"] + ["recompute"] * 4 + ["sharding", "offload", "offload"])
+        ["micro-batch", "micro-batch", "recompute", "sharding", "offload", "offload"])
     assert all((s.plan.tp, s.plan.pp, s.plan.dp) == (1, 1, 8) for s in steps)
 
 

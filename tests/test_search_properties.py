@@ -12,7 +12,6 @@ from jobctl.planner.memory import Workload, estimate
 from jobctl.planner.models import ModelSpec
 from jobctl.planner.perf import Links
 from jobctl.planner.search import (
-    CP_FRAMEWORKS,
     MAX_CP,
     Constraints,
     Target,
@@ -97,7 +96,7 @@ def ladder_bound(w: Workload, t: Target, mbs: int) -> int:
     """Steps a ladder can take (ladder.py): the micro-batch at least halves, recompute climbs
     selective + 4 quarters, sharding 4 stages, tp·pp·cp at least doubles (tp <= GPUs per node,
     pp <= layers, cp <= MAX_CP), offload 2 stages; every step moves at least one of them."""
-    cp = math.floor(math.log2(MAX_CP)) if w.framework in CP_FRAMEWORKS else 0
+    cp = math.floor(math.log2(MAX_CP)) if w.caps.cp else 0
     return math.floor(math.log2(mbs)) + 5 + 4 + math.floor(math.log2(t.gpus_per_node)) \
         + math.floor(math.log2(w.model.layers)) + cp + 2
 

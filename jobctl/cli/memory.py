@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
     p.add_argument("--optimizer", default="adamw", help="adamw|adam8bit|adafactor|lion|adam-mini|sgd|sgd-momentum")
     p.add_argument("--precision", default="bf16-mixed", help="bf16-mixed|bf16-pure|fp16-mixed|fp32")
     p.add_argument("--zero-stage", "--zero_stage", type=int, default=0, dest="zero_stage", help="0-3 (3 = FSDP full shard)")
-    p.add_argument("--framework", default="generic", help="generic|megatron|torchtitan|deepspeed|fsdp")
+    p.add_argument("--framework", default="custom", help="custom|megatron|torchtitan|deepspeed|fsdp (generic = custom)")
     p.add_argument("--offload", default="none", help="none|optimizer|optimizer+params")
     p.add_argument("--seq-len", "--seq_len", type=int, dest="seq_len", help="with --model: include activations")
     p.add_argument("--micro-batch-size", "--micro_batch_size", type=int, default=1, dest="micro_batch_size")

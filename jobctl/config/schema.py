@@ -20,7 +20,7 @@ Optimizer = Literal["adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd"
 Precision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"]
 Method = Literal["full", "lora", "qlora"]
 Attention = Literal["flash", "sdpa", "eager"]
-Framework = Literal["generic", "megatron", "torchtitan", "deepspeed", "fsdp"]
+FrameworkName = Literal["custom", "generic", "megatron", "torchtitan", "deepspeed", "fsdp"]
 Sharding = Literal["none", "zero1", "zero2", "zero3", "hsdp"]
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
@@ -123,11 +123,47 @@ class Launch(_Strict):
     hooks: bool = Field(default=False, description="start jobctl.hooks in every training process (sitecustomize)")
 
 
+class Supports(_Strict):
+    """What a `custom` framework's code runs (jobctl.frameworks.custom); unset = the default."""
+
+    tp: bool | None = None
+    pp: bool | None = None
+    cp: bool | None = None
+    sequence_parallel: bool | None = None
+    interleaved: bool | None = None
+    recompute_layers: bool | None = None
+    sharding: list[Sharding] | None = Field(default=None, min_length=1)
+    recompute: list[Recompute] | None = Field(default=None, min_length=1)
+    offload: list[Offload] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.sequence_parallel and not self.tp:
+            raise ValueError("sequence_parallel needs tp: true (it splits what tensor parallelism replicates)")
+        if self.interleaved and not self.pp:
+            raise ValueError("interleaved needs pp: true (it is a pipeline schedule)")
+        return self
+
+
+class FrameworkSpec(_Strict):
+    """`framework: {name: ..., supports: {...}}`; supports only for custom (own code)."""
+
+    name: FrameworkName
+    supports: Supports | None = None
+
+    @model_validator(mode="after")
+    def _supports_custom_only(self):
+        if self.supports is not None and self.name not in ("custom", "generic"):
+            raise ValueError(f"supports is for framework custom (your own code); {self.name}'s capabilities "
+                             "are jobctl's tables (README: Frameworks)")
+        return self
+
+
 class Recipe(_Strict):
     name: str = Field(min_length=1, max_length=200)
     model: Union[str, ModelArch]
     train: Train
-    framework: Framework = "generic"
+    framework: Union[FrameworkName, FrameworkSpec] = "custom"
     parallelism: Parallelism = Field(default_factory=Parallelism)
     memory: MemoryKnobs = Field(default_factory=MemoryKnobs)
     resources: Resources = Field(default_factory=Resources)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
+from jobctl import frameworks
 from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
@@ -37,6 +38,15 @@ def overheads(*knob_blocks, cpu: bool = False) -> Overheads:
     return o
 
 
+def framework(recipe) -> frameworks.Framework:
+    """The recipe's framework: a name, or {name, supports} for custom code."""
+    f = recipe.framework
+    if isinstance(f, str):
+        return frameworks.get(f)
+    supports = None if f.supports is None else {k: v for k, v in f.supports.model_dump().items() if v is not None}
+    return frameworks.get(f.name, supports)
+
+
 def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = None) -> Workload:
     """The recipe as the planner sees it; `learned` ({fixed_gap_bytes, per_scaling, from}): what an
     earlier CUDA OOM of this workload on this partition showed the model missed."""
@@ -49,7 +59,7 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         model=model_spec(recipe.model), seq_len=t.seq_len, global_batch_size=t.global_batch_size,
         optimizer=t.optimizer, precision=t.precision, method=t.method, lora_rank=t.lora_rank,
         lora_targets=tuple(t.lora_targets), attention=t.attention, fused_cross_entropy=t.fused_cross_entropy,
-        framework=recipe.framework,
+        framework=framework(recipe),
         overheads=o,
     )
 

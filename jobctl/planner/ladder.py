@@ -46,9 +46,9 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 
+from jobctl.frameworks import Selective
 from jobctl.planner.catalog import GIB
 from jobctl.planner.memory import (
-    SHARDINGS,
     MemoryBreakdown,
     Workload,
     estimate,
@@ -56,9 +56,7 @@ from jobctl.planner.memory import (
 )
 from jobctl.planner.plan import Plan
 from jobctl.planner.search import (
-    CP_FRAMEWORKS,
     MAX_CP,
-    SP_FRAMEWORKS,
     Constraints,
     Target,
     divisors,
@@ -340,9 +338,14 @@ def _recompute_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Itera
     all of a stage's layers. Quarters rather than every layer count: each step lowers the
     activations by a useful amount, and a ladder crosses the range in at most four steps."""
     layers = stage_layers(w.model.layers, p.pp)[1]  # the most layers a stage holds
-    if p.recompute == "none" and w.attention == "eager":
+    caps = w.caps
+    if p.recompute == "none" and "selective" in caps.recompute and (
+            w.attention == "eager" or caps.selective is Selective.OP_SAC):
         yield replace(p, recompute="selective", recompute_layers=0)
-    if p.recompute == "full" and not p.recompute_layers:
+    if "full" not in caps.recompute or (p.recompute == "full" and not p.recompute_layers):
+        return
+    if not caps.recompute_layers:  # all layers or none (torchtitan, FSDP, DeepSpeed)
+        yield replace(p, recompute="full", recompute_layers=0)
         return
     done = p.recompute_layers if p.recompute == "full" else 0
     for n in sorted({math.ceil(k * layers / 4) for k in (1, 2, 3)}):
@@ -361,7 +364,7 @@ def _hsdp_shard(tp: int, dp: int, cp: int, gpn: int) -> int | None:
 def _sharding_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Iterator[Plan]:
     if p.dp * p.cp == 1 or p.sharding not in SHARDING_ORDER:
         return  # nothing to shard over
-    offered = SHARDINGS[w.framework]
+    offered = w.caps.shardings
     for sh in SHARDING_ORDER[SHARDING_ORDER.index(p.sharding) + 1:]:
         if sh not in offered:
             continue
@@ -381,12 +384,13 @@ def _parallel_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Iterat
     # One dimension at a time, by a whole factor of at least 2 (so tp·pp·cp at least doubles
     # each step): a larger tp (inside a node) first, then pp, then cp (Megatron-LM, torchtitan).
     moves = []
-    if c.tp is None:
+    caps = w.caps
+    if c.tp is None and caps.tp:
         moves += [(x, p.pp, p.cp) for x in divisors(t.gpus_per_node)
                   if x > p.tp and x % p.tp == 0 and m.heads % x == 0 and m.kv_heads % x == 0]
-    if c.pp is None:
+    if c.pp is None and caps.pp:
         moves += [(p.tp, x, p.cp) for x in range(2 * p.pp, m.layers + 1, p.pp) if stage_layers(m.layers, x)]
-    if c.cp is None and w.framework in CP_FRAMEWORKS:
+    if c.cp is None and caps.cp:
         moves += [(p.tp, p.pp, x) for x in range(2 * p.cp, MAX_CP + 1, p.cp) if w.seq_len % (2 * x) == 0]
     # same GPUs: tp·pp·cp grows by k, dp shrinks by k
     if c.dp is None:
@@ -426,7 +430,7 @@ def _relayout(w: Workload, c: Constraints, p: Plan, tp: int, pp: int, cp: int, d
     per_dp = p.global_batch_size // dp
     sp = p.sequence_parallel
     if tp != p.tp and c.sequence_parallel is None:
-        sp = tp > 1 and w.framework in SP_FRAMEWORKS
+        sp = tp > 1 and w.caps.sequence_parallel != "no"
     v = p.virtual_stages if pp == p.pp else (c.virtual_stages if c.virtual_stages > 1 and pp > 1 else 1)
     n_rc = p.recompute_layers
     if n_rc and n_rc >= stage_layers(w.model.layers, pp)[1]:
@@ -442,12 +446,11 @@ def _relayout(w: Workload, c: Constraints, p: Plan, tp: int, pp: int, cp: int, d
 
 
 def _offload_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Iterator[Plan]:
-    if w.framework == "megatron" and c.offload in (None, "none"):
-        return  # as in the search: Megatron-LM is offered offload only when the recipe asks for it
+    offered = w.caps.offload
     params_ok = p.sharding in ("zero3", "hsdp")
-    if p.offload == "none":
+    if p.offload == "none" and "optimizer" in offered:
         yield replace(p, offload="optimizer")
-    if p.offload in ("none", "optimizer") and params_ok:
+    if p.offload in ("none", "optimizer") and params_ok and "optimizer+params" in offered:
         yield replace(p, offload="optimizer+params")
 
 
@@ -492,7 +495,7 @@ def _valid(w: Workload, t: Target, c: Constraints, failed: Plan, p: Plan) -> boo
         return False
     if m.heads % p.tp or m.kv_heads % p.tp or p.tp > p.gpus_per_node or not stage_layers(m.layers, p.pp):
         return False
-    if p.sharding not in SHARDINGS[w.framework] and p.sharding != failed.sharding:
+    if p.sharding not in w.caps.shardings and p.sharding != failed.sharding:
         return False
     if p.nodes > t.nodes or p.gpus_per_node > t.gpus_per_node:
         return False
@@ -501,11 +504,15 @@ def _valid(w: Workload, t: Target, c: Constraints, failed: Plan, p: Plan) -> boo
     for dim in ("tp", "pp", "dp", "cp"):
         if getattr(c, dim) is not None and getattr(p, dim) != getattr(failed, dim):
             return False
-    if p.virtual_stages > 1:
-        layers = stage_layers(m.layers, p.pp)[1]
-        if p.pp == 1 or layers % p.virtual_stages or p.grad_accum_steps % p.pp:
-            return False
-    return True
+    if p.virtual_stages > 1 and p.pp == 1:
+        return False
+    # every rung is a configuration the framework runs (its own rules, e.g. interleaving)
+    return not [x for x in w.framework.problems(p, w) if not _same_refusal(x, w, failed)]
+
+
+def _same_refusal(message: str, w: Workload, failed: Plan) -> bool:
+    """A refusal the failed plan has too (a pinned setting the recipe asked for): not the rung's fault."""
+    return message in w.framework.problems(failed, w)
 
 
 def _memory(w: Workload, t: Target, p: Plan) -> MemoryBreakdown:

@@ -13,27 +13,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
+from jobctl import frameworks
+from jobctl.frameworks import Framework, GradBuffer, Selective, StateRecipe
 from jobctl.planner.models import ModelSpec, padded_vocab
 from jobctl.planner.plan import Plan
 
 GIB = 1 << 30
 
-# Frameworks that keep the activations a fused-kernel implementation keeps (fused RMSNorm
-# saving only input + rstd, native GQA in the attention kernel, no layout copies):
-# Megatron-LM with Transformer Engine, torchtitan. The others run eager PyTorch/HF layers.
-FUSED_FRAMEWORKS = frozenset({"megatron", "torchtitan"})
-FSDP_FRAMEWORKS = frozenset({"fsdp", "torchtitan"})
-
-# Sharding a framework can do. Megatron's distributed optimizer is ZeRO-1; FSDP has no
-# stage 1; FSDP's SHARD_GRAD_OP keeps full weights between forward and backward, so it is
-# not offered (zero3/hsdp are).
-SHARDINGS = {
-    "generic": ("none", "zero1", "zero2", "zero3", "hsdp"),
-    "deepspeed": ("none", "zero1", "zero2", "zero3"),
-    "megatron": ("none", "zero1"),
-    "fsdp": ("none", "zero3", "hsdp"),
-    "torchtitan": ("none", "zero3", "hsdp"),
-}
+# What each framework runs and keeps (fused kernels, state recipe, vocabulary padding, gradient
+# buffers, what "selective" recomputes) is its capability table in jobctl.frameworks.
 
 # DeepSpeed defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size 5e8 elements.
 DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
@@ -91,8 +79,16 @@ class Workload:
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
     attention: str = "flash"
     fused_cross_entropy: bool = False
-    framework: str = "generic"
+    framework: Framework = field(default_factory=lambda: frameworks.get("custom"))
     overheads: Overheads = field(default_factory=Overheads)
+
+    def __post_init__(self):
+        if not isinstance(self.framework, Framework):  # a name: its table
+            object.__setattr__(self, "framework", frameworks.get(self.framework))
+
+    @property
+    def caps(self) -> frameworks.Capabilities:
+        return self.framework.caps
 
     def __hash__(self) -> int:  # hashed on every cache lookup of the search: compute once
         h = self.__dict__.get("_hash")
@@ -169,7 +165,7 @@ class StateBytes:
 
 
 @lru_cache(maxsize=None)
-def state_bytes(framework: str, precision: str, optimizer: str) -> StateBytes:
+def state_bytes(framework: str | Framework, precision: str, optimizer: str) -> StateBytes:
     """The precision recipe of a framework.
 
     mixed (bf16/fp16), ZeRO paper & DeepSpeed: 2 (16-bit weights) + 2 (16-bit grads) + 4 (fp32
@@ -184,9 +180,10 @@ def state_bytes(framework: str, precision: str, optimizer: str) -> StateBytes:
         return StateBytes(4, 4, 0, st or 4, "fp32: 4 B weights + 4 B grads + fp32 optimizer states")
     if precision == "bf16-pure":
         return StateBytes(2, 2, 0, st or 2, "pure bf16: 2 B weights + 2 B grads + bf16 optimizer states")
-    if framework in FSDP_FRAMEWORKS:
+    recipe = frameworks.get(framework).caps.state_recipe
+    if recipe is StateRecipe.FP32_PARAMS:
         return StateBytes(4, 4, 0, st or 4, "FSDP mixed: fp32 sharded params + fp32 grads + fp32 states")
-    if framework == "megatron":
+    if recipe is StateRecipe.MEGATRON:
         return StateBytes(2, 4, 4, st or 4, "Megatron mixed: 2 B weights + 4 B fp32 main grads + 4 B master + fp32 states")
     return StateBytes(2, 2, 4, st or 4, "mixed: 2 B weights + 2 B grads + 4 B fp32 master + fp32 states (ZeRO paper)")
 
@@ -214,19 +211,20 @@ def optimizer_state_elements(optimizer: str, matrices: list[tuple[float, float, 
 
 
 def model_state_terms(params: float, state_elems: float, sb: StateBytes, optimizer: str, sharding: str, n: int,
-                      offload: str, compute_b: int, weight_name: str = "weights", detail: bool = True) -> list[Term]:
+                      offload: str, compute_b: int, weight_name: str = "weights", detail: bool = True,
+                      grads_stay: bool = False) -> list[Term]:
     """The model-state terms as a list (see add_model_states)."""
     out: list[Term] = []
 
     def add(name, value, group, formula):
         out.append(Term(name, float(value), group, formula() if detail else ""))
 
-    add_model_states(add, params, state_elems, sb, optimizer, sharding, n, offload, compute_b, weight_name)
+    add_model_states(add, params, state_elems, sb, optimizer, sharding, n, offload, compute_b, weight_name, grads_stay)
     return out
 
 
 def add_model_states(add, params: float, state_elems: float, sb: StateBytes, optimizer: str, sharding: str, n: int,
-                     offload: str, compute_b: int, weight_name: str = "weights") -> None:
+                     offload: str, compute_b: int, weight_name: str = "weights", grads_stay: bool = False) -> None:
     """Weights, gradients and optimizer states of `params` trainable parameters on one rank.
 
     ZeRO (Rajbhandari et al. 2020, §5) over a shard group of n ranks: stage 1 divides the
@@ -234,7 +232,8 @@ def add_model_states(add, params: float, state_elems: float, sb: StateBytes, opt
     also the weights. Offload (ZeRO-Offload, Ren et al. 2021): the fp32 master, optimizer
     states and fp32 gradients live in host RAM, the GPU keeps 16-bit gradients only in a
     reduce bucket; with parameters offloaded too (ZeRO-Infinity) the weights also move.
-    Host bytes come back as terms of group "host".
+    Host bytes come back as terms of group "host". grads_stay: the framework keeps its gradient
+    buffer on the GPU and copies it to the host for the step (Megatron's --optimizer-cpu-offload).
     """
     shard_w = n if sharding in ("zero3", "hsdp") else 1
     shard_g = n if sharding in ("zero2", "zero3", "hsdp") else 1
@@ -257,7 +256,12 @@ def add_model_states(add, params: float, state_elems: float, sb: StateBytes, opt
         lambda: f"{params:.4g} params x {sb.weight:g} B" + sharded(shard_w) + ("; offloaded to CPU" if params_off else ""))
     if params_off:
         add("offloaded weights", weights, "host", lambda: "")
-    if offload in ("optimizer", "optimizer+params"):
+    if offload in ("optimizer", "optimizer+params") and grads_stay:
+        add("gradients", grads, "grads", lambda: f"{params:.4g} params x {sb.grad:g} B" + sharded(shard_g)
+            + "; the gradient buffer stays on the GPU")
+        add("optimizer states", 0, "optimizer", lambda: opt_formula() + "; offloaded to CPU")
+        add("offloaded states", master + states + params * 4 / shard_o, "host", lambda: "")
+    elif offload in ("optimizer", "optimizer+params"):
         bucket = min(grads, DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b)
         add("gradients", bucket, "grads",
             lambda: f"offloaded; GPU keeps a reduce bucket of min(grads, 5e8 elements x {compute_b} B)")
@@ -317,6 +321,8 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     def add(name, value, formula):
         terms.append((name, value, formula))
 
+    if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC:
+        return _op_sac_terms(w, plan, b)
     if m.family == "gpt":
         add("layernorm inputs", 2 * e * sbh / rep + 2 * 8 * s * b / rep, "2 LayerNorms: 2·sbh (16-bit) + fp32 mean/rstd 8·sb each")
         add("qkv input", e * sbh / rep, "LayerNorm output kept by the QKV matmul: 2·sbh")
@@ -334,7 +340,7 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
         add("mlp intermediates", 2 * e * s * b * f / t, "GELU input and output: 2 · 2·sbf /t (f=4h: 16·sbh)")
         return terms
 
-    fused = w.framework in FUSED_FRAMEWORKS
+    fused = w.caps.fused_kernels
     if fused:
         add("rmsnorm inputs", 2 * e * sbh / rep + 2 * 4 * s * b / rep, "fused RMSNorm keeps input + fp32 rstd: 2 · (2·sbh + 4·sb)")
     else:
@@ -354,13 +360,41 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     # storage (measured: no copy even after .contiguous() on the transposed view).
     add("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t")
     add("mlp input", e * sbh / rep, "RMSNorm output kept by gate/up: 2·sbh")
-    if w.framework == "megatron":
+    if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
         # SwiGLU output (2·sbf), recomputing SiLU in backward (layernorm_mlp.py, save_for_backward).
         add("mlp intermediates", 3 * e * s * b * f / t, "TE LayerNormMLP: fc1 output (gate, up) and SwiGLU output: 3 · 2·sbf /t")
     else:
         add("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t")
     return terms
+
+
+def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str]]:
+    """What torchtitan's op-level selective AC keeps of a Llama block (activation_checkpoint.py,
+    the default save list and "recompute every second mm"): the block input (the checkpoint's
+    own input), the outputs of the 1st, 3rd, 5th and 7th matmul in forward order (wq, wv, w1, w2;
+    wk, wo and w3 are recomputed), the attention kernel's output and log-sum-exp, and under
+    TP + SP the two reduce-scatter outputs. Norms, RoPE, SiLU and products are recomputed."""
+    m = w.model
+    t, c = plan.tp, plan.cp
+    sp = plan.sequence_parallel and t > 1
+    s = w.seq_len / c
+    h, f, a, g = m.hidden, m.ffn_hidden, m.heads, m.kv_heads
+    e = w.act_bytes
+    sbh = s * b * h
+    rep = t if sp else 1
+    out = [
+        ("block input", e * sbh / rep, "the checkpointed block's input: 2·sbh (/t with SP)"),
+        ("wq output", e * sbh / t, "1st mm (wq) saved: 2·sbh /t"),
+        ("wv output", e * sbh * g / a / t, "3rd mm (wv) saved: 2·sbh·g/a /t"),
+        ("attention output", e * sbh / t, "attention kernel output saved: 2·sbh /t"),
+        ("attention lse", 4 * a * s * b / t, "its fp32 log-sum-exp: 4·asb /t"),
+        ("w1 output", e * s * b * f / t, "5th mm (w1, the SiLU input) saved: 2·sbf /t"),
+        ("w2 output", e * sbh, "7th mm (w2) saved: 2·sbh (a partial sum before the TP reduction)"),
+    ]
+    if sp:
+        out.append(("reduce-scatter outputs", 2 * e * sbh / t, "wo and w2 reduce-scatter outputs (SP): 2 · 2·sbh /t"))
+    return out
 
 
 def layer_activation_bytes(w: Workload, plan: Plan, b: int) -> float:
@@ -431,6 +465,13 @@ def stage_layers(layers: int, pp: int) -> tuple[int, int, int] | None:
     return None
 
 
+def framework_vocab(w: Workload, tp: int) -> int:
+    """The vocabulary as the framework allocates it: Megatron pads it to a multiple of 128·tp
+    (--make-vocab-size-divisible-by, tokenizer.py _vocab_size_with_padding)."""
+    k = w.caps.vocab_multiple_per_tp
+    return padded_vocab(w.model.vocab, k * tp) if k > 1 else w.model.vocab
+
+
 def _stage_params(w: Workload, plan: Plan, stage: str) -> tuple[float, float, float]:
     """(layer params, embedding+output params, layers) held by one rank of `stage`, after TP."""
     return _stage_params_cached(w, plan.tp, plan.pp, stage)
@@ -439,7 +480,7 @@ def _stage_params(w: Workload, plan: Plan, stage: str) -> tuple[float, float, fl
 @lru_cache(maxsize=4096)
 def _stage_params_cached(w: Workload, tp: int, pp: int, stage: str) -> tuple[float, float, float]:
     m = w.model
-    vocab = padded_vocab(m.vocab, 128 * tp) if w.framework == "megatron" else m.vocab
+    vocab = framework_vocab(w, tp)
     first, middle, last = stage_layers(m.layers, pp)
     layers = {"only": m.layers, "first": first, "middle": middle, "last": last}[stage]
     layer_p = layers * m.layer_params() / tp
@@ -459,7 +500,7 @@ def _stage_params_cached(w: Workload, tp: int, pp: int, stage: str) -> tuple[flo
 def _stage_matrices(w: Workload, plan: Plan, stage: str) -> list[tuple[float, float, float]]:
     """(rows, cols, count) of the weights one rank of `stage` holds (rows split by TP)."""
     m = w.model
-    vocab = padded_vocab(m.vocab, 128 * plan.tp) if w.framework == "megatron" else m.vocab
+    vocab = framework_vocab(w, plan.tp)
     _, _, layers = _stage_params(w, plan, stage)
     out = [(r / plan.tp if c > 1 else r, c, layers) for r, c in m.layer_matrices()]
     if stage in ("first", "only"):
@@ -523,7 +564,8 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         # LoRA adapters are thin matrices; factored optimizers gain nothing: count as vectors.
         state_elems = optimizer_state_elements(w.optimizer, [(trainable, 1, 1)])
         weight_name = "lora adapters"
-    add_model_states(add, trainable, state_elems, sb, w.optimizer, plan.sharding, n, plan.offload, compute_b, weight_name)
+    add_model_states(add, trainable, state_elems, sb, w.optimizer, plan.sharding, n, plan.offload, compute_b, weight_name,
+                     w.caps.offload_keeps_grads)
 
     # --- buffers that depend on the framework
     if plan.sharding in ("zero3", "hsdp") or plan.offload == "optimizer+params":
@@ -532,10 +574,10 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
             "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in 16-bit, "
             "plus its unsharded gradient before reduce-scatter")
     elif plan.dp * plan.cp > 1 and w.method == "full" and plan.offload == "none":
-        if w.framework in ("generic", "fsdp", "torchtitan") and plan.sharding == "none":
+        if w.caps.grad_buffer is GradBuffer.DDP_BUCKETS and plan.sharding == "none":
             add("ddp buckets", trainable * sb.grad, "buffers", lambda:
                 "DDP copies gradients into flat buckets (gradient_as_bucket_view=False, the default)")
-        elif w.framework == "deepspeed" or (w.framework == "generic" and plan.sharding != "none"):
+        elif w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET:
             add("reduce bucket", min(trainable, DEEPSPEED_REDUCE_BUCKET_ELEMS) * sb.grad, "buffers", lambda:
                 "DeepSpeed reduce_bucket_size: min(params, 5e8 elements) x grad bytes")
 
@@ -570,11 +612,14 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
     if plan.recompute == "full":
         add("recompute working set", layer_activation_bytes(w, plan, b), "activations", lambda:
             "one layer's activations rematerialised during its backward")
+    elif plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC:
+        add("recompute working set", _layer_bytes(w, plan.tp, plan.cp, plan.sequence_parallel, "none", b),
+            "activations", lambda: "one block's activations rematerialised during its backward (op-level SAC)")
     if m.family == "gpt" and m.dropout > 0 and stage in ("first", "only"):
         add("embedding dropout mask", (w.seq_len / plan.cp) * b * m.hidden * in_flight / (plan.tp if plan.sequence_parallel else 1),
             "activations", lambda: "dropout mask on the embeddings: sbh bytes")
     if stage in ("last", "only"):
-        vocab = padded_vocab(m.vocab, 128 * plan.tp) if w.framework == "megatron" else m.vocab
+        vocab = framework_vocab(w, plan.tp)
         elems = (w.seq_len / plan.cp) * b * vocab / plan.tp
         per = logits_bytes_per_elem(w)
         # The final norm keeps what a layer's norm keeps and the output layer its input:
@@ -583,7 +628,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         # copy (4·sbh) — in fp32 training the input itself is that copy, still 4·sbh.
         rep = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
         e_ = w.act_bytes
-        per_token = 2 * e_ if (m.family == "gpt" or w.framework in FUSED_FRAMEWORKS) else 4 + 2 * e_
+        per_token = 2 * e_ if (m.family == "gpt" or w.caps.fused_kernels) else 4 + 2 * e_
         head_in = (w.seq_len / plan.cp) * b * m.hidden * per_token
         add("final norm and output input", head_in / rep, "activations",
             lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")

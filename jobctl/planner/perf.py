@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jobctl.frameworks import Selective
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
 from jobctl.planner.plan import Plan
 
@@ -148,6 +149,12 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     rc = recomputed_layers(plan, layers_max) / layers_max  # share of layers whose forward reruns
     passes_gemm = 3 + rc
     passes_attn = 3 + (1 if plan.recompute == "selective" else rc)
+    if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC:
+        # torchtitan's op-level SAC reruns wk, wo and w3 (the 2nd, 4th, 6th matmuls), not attention
+        a, g = m.heads, m.kv_heads
+        rerun = h * h * g / a + h * h + h * f
+        passes_gemm = 3 + rerun / matrix_params
+        passes_attn = 3
     eff = gemm_efficiency(tokens_rank * h / t)
     chunk = s / (2 * c) if c > 1 else s
     att_eff = ATTENTION_EFFICIENCY * chunk / (chunk + ATTENTION_SATURATION_TOKENS)
@@ -187,7 +194,7 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     # Data parallelism over the shard group (dp·cp ranks hold replicas of the same weights).
     rank_params = stage_params_per_rank(w, plan)
     n = plan.dp * plan.cp
-    grad_b = 4 if w.framework in ("megatron", "fsdp", "torchtitan") or w.precision == "fp32" else 2
+    grad_b = 4 if w.precision == "fp32" else w.caps.reduce_bytes  # bytes per gradient element reduced
     param_b = 4 if w.precision == "fp32" else 2
     dp_gbs = dp_link_gbs(plan, links, gpus_per_node)
     trainable = rank_params if w.method == "full" else rank_params * 0.01

@@ -12,8 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from jobctl.planner.catalog import GIB, GPUSpec
+from jobctl import frameworks
+from jobctl.frameworks import Selective
 from jobctl.planner.memory import (
-    SHARDINGS,
     MemoryBreakdown,
     Workload,
     estimate,
@@ -28,8 +29,6 @@ THROUGHPUT_TOLERANCE = 0.03
 MAX_VIRTUAL_STAGES = 8
 
 AUTO = "auto"
-CP_FRAMEWORKS = frozenset({"megatron", "torchtitan"})
-SP_FRAMEWORKS = frozenset({"megatron", "torchtitan"})
 MAX_CP = 32
 MIN_CP_TOKENS = 1024
 SMALL_BUBBLE = 0.02
@@ -136,9 +135,25 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     if c.pp is not None and not stage_layers(m.layers, c.pp):
         out.append(f"pp={c.pp} cannot split {m.layers} layers: {m.layers} % {c.pp} = {m.layers % c.pp}, and "
                    "shortening the first and last stage by one layer does not make it even either")
+    caps = w.caps
+    for what, value, offered in (("optimizer", w.optimizer, caps.optimizers), ("method", w.method, caps.methods),
+                                 ("precision", w.precision, caps.precisions)):
+        if value not in offered:
+            out.append(f"train.{what}={value}: framework {caps.name} does not run it (it offers {', '.join(offered)})")
+    for dim, offered in (("tp", caps.tp), ("pp", caps.pp)):
+        value = getattr(c, dim)
+        if value is not None and value > 1 and not offered:
+            out.append(f"{dim}={value}: framework {caps.name} has no {'tensor' if dim == 'tp' else 'pipeline'} "
+                       f"parallelism ({_with(dim)})")
+    for knob, offered in (("recompute", caps.recompute), ("offload", caps.offload)):
+        value = getattr(c, knob)
+        if value is not None and value not in offered:
+            out.append(f"{knob}={value} is not available in framework {caps.name} (it offers {', '.join(offered)})")
+    if c.virtual_stages > 1 and not caps.interleaved:
+        out.append(f"virtual_stages={c.virtual_stages}: framework {caps.name} has no interleaved pipeline schedule")
     if c.cp is not None and c.cp > 1:
-        if w.framework not in CP_FRAMEWORKS:
-            out.append(f"cp={c.cp}: context parallelism needs framework megatron or torchtitan, not {w.framework}")
+        if not caps.cp:
+            out.append(f"cp={c.cp}: framework {caps.name} has no context parallelism ({_with('cp')})")
         if w.seq_len % (2 * c.cp):
             out.append(f"cp={c.cp} needs seq_len divisible by 2·cp: {w.seq_len} % {2 * c.cp} = {w.seq_len % (2 * c.cp)}")
     if c.dp is not None and w.global_batch_size % c.dp:
@@ -148,11 +163,11 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         if w.global_batch_size % per:
             out.append(f"micro_batch_size({c.micro_batch_size}) * dp({c.dp or 1}) = {per} does not divide "
                        f"global_batch_size({w.global_batch_size})")
-    if c.sharding is not None and c.sharding not in SHARDINGS[w.framework]:
-        out.append(f"sharding={c.sharding} is not available in framework {w.framework} "
-                   f"(it offers {', '.join(SHARDINGS[w.framework])})")
-    if c.sequence_parallel and w.framework not in SP_FRAMEWORKS:
-        out.append(f"sequence_parallel needs framework megatron or torchtitan, not {w.framework}")
+    if c.sharding is not None and c.sharding not in caps.shardings:
+        out.append(f"sharding={c.sharding} is not available in framework {caps.name} "
+                   f"(it offers {', '.join(caps.shardings)})")
+    if c.sequence_parallel and caps.sequence_parallel == "no":
+        out.append(f"sequence_parallel: framework {caps.name} has no sequence parallelism ({_with('sp')})")
     dims = [c.tp, c.pp, c.dp, c.cp]
     if all(d is not None for d in dims):
         world = c.tp * c.pp * c.dp * c.cp
@@ -166,14 +181,23 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     return out
 
 
+def _with(what: str) -> str:
+    """Which frameworks offer `what` (tp, pp, cp, sp), for a message."""
+    has = [n for n, f in frameworks.REGISTRY.items()
+           if {"tp": f.caps.tp, "pp": f.caps.pp, "cp": f.caps.cp, "sp": f.caps.sequence_parallel != "no"}[what]]
+    return "frameworks with it: " + ", ".join(has) + "; custom code declares it under framework.supports"
+
+
 def layouts(w: Workload, t: Target, c: Constraints):
     """Yield (tp, pp, cp, dp, nodes, gpus_per_node) for every valid parallel layout."""
     m = w.model
-    tps = [c.tp] if c.tp else [d for d in divisors(t.gpus_per_node) if m.heads % d == 0 and m.kv_heads % d == 0]
-    pps = [c.pp] if c.pp else [p for p in range(1, m.layers + 1) if stage_layers(m.layers, p)]
+    caps = w.caps
+    tps = [c.tp] if c.tp else [d for d in divisors(t.gpus_per_node)
+                               if m.heads % d == 0 and m.kv_heads % d == 0 and (d == 1 or caps.tp)]
+    pps = [c.pp] if c.pp else [p for p in range(1, m.layers + 1) if stage_layers(m.layers, p) and (p == 1 or caps.pp)]
     if c.cp:
         cps = [c.cp]
-    elif w.framework in CP_FRAMEWORKS:
+    elif caps.cp:
         # Context parallelism is for long sequences: each rank keeps at least MIN_CP_TOKENS
         # (shorter chunks leave attention kernels and the K/V ring mostly idle).
         cps = [x for x in (1, 2, 4, 8, 16, 32)
@@ -200,10 +224,13 @@ def layouts(w: Workload, t: Target, c: Constraints):
 
 def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn: int, tp: int) -> list[tuple]:
     """(sharding, recompute, offload, hsdp_shard) choices, cheapest first."""
-    shardings = [c.sharding] if c.sharding else list(SHARDINGS[w.framework])
+    caps = w.caps
+    shardings = [c.sharding] if c.sharding else list(caps.shardings)
     if not c.sharding:
         if shard_group == 1:
-            shardings = ["none"]  # nothing to shard over
+            # nothing to shard over; a ZeRO stage stays on offer where the framework offloads
+            # only through it (DeepSpeed's ZeRO-Offload on one GPU)
+            shardings = ["none"] + [x for x in ("zero2", "zero1") if x in shardings][:1]
         else:
             # ZeRO-1/2 move the same bytes as DDP's all-reduce (a reduce-scatter plus an
             # all-gather) and hold less: of none/zero1/zero2 only the most sharded is worth trying.
@@ -211,12 +238,11 @@ def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn:
             shardings = plain[:1] + [x for x in shardings if x in ("hsdp", "zero3")]
         if nodes == 1 or "hsdp" not in shardings:
             shardings = [s for s in shardings if s != "hsdp"]
-    recomputes = [c.recompute] if c.recompute else ["none", "selective", "full"]
-    if not c.recompute and w.attention != "eager":
-        recomputes = ["none", "full"]  # selective recompute only saves the a·s² scores
-    offloads = [c.offload] if c.offload else ["none", "optimizer", "optimizer+params"]
-    if not c.offload and w.framework == "megatron":
-        offloads = ["none"]
+    recomputes = [c.recompute] if c.recompute else list(caps.recompute)
+    if not c.recompute and w.attention != "eager" and caps.selective is not Selective.OP_SAC:
+        # Megatron's selective recompute only saves the a·s² scores, which flash attention never keeps
+        recomputes = [r for r in recomputes if r != "selective"]
+    offloads = [c.offload] if c.offload else list(caps.offload)
     out = []
     for sh in shardings:
         hs = 0
@@ -278,10 +304,9 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
     for tp, pp, cp, dp, nodes, gpn in layouts(w, t, c):
         per_dp = gbs // dp
         mbss = [c.micro_batch_size] if c.micro_batch_size else sorted(divisors(per_dp), reverse=True)
-        sp = (tp > 1 and w.framework in SP_FRAMEWORKS) if c.sequence_parallel is None else c.sequence_parallel
+        sp = (tp > 1 and w.caps.sequence_parallel != "no") if c.sequence_parallel is None else c.sequence_parallel
         layers_max = stage_layers(w.model.layers, pp)[1]
-        vs = [c.virtual_stages] if c.virtual_stages > 1 else (
-            [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if layers_max % v == 0] if pp > 1 and w.framework == "megatron" else [1])
+        vs = [c.virtual_stages] if c.virtual_stages > 1 else virtual_stage_options(w, pp)
         if len(vs) > 1 and (pp - 1) / (per_dp + pp - 1) < SMALL_BUBBLE:
             vs = [1]  # with this many micro-batches the bubble is negligible: interleaving cannot pay
         knobs = knob_options(w, c, dp * cp, nodes, gpn, tp)
@@ -327,9 +352,11 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
                         fits_without_offload = True
                     if rc == "none" and mbs == mbss[0]:
                         roomy.add((sh, of))
-                    if v > 1 and (per_dp // mbs) % pp:
-                        continue  # Megatron's interleaved schedule needs micro-batches divisible by pp
-                    cand = timed(make(mbs, v, sh, rc, of, hs, n_rc), mem)
+                    plan = make(mbs, v, sh, rc, of, hs, n_rc)
+                    if w.framework.problems(plan, w):
+                        result.rejected["the framework refuses it"] += 1
+                        continue  # e.g. an interleaved schedule whose micro-batches do not divide
+                    cand = timed(plan, mem)
                     result.feasible_count += 1
                     if best is None or _faster(cand, best):
                         best = cand
@@ -384,6 +411,18 @@ def _bound(w, t, c, steps, objective, layout, mbss, vs, cheapest_knob, sp) -> fl
     return best
 
 
+def virtual_stage_options(w: Workload, pp: int) -> list[int]:
+    """Virtual pipeline stages per rank worth trying: 1, and when the framework interleaves, the
+    counts that split the layers evenly (Megatron: a stage's layers; torchtitan: the layers plus
+    embedding and output over pp·v stages)."""
+    if pp == 1 or not w.caps.interleaved:
+        return [1]
+    layers_max = stage_layers(w.model.layers, pp)[1]
+    # the framework's own rule (its `problems`) filters the plans later
+    return [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
+                  if layers_max % v == 0 or (w.model.layers + 2) % (pp * v) == 0]
+
+
 def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c):
     """Yield (micro_batch_size, recompute_layers, memory) for the micro-batches that fit with
     these knobs, largest first, each with the fewest recomputed layers that fit.
@@ -413,8 +452,11 @@ def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c
     for i in picks:
         mbs = mbss[i]
         n_rc = 0
-        if rc == "full" and layers_max > 1 and not c.recompute:
+        if rc == "full" and layers_max > 1 and not c.recompute and w.caps.recompute_layers:
             n_rc = _fewest_recomputed_layers(check, make, mbs, v, sh, rc, of, hs, int(layers_max))
+            if n_rc and v > 1:  # Megatron recomputes N layers of each model chunk: a multiple of v per stage
+                n_rc = -(-n_rc // v) * v
+                n_rc = 0 if n_rc >= layers_max else n_rc
         mem = check(make(mbs, v, sh, rc, of, hs, n_rc))
         if mem.fits:
             yield mbs, n_rc, mem

@@ -192,8 +192,9 @@ def _report(recipe_loaded, w, res, cons, objective, explain, alternatives) -> di
         "objective": objective,
         "model": _model_info(w),
         "train": {"seq_len": w.seq_len, "global_batch_size": w.global_batch_size, "optimizer": w.optimizer,
-                  "precision": w.precision, "method": w.method, "framework": w.framework, "attention": w.attention},
+                  "precision": w.precision, "method": w.method, "framework": w.framework.name, "attention": w.attention},
         "plan": best.plan.to_dict(),
+        "framework": framework_block(w, best.plan),
         "memory": best.memory.to_dict(),
         "estimate": best.estimate.to_dict() if best.estimate else None,
         "alternatives": [_candidate(c, w, t) for c in res.ranked[1:1 + alternatives]],
@@ -207,6 +208,11 @@ def _report(recipe_loaded, w, res, cons, objective, explain, alternatives) -> di
     if explain:
         out["explain"] = explain_search(res)
     return out
+
+
+def framework_block(w, plan) -> dict:
+    """The plan in its framework's own names: {name, args, files, env, notes} (jobctl.frameworks)."""
+    return w.framework.render(plan, w).to_dict()
 
 
 def learned_block(w) -> dict:

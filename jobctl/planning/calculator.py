@@ -21,7 +21,7 @@ from jobctl.planner.plan import Plan
 
 OPTIMIZERS = ("adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum")
 PRECISIONS = ("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32")
-FRAMEWORKS = ("generic", "megatron", "torchtitan", "deepspeed", "fsdp")
+FRAMEWORKS = ("custom", "generic", "megatron", "torchtitan", "deepspeed", "fsdp")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 RECOMPUTES = ("none", "selective", "full")
 
@@ -32,7 +32,7 @@ def _choice(flag: str, value: str, allowed: tuple) -> None:
 
 
 def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0, num_gpus=1, optimizer="adamw",
-              precision="bf16-mixed", zero_stage=0, framework="generic", offload="none", seq_len=None,
+              precision="bf16-mixed", zero_stage=0, framework="custom", offload="none", seq_len=None,
               micro_batch_size=1, recompute="none") -> dict:
 
     _choice("--optimizer", optimizer, OPTIMIZERS)

@@ -1,0 +1,157 @@
+"""What a training framework can run, as a value the planner reads (SkyPilot's capability
+declarations, for frameworks): the planner searches only inside it, and a framework module
+renders a plan in the framework's own names.
+
+Pure: plans, workloads and models are read by attribute (no planner import), so the planner
+can import this package and not the other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobctl.model import JOB_FOLDER_TOKEN, StrEnum
+
+NONE = "none"
+
+
+class Selective(StrEnum):
+    """What "selective" recomputation keeps, which differs by framework."""
+
+    NOT_OFFERED = "not offered"
+    CORE_ATTENTION = "core attention"  # Megatron: recompute the attention core (its a·s² scores), keep the rest
+    OP_SAC = "op-level SAC"  # torchtitan: save every second matmul's output, attention and comms; recompute the rest
+
+
+class StateRecipe(StrEnum):
+    """How a framework keeps model states under mixed precision (docs/memory-model.md §2)."""
+
+    ZERO = "16-bit weights and grads, fp32 master and states"  # DeepSpeed, the ZeRO paper: 2 + 2 + 12
+    MEGATRON = "16-bit weights, fp32 main grads, fp32 master and states"  # 2 + 4 + 12
+    FP32_PARAMS = "fp32 (sharded) parameters as the master, fp32 grads and states"  # FSDP2, torchtitan: 4 + 4 + 8
+
+
+class GradBuffer(StrEnum):
+    """The gradient communication buffer beside the gradients themselves."""
+
+    DDP_BUCKETS = "DDP buckets"  # torch DDP: a copy of the gradients in flat buckets
+    REDUCE_BUCKET = "reduce bucket"  # DeepSpeed: reduce_bucket_size elements
+    NONE = "none"  # Megatron's contiguous main-grad buffer is the gradients
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one framework can run, each fact with where it was read (`sources`)."""
+
+    name: str
+    title: str
+    tp: bool = False
+    sequence_parallel: str = "no"  # "no" | "optional" (a flag) | "with tp" (on whenever tp > 1 by default)
+    cp: bool = False
+    pp: bool = False
+    schedules: tuple[str, ...] = ()  # pipeline schedules it ships, in its own names
+    interleaved: bool = False  # virtual pipeline stages (an interleaved schedule)
+    shardings: tuple[str, ...] = ("none",)
+    recompute: tuple[str, ...] = ("none",)
+    selective: Selective = Selective.NOT_OFFERED
+    recompute_layers: bool = False  # full recompute of only N layers per stage
+    offload: tuple[str, ...] = ("none",)
+    optimizers: tuple[str, ...] = ("adamw",)
+    methods: tuple[str, ...] = ("full",)  # full | lora | qlora
+    precisions: tuple[str, ...] = ("bf16-mixed", "fp16-mixed", "fp32")
+    vocab_multiple_per_tp: int = 1  # the vocabulary is padded to a multiple of this x tp
+    state_recipe: StateRecipe = StateRecipe.ZERO
+    reduce_bytes: int = 2  # bytes per gradient element in the data-parallel reduction
+    grad_buffer: GradBuffer = GradBuffer.DDP_BUCKETS
+    fused_kernels: bool = False  # fused norms and GQA-native attention (Megatron/TE, torchtitan) vs eager HF layers
+    te_layernorm_mlp: bool = False  # Transformer Engine's LayerNormMLP (keeps 3 of the 4 SwiGLU tensors)
+    reshard_under_pp: bool = True
+    offload_keeps_grads: bool = False  # optimizer offload leaves the gradient buffer on the GPU  # FSDP reshards parameters after forward when pipelining
+    sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
+
+    def runs_sharding(self, sharding: str) -> bool:
+        return sharding in self.shardings
+
+    def offers(self, what: str, value: Any) -> bool:
+        """Whether a plan knob value is one this framework runs (by its capability table)."""
+        table = {"sharding": self.shardings, "recompute": self.recompute, "offload": self.offload}
+        return value in table[what]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A plan in a framework's own names: command-line arguments, files and environment. A
+    file's name is its key; its path in the job is `<job folder>/framework/<key>`."""
+
+    name: str
+    args: tuple[str, ...] = ()
+    files: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "args": list(self.args), "files": dict(self.files), "env": dict(self.env),
+                "notes": list(self.notes)}
+
+
+
+
+def file_path(key: str) -> str:
+    """Where a rendered file is in the job, as written in argv (see JOB_FOLDER_TOKEN)."""
+    return f"{JOB_FOLDER_TOKEN}/framework/{key}"
+
+
+@dataclass(frozen=True)
+class Framework:
+    """A framework as the planner and the launcher use it: capabilities, the combinations it
+    refuses, and how a plan becomes its configuration."""
+
+    caps: Capabilities
+    problems: Callable[[Any, Any], list[str]]  # (plan, workload) -> what it refuses, with its message
+    render: Callable[[Any, Any], Rendered]  # (plan, workload) -> its configuration
+
+    @property
+    def name(self) -> str:
+        return self.caps.name
+
+    def __str__(self) -> str:
+        return self.caps.name
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, str):
+            return self.caps.name == other
+        return isinstance(other, Framework) and self.caps == other.caps
+
+    def __hash__(self) -> int:
+        return hash(self.caps)
+
+
+def common_problems(caps: Capabilities, plan: Any, w: Any) -> list[str]:
+    """What a capability table alone refuses (each framework adds its own rules)."""
+    out = []
+    name = caps.name
+    if plan.tp > 1 and not caps.tp:
+        out.append(f"{name} has no tensor parallelism (tp={plan.tp})")
+    if plan.pp > 1 and not caps.pp:
+        out.append(f"{name} has no pipeline parallelism (pp={plan.pp})")
+    if plan.cp > 1 and not caps.cp:
+        out.append(f"{name} has no context parallelism (cp={plan.cp})")
+    if plan.sequence_parallel and plan.tp > 1 and caps.sequence_parallel == "no":
+        out.append(f"{name} has no sequence parallelism")
+    if getattr(plan, "virtual_stages", 1) > 1 and not caps.interleaved:
+        out.append(f"{name} has no interleaved pipeline schedule (virtual_stages={plan.virtual_stages})")
+    for what, value in (("sharding", plan.sharding), ("recompute", plan.recompute), ("offload", plan.offload)):
+        if not caps.offers(what, value):
+            table = {"sharding": caps.shardings, "recompute": caps.recompute, "offload": caps.offload}[what]
+            out.append(f"{name} does not run {what}={value} (it offers {', '.join(table)})")
+    if getattr(plan, "recompute_layers", 0) and not caps.recompute_layers:
+        out.append(f"{name} cannot recompute only {plan.recompute_layers} layers per stage (it recomputes all or none)")
+    if w.optimizer not in caps.optimizers:
+        out.append(f"{name} has no {w.optimizer} optimizer (it offers {', '.join(caps.optimizers)})")
+    if w.method not in caps.methods:
+        out.append(f"{name} does not train with method {w.method} (it offers {', '.join(caps.methods)})")
+    if w.precision not in caps.precisions:
+        out.append(f"{name} does not train in {w.precision} (it offers {', '.join(caps.precisions)})")
+    return out

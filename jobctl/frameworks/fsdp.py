@@ -1,0 +1,158 @@
+"""PyTorch FSDP2 through HF accelerate (or a plain torchrun script): what it runs, the
+accelerate FSDP configuration and the environment accelerate's launcher would export.
+
+Read from accelerate 1.15.0: accelerate/commands/config/config_args.py (ClusterConfig),
+commands/config/cluster.py (the YAML keys `accelerate config` writes), utils/launch.py
+prepare_multi_gpu_env (the FSDP_* variables), utils/dataclasses.py FullyShardedDataParallelPlugin
+(reads them back in the training process), utils/fsdp_utils.py (activation checkpointing,
+fp32 upcast); and torch.distributed.fsdp fully_shard / CPUOffloadPolicy (torch 2.13).
+
+jobctl's own torchrun launcher starts the processes, so the FSDP settings travel as the same
+environment variables `accelerate launch` exports: `Accelerator()` in the script reads them.
+"""
+
+from __future__ import annotations
+
+from jobctl.frameworks.base import (
+    Capabilities,
+    Framework,
+    GradBuffer,
+    Rendered,
+    Selective,
+    StateRecipe,
+    common_problems,
+    file_path,
+)
+
+AC = "accelerate 1.15.0"
+CONFIG_FILE = "accelerate_config.yaml"
+
+CAPS = Capabilities(
+    name="fsdp",
+    title="PyTorch FSDP2 via HF accelerate (or torchrun + fully_shard)",
+    tp=False,
+    sequence_parallel="no",
+    cp=False,
+    pp=False,
+    shardings=("none", "zero3", "hsdp"),
+    recompute=("none", "full"),
+    selective=Selective.NOT_OFFERED,
+    offload=("none", "optimizer+params"),
+    optimizers=("adamw", "lion", "adam8bit", "sgd", "sgd-momentum", "adafactor", "adam-mini"),
+    methods=("full", "lora", "qlora"),
+    precisions=("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"),
+    state_recipe=StateRecipe.FP32_PARAMS,
+    reduce_bytes=2,
+    grad_buffer=GradBuffer.DDP_BUCKETS,
+    sources=(
+        ("FSDP2 reshard_after_forward True = full shard (ZeRO-3); HSDP = parallelism_config dp_replicate x dp_shard; "
+         "no pipeline parallelism", f"{AC} utils/dataclasses.py FullyShardedDataParallelPlugin, parallelism_config.py"),
+        ("SHARD_GRAD_OP (reshard_after_forward False) keeps whole parameters between forward and backward: not offered",
+         f"{AC} utils/dataclasses.py; torch fully_shard docs"),
+        ("fsdp_activation_checkpointing wraps every auto-wrapped layer (full recompute); no selective mode",
+         f"{AC} utils/fsdp_utils.py fsdp2_apply_ac"),
+        ("fsdp_offload_params = CPUOffloadPolicy: parameters, gradients and the optimizer step on the CPU",
+         "torch/distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy"),
+        ("mixed_precision bf16: param, reduce and output dtype bf16 (gradients reduced in bf16); trainable "
+         "parameters upcast to fp32 as the master copy", f"{AC} utils/dataclasses.py set_mixed_precision, fsdp_utils.py"),
+        ("tensor/context parallelism through ParallelismConfig need a model with a TP plan; not planned",
+         f"{AC} parallelism_config.py"),
+        ("the launcher exports ACCELERATE_USE_FSDP, FSDP_VERSION, FSDP_RESHARD_AFTER_FORWARD, FSDP_OFFLOAD_PARAMS, "
+         "FSDP_AUTO_WRAP_POLICY, FSDP_TRANSFORMER_CLS_TO_WRAP, FSDP_STATE_DICT_TYPE, FSDP_ACTIVATION_CHECKPOINTING, "
+         "PARALLELISM_CONFIG_*", f"{AC} utils/launch.py prepare_multi_gpu_env"),
+    ),
+)
+
+# The decoder-layer class FSDP wraps, by model family (transformers' modeling files).
+LAYER_CLASS = {"llama": "LlamaDecoderLayer", "gpt": "GPT2Block"}
+MIXED = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "no", "bf16-pure": "no"}  # pure: a bf16 model
+
+
+def problems(plan, w) -> list[str]:
+    out = common_problems(CAPS, plan, w)
+    if plan.offload != "none" and plan.sharding == "none":
+        out.append("FSDP offloads through CPUOffloadPolicy of sharded parameters: offload needs sharding zero3 or hsdp")
+    return out
+
+
+def _shard(plan) -> tuple[int, int]:
+    """(dp_replicate, dp_shard)."""
+    if plan.sharding == "hsdp" and plan.hsdp_shard:
+        return plan.dp // plan.hsdp_shard, plan.hsdp_shard
+    if plan.sharding == "none":
+        return plan.dp, 1
+    return 1, plan.dp
+
+
+def environment(plan, w) -> dict[str, str]:
+    env = {"ACCELERATE_MIXED_PRECISION": MIXED[w.precision]}
+    if plan.sharding == "none":
+        return env  # plain DDP: accelerate's default under torchrun
+    rep, shard = _shard(plan)
+    env.update({
+        "ACCELERATE_USE_FSDP": "true",
+        "FSDP_VERSION": "2",
+        "FSDP_RESHARD_AFTER_FORWARD": "true",
+        "FSDP_OFFLOAD_PARAMS": "true" if plan.offload != "none" else "false",
+        "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP": LAYER_CLASS.get(w.model.family, "LlamaDecoderLayer"),
+        "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
+        "FSDP_ACTIVATION_CHECKPOINTING": "true" if plan.recompute == "full" else "false",
+    })
+    if plan.sharding == "hsdp":
+        env["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+        env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] = str(rep)
+        env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] = str(shard)
+    return env
+
+
+def config_yaml(plan, w) -> str:
+    """The same settings as `accelerate launch --config_file` reads them (keys as `accelerate
+    config` writes them)."""
+    lines = [
+        "compute_environment: LOCAL_MACHINE",
+        f"distributed_type: {'MULTI_GPU' if plan.sharding == 'none' else 'FSDP'}",
+        f"mixed_precision: '{MIXED[w.precision]}'",
+        f"num_machines: {plan.nodes}",
+        f"num_processes: {plan.world_size}",
+        "machine_rank: 0",
+        "rdzv_backend: static",
+        "same_network: true",
+        "main_training_function: main",
+        "use_cpu: false",
+        "debug: false",
+    ]
+    if plan.sharding != "none":
+        env = environment(plan, w)
+        lines += [
+            "fsdp_config:",
+            "  fsdp_version: 2",
+            "  fsdp_reshard_after_forward: true",
+            f"  fsdp_offload_params: {env['FSDP_OFFLOAD_PARAMS']}",
+            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
+            f"  fsdp_transformer_layer_cls_to_wrap: {env['FSDP_TRANSFORMER_CLS_TO_WRAP']}",
+            "  fsdp_state_dict_type: SHARDED_STATE_DICT",
+            f"  fsdp_activation_checkpointing: {env['FSDP_ACTIVATION_CHECKPOINTING']}",
+        ]
+        if plan.sharding == "hsdp":
+            rep, shard = _shard(plan)
+            lines += ["parallelism_config:", f"  parallelism_config_dp_replicate_size: {rep}",
+                      f"  parallelism_config_dp_shard_size: {shard}", "  parallelism_config_tp_size: 1",
+                      "  parallelism_config_cp_size: 1"]
+    return "\n".join(lines) + "\n"
+
+
+def render(plan, w) -> Rendered:
+    # HF TrainingArguments names: the per-device micro-batch and the accumulation the script runs
+    args = ("--per_device_train_batch_size", str(plan.micro_batch_size),
+            "--gradient_accumulation_steps", str(plan.grad_accum_steps))
+    if w.precision == "bf16-mixed":
+        args += ("--bf16",)
+    elif w.precision == "fp16-mixed":
+        args += ("--fp16",)
+    notes = ["the FSDP settings are in the environment (what `accelerate launch` exports); "
+             f"{file_path(CONFIG_FILE)} holds the same for `accelerate launch --config_file`"]
+    return Rendered(CAPS.name, args, {CONFIG_FILE: config_yaml(plan, w)}, environment(plan, w), tuple(notes))
+
+
+FRAMEWORK = Framework(CAPS, problems, render)

@@ -1,0 +1,196 @@
+"""Megatron-LM / Megatron-Core: what it runs and its `pretrain_gpt.py` flags.
+
+Read from Megatron-LM tag core_v0.16.1 (megatron/training/arguments.py, the argument
+definitions and `validate_args`) and the megatron-core 0.16.1 wheel
+(megatron/core/transformer/transformer_config.py, model_parallel_config.py,
+pipeline_parallel/schedules.py, optimizer/optimizer_config.py, num_microbatches_calculator.py).
+"""
+
+from __future__ import annotations
+
+from jobctl.frameworks.base import (
+    Capabilities,
+    Framework,
+    GradBuffer,
+    Rendered,
+    Selective,
+    StateRecipe,
+    common_problems,
+)
+
+ARGS = "megatron/training/arguments.py@core_v0.16.1"
+
+CAPS = Capabilities(
+    name="megatron",
+    title="Megatron-LM (pretrain_gpt.py) on Megatron-Core",
+    tp=True,
+    sequence_parallel="optional",
+    cp=True,
+    pp=True,
+    schedules=("1F1B", "interleaved 1F1B"),
+    interleaved=True,
+    shardings=("none", "zero1"),
+    recompute=("none", "selective", "full"),
+    selective=Selective.CORE_ATTENTION,
+    recompute_layers=True,
+    offload=("none", "optimizer"),
+    optimizers=("adamw", "sgd", "sgd-momentum"),
+    methods=("full",),
+    precisions=("bf16-mixed", "fp16-mixed", "fp32"),
+    vocab_multiple_per_tp=128,
+    state_recipe=StateRecipe.MEGATRON,
+    reduce_bytes=4,
+    grad_buffer=GradBuffer.NONE,
+    fused_kernels=True,
+    te_layernorm_mlp=True,
+    offload_keeps_grads=True,
+    sources=(
+        ("tp, pp, cp, sequence parallel, vocabulary padding", f"{ARGS}: --tensor-model-parallel-size, "
+         "--pipeline-model-parallel-size, --context-parallel-size, --sequence-parallel, --make-vocab-size-divisible-by "
+         "(default 128, times tp in tokenizer.py _vocab_size_with_padding)"),
+        ("schedules: 1F1B, or interleaved 1F1B when virtual stages are set; no schedule flag",
+         "megatron/core/pipeline_parallel/schedules.py get_forward_backward_func"),
+        ("interleaved needs micro-batches a multiple of pp (microbatch_group_size_per_vp_stage defaults to pp)",
+         "megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving"),
+        ("sharding: DDP, or --use-distributed-optimizer (optimizer states and fp32 main params over dp*cp = ZeRO-1)",
+         "megatron/core/distributed/distributed_data_parallel_config.py use_distributed_optimizer"),
+        ("selective = checkpoint core_attn on every layer; full = --recompute-method uniform|block "
+         "--recompute-num-layers N (N per model chunk)", "megatron/core/transformer/transformer_block.py "
+         "_checkpointed_forward; transformer_config.py recompute_* docstrings"),
+        ("offload: optimizer only, --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs "
+         "the distributed optimizer and adam", f"{ARGS} validate_args; megatron/core/optimizer/optimizer_config.py"),
+        ("optimizer offload copies the main grads to the host for the step; the GPU grad buffer stays",
+         "megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py"),
+        ("optimizers: --optimizer adam (decoupled weight decay, AdamW) | sgd (--sgd-momentum)", ARGS),
+        ("bf16 turns accumulate_allreduce_grads_in_fp32 on: fp32 main grads, fp32 all-reduce", f"{ARGS} validate_args"),
+        ("no LoRA/QLoRA in Megatron-LM's training scripts (PEFT lives in NeMo / Megatron-Bridge)", ARGS),
+        ("TransformerEngine LayerNormMLP keeps fc1 output and the SwiGLU output", "transformer_engine/pytorch/module/layernorm_mlp.py"),
+    ),
+)
+
+# --recompute-method uniform|block, --recompute-num-layers: TransformerConfig.__post_init__
+# requires both with granularity full, and neither with selective.
+
+
+def pipeline_split(layers: int, pp: int) -> tuple[int, bool, bool] | None:
+    """(layers per stage counted with the embedding/loss, account for embedding, account for loss):
+    Megatron counts the embedding and/or the loss as a layer in the split when asked
+    (--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split,
+    arguments.py validate_args), which shortens the first and/or last stage by one layer — the
+    split jobctl's memory model uses (planner/memory.py stage_layers). None: no even split."""
+    for emb, loss in ((False, False), (False, True), (True, True)):
+        total = layers + emb + loss
+        if total % pp == 0:
+            return total // pp, emb, loss
+    return None
+
+
+def problems(plan, w) -> list[str]:
+    out = common_problems(CAPS, plan, w)
+    v = getattr(plan, "virtual_stages", 1)
+    split = pipeline_split(w.model.layers, plan.pp) if plan.pp > 1 else (w.model.layers, False, False)
+    if split is None:
+        out.append(f"{w.model.layers} layers do not split over pp={plan.pp}, even counting the embedding and "
+                   "the loss as layers (arguments.py validate_args)")
+    if v > 1:
+        if plan.grad_accum_steps % plan.pp or plan.grad_accum_steps < plan.pp:
+            out.append(f"Megatron's interleaved schedule needs the micro-batch count ({plan.grad_accum_steps}) to be "
+                       f"a multiple of pp ({plan.pp}) (schedules.py, microbatch_group_size_per_vp_stage = pp)")
+        if split is not None and split[0] % v:
+            out.append(f"--num-layers-per-virtual-pipeline-stage: {split[0]} layers per stage do not divide into "
+                       f"{v} virtual stages (arguments.py validate_args)")
+    if plan.offload == "optimizer" and plan.sharding != "zero1":
+        out.append("Megatron offloads the optimizer only with the distributed optimizer (--optimizer-cpu-offload needs "
+                   "--use-precision-aware-optimizer, which needs --use-distributed-optimizer): sharding must be zero1")
+    if plan.offload == "optimizer" and w.optimizer != "adamw":
+        out.append("Megatron's CPU optimizer offload runs Adam(W) only (optimizer/__init__.py: decoupled_weight_decay)")
+    if plan.recompute == "full" and plan.recompute_layers and v > 1 and plan.recompute_layers % v:
+        out.append(f"--recompute-num-layers counts layers per model chunk: {plan.recompute_layers} layers per stage "
+                   f"do not divide over {v} virtual stages")
+    if plan.cp > 1 and w.seq_len % (2 * plan.cp):
+        out.append(f"seq-length should be a multiple of 2 * context-parallel-size: {w.seq_len} % {2 * plan.cp}")
+    return out
+
+
+def render(plan, w) -> Rendered:
+    m = w.model
+    a: list[str] = []
+
+    def flag(name, value=None):
+        a.append(name)
+        if value is not None:
+            a.append(str(value))
+
+    # the model (Megatron builds it from flags)
+    flag("--num-layers", m.layers)
+    flag("--hidden-size", m.hidden)
+    flag("--ffn-hidden-size", m.ffn_hidden)
+    flag("--num-attention-heads", m.heads)
+    if m.kv_heads != m.heads:
+        flag("--group-query-attention")
+        flag("--num-query-groups", m.kv_heads)
+    flag("--seq-length", w.seq_len)
+    flag("--max-position-embeddings", max(w.seq_len, m.max_seq_len or 0))
+    if m.family == "llama":
+        flag("--position-embedding-type", "rope")
+        flag("--normalization", "RMSNorm")
+        flag("--swiglu")
+        flag("--disable-bias-linear")
+        if not m.tied_embeddings:
+            flag("--untie-embeddings-and-output-weights")
+    # parallelism
+    flag("--tensor-model-parallel-size", plan.tp)
+    flag("--pipeline-model-parallel-size", plan.pp)
+    flag("--context-parallel-size", plan.cp)
+    if plan.sequence_parallel and plan.tp > 1:
+        flag("--sequence-parallel")
+    v = getattr(plan, "virtual_stages", 1)
+    notes = []
+    if plan.pp > 1:
+        per_stage, emb, loss = pipeline_split(m.layers, plan.pp)
+        if emb:
+            flag("--account-for-embedding-in-pipeline-split")
+        if loss:
+            flag("--account-for-loss-in-pipeline-split")
+        if v > 1:
+            flag("--num-layers-per-virtual-pipeline-stage", per_stage // v)
+    # batch: dp and the micro-batch count are derived (dp = world/(tp*pp*cp); global/(micro*dp))
+    flag("--micro-batch-size", plan.micro_batch_size)
+    flag("--global-batch-size", plan.global_batch_size)
+    # memory knobs
+    if plan.sharding == "zero1":
+        flag("--use-distributed-optimizer")
+    if plan.recompute == "selective":
+        flag("--recompute-granularity", "selective")
+    elif plan.recompute == "full":
+        flag("--recompute-granularity", "full")
+        n = plan.recompute_layers
+        if n:  # the first n layers of each model chunk are recomputed, the rest kept
+            flag("--recompute-method", "block")
+            flag("--recompute-num-layers", max(1, n // max(v, 1)))
+        else:  # every layer, one at a time
+            flag("--recompute-method", "uniform")
+            flag("--recompute-num-layers", 1)
+    if plan.offload == "optimizer":
+        flag("--optimizer-cpu-offload")
+        flag("--use-precision-aware-optimizer")
+    # precision and optimizer
+    if w.precision == "bf16-mixed":
+        flag("--bf16")
+    elif w.precision == "fp16-mixed":
+        flag("--fp16")
+    flag("--optimizer", "adam" if w.optimizer == "adamw" else "sgd")
+    if w.optimizer == "sgd":
+        flag("--sgd-momentum", 0.0)
+    if w.attention == "flash":
+        flag("--attention-backend", "flash")
+    env = {}
+    if plan.tp > 1 or plan.cp > 1:
+        # validate_args refuses tp/cp > 1 without it on Hopper and older (compute/comm ordering)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    notes.append("dp and the number of micro-batches are derived by Megatron: dp = world / (tp*pp*cp) = "
+                 f"{plan.dp}, micro-batches = global / (micro * dp) = {plan.grad_accum_steps}")
+    return Rendered(CAPS.name, tuple(a), {}, env, tuple(notes))
+
+
+FRAMEWORK = Framework(CAPS, problems, render)

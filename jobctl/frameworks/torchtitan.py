@@ -1,0 +1,180 @@
+"""torchtitan 0.3.0: what it runs and its command-line overrides.
+
+Read from the torchtitan 0.3.0 wheel: torchtitan/config/configs.py (TrainingConfig,
+ParallelismConfig), config/manager.py (ConfigManager: `--module`, `--config`, tyro overrides),
+trainer.py (batch arithmetic, CUDA-graph and micro-batch checks),
+distributed/activation_checkpoint.py (the AC policies), distributed/fsdp.py (reshard policy),
+distributed/pipeline_parallel.py (schedules, stages per rank), distributed/parallel_dims.py.
+
+0.3.0 has no TOML job file: a run is `python -m torchtitan.train --module M --config F` plus
+`--section.key=value` overrides, the activation-checkpointing policy a trailing subcommand.
+"""
+
+from __future__ import annotations
+
+import re
+
+from jobctl.frameworks.base import (
+    Capabilities,
+    Framework,
+    GradBuffer,
+    Rendered,
+    Selective,
+    StateRecipe,
+    common_problems,
+)
+
+TT = "torchtitan 0.3.0"
+
+CAPS = Capabilities(
+    name="torchtitan",
+    title="torchtitan (python -m torchtitan.train)",
+    tp=True,
+    sequence_parallel="with tp",
+    cp=True,
+    pp=True,
+    schedules=("1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"),
+    interleaved=True,
+    shardings=("none", "zero3", "hsdp"),
+    recompute=("none", "selective", "full"),
+    selective=Selective.OP_SAC,
+    recompute_layers=False,
+    offload=("none", "optimizer+params"),
+    optimizers=("adamw",),
+    methods=("full",),
+    precisions=("bf16-mixed", "fp32"),
+    vocab_multiple_per_tp=1,
+    state_recipe=StateRecipe.FP32_PARAMS,
+    reduce_bytes=4,
+    grad_buffer=GradBuffer.DDP_BUCKETS,
+    fused_kernels=True,
+    reshard_under_pp=False,
+    sources=(
+        ("degrees: data_parallel_replicate_degree, data_parallel_shard_degree, tensor_parallel_degree, "
+         "pipeline_parallel_degree, context_parallel_degree; enable_sequence_parallel defaults to True",
+         f"{TT} torchtitan/config/configs.py ParallelismConfig"),
+        ("FSDP2 is always applied; the mesh is dp_shard x cp, HSDP when dp_replicate > 1",
+         f"{TT} torchtitan/models/llama3/parallelize.py, distributed/parallel_dims.py"),
+        ("schedules by torch.distributed.pipelining names; multi-stage schedules with "
+         "pipeline_parallel_layers_per_stage; embedding and output count as one layer each "
+         "(pipeline_parallel_first/last_stage_less_layers = 1)", f"{TT} distributed/pipeline_parallel.py"),
+        ("selective = op-level SAC: save the outputs of the 1st, 3rd, 5th... mm/linear of each block, "
+         "attention and reduce-scatter outputs; recompute everything else. No layer-level SAC "
+         "(removed before 0.3.0); full = checkpoint every block", f"{TT} distributed/activation_checkpoint.py"),
+        ("under PP, fsdp_reshard_after_forward 'default' keeps parameters unsharded between forward and backward",
+         f"{TT} distributed/fsdp.py get_fsdp_reshard_after_forward_policy"),
+        ("offload: training.enable_cpu_offload = FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer states)",
+         f"{TT} config/configs.py TrainingConfig"),
+        ("mixed precision: mixed_precision_param bfloat16|float32, mixed_precision_reduce float32 only; "
+         "fp32 sharded parameters are the master copy", f"{TT} config/configs.py"),
+        ("pipeline parallelism needs --training.disable_cuda_graphs; weight tying is refused under PP",
+         f"{TT} trainer.py _validate_cuda_graphs; models/common/decoder.py"),
+        ("gradient accumulation = global / (local_batch_size x dp_replicate x dp_shard); under PP "
+         "local_batch_size is split into pipeline_parallel_microbatch_size micro-batches", f"{TT} trainer.py"),
+        ("LoRA only as a model converter in a Python config (not reachable from the command line); no QLoRA",
+         f"{TT} torchtitan/components/lora.py"),
+        ("optimizer name AdamW or Adam (torch.optim)", f"{TT} torchtitan/components/optimizer.py"),
+    ),
+)
+
+# The Llama 3 configs torchtitan registers (torchtitan/models/llama3/config_registry.py).
+KNOWN_CONFIGS = {"8b": "llama3_8b", "70b": "llama3_70b"}  # llama3_405b turns on float8 (torchao)
+
+
+def registry_config(model) -> tuple[str, str] | None:
+    """(module, config function) of a model torchtitan registers, or None."""
+    name = model.name.lower()
+    if model.family != "llama" or not re.match(r"^(meta-)?llama-?3(\.\d)?-", name):
+        return None
+    size = name.rsplit("-", 1)[-1]
+    return ("llama3", KNOWN_CONFIGS[size]) if size in KNOWN_CONFIGS else None
+
+
+def degrees(plan) -> tuple[int, int]:
+    """(data_parallel_replicate_degree, data_parallel_shard_degree): FSDP shards over dp_shard x cp."""
+    if plan.sharding == "none":
+        return plan.dp, 1
+    if plan.sharding == "hsdp" and plan.hsdp_shard:
+        shard = max(1, plan.hsdp_shard // plan.cp)
+        return plan.dp // shard, shard
+    return 1, plan.dp
+
+
+def layers_per_stage(plan, w) -> int | None:
+    """pipeline_parallel_layers_per_stage for an interleaved schedule: (L + 2) / (pp x v), the
+    embedding and the output each counted as a layer, or None when it does not divide."""
+    v = getattr(plan, "virtual_stages", 1)
+    total = w.model.layers + 2
+    return total // (plan.pp * v) if total % (plan.pp * v) == 0 else None
+
+
+def problems(plan, w) -> list[str]:
+    out = common_problems(CAPS, plan, w)
+    v = getattr(plan, "virtual_stages", 1)
+    if plan.cp > 1 and plan.sharding == "none":
+        out.append("torchtitan shards parameters over the context-parallel ranks (its FSDP mesh is dp_shard x cp): "
+                   "with cp > 1 sharding is zero3 or hsdp")
+    if plan.offload != "none" and plan.sharding == "none":
+        out.append("torchtitan offloads through FSDP2's CPUOffloadPolicy: offload needs sharding zero3 or hsdp")
+    sp = plan.tp if plan.tp > 1 else 1
+    div = sp * (2 * plan.cp if plan.cp > 1 else 1)
+    if w.seq_len % div:
+        out.append(f"torchtitan needs seq_len divisible by tp x 2cp = {div} (trainer.py): {w.seq_len} % {div}")
+    if plan.pp > 1 and w.model.tied_embeddings:
+        out.append("torchtitan refuses weight tying under pipeline parallelism (decoder.py)")
+    if v > 1:
+        if layers_per_stage(plan, w) is None:
+            out.append(f"Interleaved1F1B: {w.model.layers} layers + embedding + output = {w.model.layers + 2} "
+                       f"do not split into pp x virtual stages = {plan.pp * v} equal stages")
+        n = plan.grad_accum_steps
+        rounds = max(1, n // plan.pp)
+        if n % rounds:
+            out.append(f"Interleaved1F1B needs the micro-batch count ({n}) divisible by its rounds ({rounds} = "
+                       f"max(1, {n} // pp)) (torch.distributed.pipelining ScheduleInterleaved1F1B)")
+    return out
+
+
+def render(plan, w) -> Rendered:
+    a: list[str] = []
+    notes: list[str] = []
+
+    def opt(key, value=None):
+        a.append(f"--{key}" if value is None else f"--{key}={value}")
+
+    known = registry_config(w.model)
+    if known:
+        opt("module", known[0])
+        opt("config", known[1])
+    else:
+        notes.append(f"{w.model.name} is not a torchtitan registry config: put your own --module/--config "
+                     "before ${framework.args} in the command")
+    rep, shard = degrees(plan)
+    opt("parallelism.data_parallel_replicate_degree", rep)
+    opt("parallelism.data_parallel_shard_degree", shard)
+    opt("parallelism.tensor_parallel_degree", plan.tp)
+    if plan.tp > 1 and not plan.sequence_parallel:
+        opt("parallelism.no_enable_sequence_parallel")
+    opt("parallelism.context_parallel_degree", plan.cp)
+    opt("parallelism.pipeline_parallel_degree", plan.pp)
+    v = getattr(plan, "virtual_stages", 1)
+    if plan.pp > 1:
+        opt("parallelism.pipeline_parallel_schedule", "Interleaved1F1B" if v > 1 else "1F1B")
+        if v > 1:
+            opt("parallelism.pipeline_parallel_layers_per_stage", layers_per_stage(plan, w))
+        opt("parallelism.pipeline_parallel_microbatch_size", plan.micro_batch_size)
+        # one step = one local batch split into all the micro-batches: no extra accumulation
+        opt("training.local_batch_size", plan.micro_batch_size * plan.grad_accum_steps)
+        opt("training.disable_cuda_graphs")
+    else:
+        opt("training.local_batch_size", plan.micro_batch_size)
+    opt("training.global_batch_size", plan.global_batch_size)
+    opt("training.seq_len", w.seq_len)
+    if plan.offload != "none":
+        opt("training.enable_cpu_offload")
+    opt("training.mixed_precision_param", "float32" if w.precision == "fp32" else "bfloat16")
+    # the activation-checkpointing policy is a tyro subcommand: it comes last
+    a.append("activation_checkpoint:" + {"none": "none", "selective": "selective", "full": "full"}[plan.recompute])
+    return Rendered(CAPS.name, tuple(a), {}, {}, tuple(notes))
+
+
+FRAMEWORK = Framework(CAPS, problems, render)
