@@ -3,6 +3,7 @@ no plan uses a feature its framework lacks, custom code gets what it declares, a
 rendered configuration reaches the launch command."""
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobctl import frameworks
+from jobctl.config.loader import resolve_launch
 from jobctl.config.workspace import all_cluster_names
 from jobctl.errors import ConfigError
+from jobctl.model import JOB_FOLDER_TOKEN
 from jobctl.planner import inputs
 from jobctl.planner.ladder import OOMInfo, next_plan
 from jobctl.planner.memory import Workload
@@ -118,6 +121,18 @@ def test_supports_is_refused_for_a_framework_jobctl_models(tmp_path):
     assert "supports is for framework custom" in str(e.value)
 
 
+def test_framework_args_splice_into_a_list_and_quote_into_a_string():
+    fw = {"name": "deepspeed", "args": ["--deepspeed", "--deepspeed_config", f"{JOB_FOLDER_TOKEN}/framework/ds_config.json",
+                                        "--weird", "a b;$(x)"], "files": {"ds_config.json": "{}"}}
+    listed = resolve_launch({"launch": {"command": ["python", "t.py", "${framework.args}", "--x", "${plan.tp}"]}},
+                            {"tp": 2}, framework=fw)
+    assert listed["command"] == ["python", "t.py", *fw["args"], "--x", 2]
+    text = resolve_launch({"launch": {"command": "python t.py ${framework.args} --cfg ${framework.files.ds_config}"}},
+                          {"tp": 2}, framework=fw)
+    assert shlex.split(text["command"]) == ["python", "t.py", *fw["args"], "--cfg",
+                                            f"{JOB_FOLDER_TOKEN}/framework/ds_config.json"]
+
+
 def test_selective_means_each_frameworks_own_thing():
     assert frameworks.get("megatron").caps.selective is frameworks.Selective.CORE_ATTENTION
     assert frameworks.get("torchtitan").caps.selective is frameworks.Selective.OP_SAC
@@ -150,3 +165,23 @@ def test_megatron_interleaving_needs_microbatches_a_multiple_of_pp_and_layers_pe
     assert any("multiple of pp" in x for x in w.framework.problems(few, w))
 
 
+def test_plan_emit_and_json_carry_the_configuration(capsys):
+    from jobctl.cli import main
+
+    assert main(["plan", "recipes/llama3.2-1b-a10g.yaml", "--cluster", "a10g", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    fw = data["framework"]
+    assert fw["name"] == "deepspeed" and "--deepspeed_config" in fw["args"]
+    cfg = json.loads(fw["files"]["ds_config.json"])
+    assert cfg["train_micro_batch_size_per_gpu"] == data["plan"]["micro_batch_size"]
+    assert main(["plan", "recipes/llama8b.yaml", "--cluster", "h100", "--emit"]) == 0
+    out = capsys.readouterr().out
+    args = shlex.split(out.strip().splitlines()[1])
+    assert "--parallelism.tensor_parallel_degree=" in " ".join(args)
+    assert args[-1] in ("activation_checkpoint:none", "activation_checkpoint:selective", "activation_checkpoint:full")
+
+
+def test_emit_needs_a_cluster(capsys):
+    from jobctl.cli import main
+
+    assert main(["plan", "recipes/llama8b.yaml", "--emit"]) == 2

@@ -88,6 +88,31 @@ def test_oom_steps_down_and_completes_without_a_client(slurm_cluster, home, tmp_
     assert successor["jobctl_id"] == rows[1]["id"] and successor["rung"] == "micro-batch"
 
 
+def test_an_oom_resubmission_carries_the_smaller_micro_batch_in_the_framework_flags(slurm_cluster, home, tmp_path):
+    # The recipe's command is only `python payload ${framework.args}` (Megatron's flags); the payload
+    # reads --micro-batch-size from its argv. Each attempt's real argv must carry its plan's value.
+    import yaml
+
+    path = recipe(tmp_path, budget=2)
+    doc = yaml.safe_load(path.read_text())
+    doc["framework"] = "megatron"
+    doc["parallelism"]["sharding"] = "none"
+    doc["launch"]["command"] = ["python", str(PAYLOAD), "${framework.args}"]
+    path.write_text(yaml.safe_dump(doc))
+    p = jobctl("submit", str(path), "--cluster", "dev", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = poll_until(home, lambda rows: any(r["state"] == "COMPLETED" for r in rows))
+    assert len(rows) >= 2
+    flags = []
+    for r in rows:
+        argv = json.loads((Path(r["job_folder"]) / "outcome-node0.json").read_text())["argv"]
+        assert "--tensor-model-parallel-size" in argv and "${framework.args}" not in argv
+        flags.append(int(argv[argv.index("--micro-batch-size") + 1]))
+        assert flags[-1] == json.loads(r["plan_json"])["micro_batch_size"]
+    assert flags == sorted(flags, reverse=True) and len(set(flags)) == len(flags)  # smaller each attempt
+    assert flags[-1] <= 2 < flags[0]
+
+
 def test_always_oom_stops_after_max_attempts(slurm_cluster, home, tmp_path):
     p = jobctl("submit", str(recipe(tmp_path, budget=0)), "--cluster", "dev", "--max-attempts", "2", "--json")
     assert p.returncode == 0, p.stderr

@@ -245,13 +245,18 @@ def _check_sbatch_value(key: str, value: str) -> None:
 # -- environment ---------------------------------------------------------------------------
 
 
-def job_environment(plan: Any, recipe: Any, inventory: Any) -> dict[str, str]:
-    """The job's environment: defaults, then the inventory's env, then the recipe's, then JOBCTL_*.
+def job_environment(plan: Any, recipe: Any, inventory: Any, framework_env: dict | None = None) -> dict[str, str]:
+    """The job's environment: defaults, what the framework's rendering needs (e.g.
+    CUDA_DEVICE_MAX_CONNECTIONS for Megatron, accelerate's FSDP_*), then the inventory's env,
+    then the recipe's, then JOBCTL_*.
 
     Later sources win, so a recipe or inventory may change PYTORCH_CUDA_ALLOC_CONF. The
     JOBCTL_* values come from the plan and cannot be overridden (that is an error).
     """
     env = dict(DEFAULT_ENV)
+    for name, value in (framework_env or {}).items():
+        _check_env("framework.env", name, value)
+        env[name] = value
     for source, values in (("env", getattr(inventory, "env", None)),
                            ("launch.env", getattr(getattr(recipe, "launch", None), "env", None))):
         for name, value in (values or {}).items():

@@ -13,6 +13,7 @@ EPILOG = """examples:
   jobctl plan recipes/llama70b.yaml --cluster h100
   jobctl plan recipes/llama70b.yaml --cluster h100 train.seq_len=4096 parallelism.tp=4 --json
   jobctl plan recipes/llama8b.yaml              # every inventory in clusters/, one row each
+  jobctl plan recipes/llama8b.yaml --cluster h100 --emit   # torchtitan's command-line overrides
 
 exit codes: 0 fits, 3 does not fit (or a pinned layout is impossible), 2 bad input."""
 
@@ -30,6 +31,8 @@ def add_arguments(p) -> None:
                    help="with --after-oom: the failed allocation from PyTorch's message (GiB)")
     p.add_argument("--no-learn", action="store_true",
                    help="leave out what earlier CUDA OOMs of this workload on the cluster taught the memory model")
+    p.add_argument("--emit", action="store_true",
+                   help="print the plan as its framework's configuration (flags, environment, files) and nothing else")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON (bytes) on stdout")
 
 
@@ -37,6 +40,9 @@ def run(args) -> int:
 
     if args.after_oom:
         return _after_oom(args)
+    if args.emit and not args.cluster:
+        raise UsageError("--emit needs --cluster (a configuration is for one cluster)",
+                         hint="jobctl plan RECIPE --cluster C --emit")
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster] if args.cluster else all_cluster_names())
     if args.cluster:
 
@@ -46,6 +52,8 @@ def run(args) -> int:
             result.data["history"] = past
         if args.as_json:
             ui.print_json(result.data)
+        elif args.emit and result.feasible:
+            ui.render_framework(result.data["framework"])
         else:
             ui.render_plan(result.data)
             ui.render_history(past)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from jobctl.config.validation import (
     _where_in,
 )
 from jobctl.errors import ConfigError, ConfigIssue, UsageError
+from jobctl.model import JOB_FOLDER_TOKEN
 
 # `launch` is resolved at submit time, when the plan exists: its strings may say ${plan.tp}.
 DEFERRED_KEYS = ("launch",)
@@ -415,22 +417,45 @@ def _kind(model_cls) -> str:
     return model_cls if isinstance(model_cls, str) else model_cls.__name__
 
 
-def resolve_launch(recipe_data: dict, plan: dict, path: str = "<recipe>") -> dict:
+FRAMEWORK_ARGS = "${framework.args}"
+
+
+def resolve_launch(recipe_data: dict, plan: dict, path: str = "<recipe>", framework: dict | None = None) -> dict:
     """Resolve the recipe's `launch` block now that the plan exists: `${plan.tp}`,
-    `${train.seq_len}` and any other key of the recipe may be referred to."""
+    `${train.seq_len}` and any other key of the recipe may be referred to, and the plan in the
+    framework's own names (`framework`: {name, args, files}): `${framework.args}` (the
+    arguments, shell-quoted inside a string command, spliced as separate words when it is a
+    whole item of a list command), `${framework.files.KEY}` (a rendered file's path in the job),
+    `${framework.name}`."""
     from omegaconf import OmegaConf
 
-    launch = recipe_data.get("launch") or {}
+    launch = dict(recipe_data.get("launch") or {})
     context = {k: v for k, v in recipe_data.items() if k != "launch"}
     context["plan"] = dict(plan)
+    fw = framework or {}
+    args = [str(a) for a in fw.get("args") or []]
+    context["framework"] = {"name": fw.get("name", ""), "args": shlex.join(args),
+                            "files": {k.split(".")[0]: f"{JOB_FOLDER_TOKEN}/framework/{k}" for k in fw.get("files") or {}}}
+    splice = isinstance(launch.get("command"), list)
+    if splice:  # a list item that is exactly ${framework.args} becomes those words
+        launch["command"] = [_SPLICE if item == FRAMEWORK_ARGS else item for item in launch["command"]]
     context["launch"] = launch
     try:
         node = OmegaConf.create(context)
-        return OmegaConf.to_container(node.launch, resolve=True)
+        out = OmegaConf.to_container(node.launch, resolve=True)
+        if splice:
+            command = []
+            for item in out["command"]:
+                command.extend(args if item == _SPLICE else [item])
+            out["command"] = command
+        return out
     except Exception as e:
         msg = str(e).splitlines()[0]
         raise ConfigError([ConfigIssue(path, None, "launch", f"cannot resolve interpolation: {msg}; "
                                        "the plan's keys are " + ", ".join(sorted(plan)))]) from None
+
+
+_SPLICE = "\x00jobctl-framework-args\x00"
 
 
 def dump_yaml(data: dict) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from jobctl.backends.base import SubmitRequest
 from jobctl.config import loader as config
 from jobctl.errors import SchedulerError, UsageError
 from jobctl.jobs import placement
-from jobctl.model import JobState, RetryPolicy, Scheduler
+from jobctl.model import JOB_FOLDER_TOKEN, JobState, RetryPolicy, Scheduler
+from jobctl.planner import inputs as planner_inputs
 from jobctl.planner.plan import Plan
+from jobctl.planning import framework_block
 from jobctl.runtime.runner import NodeRunner
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
@@ -57,6 +60,7 @@ class Submission:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     token: str | None = None  # idempotency: a second submit_all with the same token submits nothing
     cwd: str | None = None  # where the job's command runs; None: where jobctl runs
+    framework_files: dict[str, str] = field(default_factory=dict)  # rendered configuration files by name
 
     def resource_key(self) -> str:
         """Jobs with equal keys can share one job array (one sbatch call)."""
@@ -77,12 +81,13 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
     recipe, inv = recipe_loaded.value, inv_loaded.value
     plan = Plan.from_dict(report["plan"], "the plan report")
     part = next(p for p in inv.partitions if p.name == report["partition"])
-    launch_block = config.resolve_launch(recipe_loaded.data, report["plan"], recipe_loaded.path)
+    fw = report.get("framework") or framework_block(planner_inputs.workload(recipe, inv), plan)
+    launch_block = config.resolve_launch(recipe_loaded.data, report["plan"], recipe_loaded.path, fw)
     raw = launch_block.get("command")
     if isinstance(raw, list):  # "${plan.tp}" alone resolves to an int: an argument is its text
         raw = [str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x for x in raw]
     command = launch.command_argv(raw)
-    env = launch.job_environment(plan, recipe, inv)
+    env = launch.job_environment(plan, recipe, inv, framework_env=fw.get("env") or {})
     env.update({str(k): str(v) for k, v in (launch_block.get("env") or {}).items()})
     scheduler = Scheduler(inv.scheduler)
     if scheduler is Scheduler.SLURM:
@@ -99,7 +104,20 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
         launcher=launch_block.get("launcher") or recipe.launch.launcher,
         workdir=jobs_root(inv.workdir), overrides=list(overrides or []), recipe_source=dict(recipe_loaded.data),
         inventory_source=dict(inv_loaded.data), policy=RetryPolicy(hooks=bool(launch_block.get("hooks", False))),
+        framework_files=_framework_files(fw),
     )
+
+
+FILE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def _framework_files(fw: dict) -> dict[str, str]:
+    """The rendered framework files by name (written to <job folder>/framework/<name>)."""
+    files = dict(fw.get("files") or {})
+    for key in files:
+        if not FILE_KEY.match(key):
+            raise UsageError(f"framework file name {key!r} is not a plain file name")
+    return files
 
 
 # --- dry run ----------------------------------------------------------------------------------
@@ -112,15 +130,18 @@ def render(sub: Submission, script: str | None = None) -> dict:
     node runs (the first node's address as the scheduler will give it) and `script`, the sbatch
     script submitit writes for it (see dry_run)."""
     nodes = []
+    where = str(_placeholder(sub).path)
+    command = [a.replace(JOB_FOLDER_TOKEN, where) for a in sub.command]
     for rank in range(sub.plan.nodes):
-        argv = launch.launcher_argv(sub.plan.nodes, sub.plan.gpus_per_node, sub.command, rank, FIRST_NODE,
+        argv = launch.launcher_argv(sub.plan.nodes, sub.plan.gpus_per_node, command, rank, FIRST_NODE,
                                     29500, sub.launcher, rdzv_id="<job-id>") if sub.launcher == "torchrun" \
-            else list(sub.command)
+            else list(command)
         nodes.append({"node_rank": rank, "argv": argv})
     out = {
         "recipe": sub.recipe_path, "cluster": sub.cluster, "partition": sub.partition,
-        "scheduler": sub.scheduler.value, "job_folder": str(_placeholder(sub).path), "plan": sub.plan.to_dict(),
-        "parameters": sub.parameters, "env": sub.env, "nodes": nodes,
+        "scheduler": sub.scheduler.value, "job_folder": where, "plan": sub.plan.to_dict(),
+        "parameters": sub.parameters, "env": {k: v.replace(JOB_FOLDER_TOKEN, where) for k, v in sub.env.items()},
+        "nodes": nodes, "framework_files": {k: f"{where}/{layout.FRAMEWORK_DIR}/{k}" for k in sub.framework_files},
     }
     if script is not None:
         out["sbatch"] = script
@@ -305,6 +326,8 @@ def _interrupts_deferred(block_children: bool):
 
 def write_folder(sub: Submission, folder: JobFolder, job_id: int) -> None:
     """What a job folder holds before the scheduler is asked (docs/job-folder.md)."""
+    for key, text in sub.framework_files.items():
+        folder.write_text(f"{layout.FRAMEWORK_DIR}/{key}", text)
     folder.write_text(layout.RECIPE_YAML, sub.recipe_text)
     folder.write_text(layout.INVENTORY_YAML, sub.inventory_text)
     folder.write_json(layout.PLAN, sub.plan_report)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from jobctl.backends import launch
 from jobctl.backends.slurm import SlurmBackend
 from jobctl.errors import UsageError
-from jobctl.model import RetryPolicy
+from jobctl.model import JOB_FOLDER_TOKEN, RetryPolicy
 from jobctl.runtime.outcome import wait_for_outcomes, write_outcome
 from jobctl.store.folder import FINAL, RECOVERY_ERROR, JobFolder
 
@@ -58,7 +58,8 @@ class NodeRunner:
     recovery: str | None = None  # "module:function" (see Recovery)
 
     def argv(self, node_rank: int, master: str, job_id: str) -> list[str]:
-        command = list(self.command)
+        # a rendered framework file's path is written with the job-folder token (jobctl.frameworks)
+        command = [a.replace(JOB_FOLDER_TOKEN, self.folder) for a in self.command]
         if self.launcher == "none" and command and command[0] in ("python", "python3"):
             command[0] = sys.executable  # "python" means the job's interpreter
         return launch.launcher_argv(self.nodes, self.gpus_per_node, command, node_rank, master,
@@ -66,7 +67,7 @@ class NodeRunner:
 
     def environment(self, rank: int) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(self.env)
+        env.update({k: v.replace(JOB_FOLDER_TOKEN, self.folder) for k, v in self.env.items()})
         env["JOBCTL_JOB_ID"] = str(self.jobctl_id)
         env["JOBCTL_JOB_FOLDER"] = self.folder
         env["JOBCTL_NODE_RANK"] = str(rank)

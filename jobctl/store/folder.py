@@ -30,7 +30,8 @@ SBATCH = "sbatch.sh"  # the script submitit gave sbatch, byte for byte
 SCHEDULER = "submitit.json"  # the scheduler's id and submitit's folder (an array's is shared)
 SUCCESSOR = "successor.json"  # the attempt the first node submitted after a failure
 FINAL = "final.json"  # why the chain stopped here
-RECOVERY_ERROR = "recovery-error.txt"  # the traceback of a recovery that broke
+RECOVERY_ERROR = "recovery-error.txt"
+FRAMEWORK_DIR = "framework"  # the plan rendered as the framework's own files (ds_config.json, ...)  # the traceback of a recovery that broke
 LOGS, GPU, MEMORY = "logs", "gpu", "memory"
 MIRROR_STATE = ".remote-files.json"  # what a mirror of a remote folder has copied
 

@@ -12,6 +12,7 @@ from jobctl.ui.plans import (
     memory_table,
     render_dry_run,
     render_explain,
+    render_framework,
     render_history,
     render_memory_calc,
     render_plan,
@@ -37,7 +38,7 @@ from jobctl.ui.watch import live_watch, render_watch, watch_view
 
 __all__ = [
     "alternatives_table", "attempts_table", "duration", "error", "estimate_line", "gib", "info", "jobs_table", "line",
-    "live_watch", "local_time", "memory_table", "print_json", "raw", "render_drift", "render_dry_run",
+    "live_watch", "local_time", "memory_table", "print_json", "raw", "render_drift", "render_dry_run", "render_framework",
     "render_explain", "render_history", "render_jobs", "render_memory_calc", "render_plan", "render_plan_overview",
     "render_report", "render_watch", "report_gpu_table", "report_rank_table", "watch_view",
 ]

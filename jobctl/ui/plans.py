@@ -4,7 +4,9 @@ alternatives, the decision (--explain), the dry run, every cluster side by side.
 from __future__ import annotations
 
 from jobctl.planner.plan import layout_text
-from jobctl.ui.terminal import bar, console, duration, gib
+import sys
+
+from jobctl.ui.terminal import bar, console, duration, gib, sanitize
 
 
 def memory_table(mem: dict, title: str):
@@ -195,3 +197,21 @@ def render_history(block: dict) -> None:
         con.print(Text(f"memory model on this cluster, from {err['jobs']} finished job(s) with measured peaks: "
                        f"median error {err['median_pct']:+.1f}%, worst {err['worst_pct']:+.1f}% "
                        "(predicted vs measured; negative: predicted less than used)", style="dim"), soft_wrap=True)
+
+
+def render_framework(block: dict) -> None:
+    """`plan --emit`: the plan in its framework's own names, as text a shell or a file takes."""
+    import shlex
+
+    name = block.get("name", "")
+    out = [f"# {name}: arguments (${{framework.args}})", shlex.join(block.get("args") or []) or "(none)"]
+    env = block.get("env") or {}
+    if env:
+        out.append("# environment")
+        out += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
+    for key, text in (block.get("files") or {}).items():
+        out.append(f"# file {key} (${{framework.files.{key.split('.')[0]}}} in the job's folder)")
+        out.append(text.rstrip("\n"))
+    for note in block.get("notes") or []:
+        out.append(f"# note: {note}")
+    sys.stdout.write(sanitize("\n".join(out)) + "\n")

@@ -4,6 +4,7 @@ small formatting helpers every view shares. User strings are never read as marku
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 GIB = 1 << 30
@@ -16,6 +17,14 @@ def console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, markup=False, highlight=False, emoji=False, soft_wrap=False)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def sanitize(text: str) -> str:
+    """Text without terminal control characters (escape sequences become visible \\x1b)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
 
 
 def print_json(data) -> None:

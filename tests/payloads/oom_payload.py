@@ -2,8 +2,9 @@
 PyTorch does (torch.OutOfMemoryError with the caching allocator's message, exit code 1).
 
 The budget is the largest micro-batch that "fits": OOM_MAX_MICRO_BATCH (0: always OOM).
-The micro-batch comes from the plan (JOBCTL_MICRO_BATCH_SIZE); each sequence "needs"
-0.25 GiB more, so the "Tried to allocate" figure grows with it.
+The micro-batch comes from the command line when the recipe passes ${framework.args}
+(Megatron's --micro-batch-size), else from the plan's environment (JOBCTL_MICRO_BATCH_SIZE);
+each sequence "needs" 0.25 GiB more, so the "Tried to allocate" figure grows with it.
 """
 
 import os
@@ -14,7 +15,12 @@ GIB = 1 << 30
 
 
 def main() -> int:
-    mbs = int(os.environ["JOBCTL_MICRO_BATCH_SIZE"])
+    argv = sys.argv[1:]
+    if "--micro-batch-size" in argv:
+        mbs = int(argv[argv.index("--micro-batch-size") + 1])
+        print(f"oom_payload: argv {' '.join(argv)}", flush=True)
+    else:
+        mbs = int(os.environ["JOBCTL_MICRO_BATCH_SIZE"])
     accum = int(os.environ["JOBCTL_GRAD_ACCUM_STEPS"])
     budget = int(os.environ.get("OOM_MAX_MICRO_BATCH", "0"))
     print(f"oom_payload: micro-batch {mbs} x {accum} (fits up to {budget})", flush=True)
