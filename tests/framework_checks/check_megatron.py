@@ -1,0 +1,81 @@
+"""Megatron: the rendered flags against Megatron-LM's parser (the option table dumped from
+core_v0.16.1, tests/data/megatron_lm_flags.json), then megatron-core's own TransformerConfig
+(built the way Megatron-LM's core_transformer_config_from_args builds it: every argument whose
+name is a config field) and its micro-batch calculator."""
+
+import dataclasses
+import json
+import sys
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+import torch  # noqa: E402
+from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator  # noqa: E402
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+TABLE = json.loads((Path(__file__).parent.parent / "data" / "megatron_lm_flags.json").read_text())["flags"]
+
+
+def parse(args):
+    ns, i = {}, 0
+    while i < len(args):
+        flag = args[i]
+        if flag not in TABLE:
+            raise ValueError(f"unrecognized argument {flag}")
+        spec = TABLE[flag]
+        if spec["nargs"] == 0:
+            ns[spec["dest"]] = not flag.startswith("--disable-") and not flag.startswith("--no-")
+            i += 1
+            continue
+        value = args[i + 1]
+        choices = spec["choices"]
+        if choices and not any(c.startswith("AttnBackend.") for c in choices) and value not in choices:
+            raise ValueError(f"argument {flag}: invalid choice {value!r} (choose from {choices})")
+        ns[spec["dest"]] = int(value) if value.lstrip("-").isdigit() else value
+        i += 2
+    return ns
+
+
+def check(case):
+    ns = parse(case["framework"]["args"])
+    plan = case["plan"]
+    world = plan["world_size"]
+    dp = world // (ns["tensor_model_parallel_size"] * ns["pipeline_model_parallel_size"] * ns["context_parallel_size"])
+    layers = ns["num_layers"] + ns.get("account_for_embedding_in_pipeline_split", 0) + \
+        ns.get("account_for_loss_in_pipeline_split", 0)
+    pp = ns["pipeline_model_parallel_size"]
+    if layers % pp:  # validate_args: 'Number of layers should be divisible by the pipeline-model-parallel size'
+        raise ValueError("number of layers not divisible by pp")
+    vpp = None
+    if ns.get("num_layers_per_virtual_pipeline_stage"):
+        per_stage = layers // pp
+        if per_stage % ns["num_layers_per_virtual_pipeline_stage"]:
+            raise ValueError("number of layers per pipeline stage must be divisible number of layers per virtual stage")
+        vpp = per_stage // ns["num_layers_per_virtual_pipeline_stage"]
+        vpp = None if vpp == 1 else vpp
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    kw = {k: v for k, v in ns.items() if k in fields}
+    kw["num_query_groups"] = ns.get("num_query_groups")
+    kw["gated_linear_unit"] = bool(ns.get("swiglu"))
+    kw["virtual_pipeline_model_parallel_size"] = vpp
+    if ns.get("bf16"):
+        kw["params_dtype"] = torch.bfloat16
+    if pp > 1:
+        kw["pipeline_dtype"] = kw.get("params_dtype", torch.float32)
+    cfg = TransformerConfig(**kw)
+    calc = ConstantNumMicroBatchesCalculator(ns["global_batch_size"], ns["micro_batch_size"], dp, False, 0)
+    return {"ok": True, "dp": dp, "num_microbatches": calc.get(), "vpp": vpp or 1,
+            "recompute": cfg.recompute_granularity, "recompute_method": cfg.recompute_method,
+            "recompute_num_layers": cfg.recompute_num_layers, "sequence_parallel": cfg.sequence_parallel,
+            "distributed_optimizer": bool(ns.get("use_distributed_optimizer")),
+            "cpu_offload": bool(ns.get("optimizer_cpu_offload"))}
+
+
+out = []
+for case in json.load(sys.stdin):
+    try:
+        out.append(check(case))
+    except Exception as e:  # the framework's refusal, reported per case
+        out.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
+print(json.dumps(out))

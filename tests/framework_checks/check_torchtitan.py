@@ -1,0 +1,52 @@
+"""torchtitan 0.3.0: the rendered overrides through its own ConfigManager (tyro and
+Trainer.Config.__post_init__), then ParallelDims and the trainer's batch arithmetic
+(trainer.py: gradient_accumulation_steps = global / (local x dp_replicate x dp_shard); under PP
+n_microbatches = local / pipeline_parallel_microbatch_size)."""
+
+import contextlib
+import io
+import json
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+from torch.distributed.pipelining.schedules import get_schedule_class  # noqa: E402
+from torchtitan.config import ConfigManager  # noqa: E402
+from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
+
+
+def check(case):
+    args = list(case["framework"]["args"])
+    if "--module=llama3" not in args:
+        args = ["--module=llama3", "--config=llama3_debugmodel"] + args
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        try:
+            cfg = ConfigManager().parse_args(args)
+        except SystemExit:
+            raise ValueError(err.getvalue()[-600:]) from None
+    p, t = cfg.parallelism, cfg.training
+    world = case["plan"]["world_size"]
+    dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                        ep=1, world_size=world)
+    batch_degree = dims.dp_replicate * dims.dp_shard
+    if t.global_batch_size % (t.local_batch_size * batch_degree):
+        raise ValueError("global batch size must be multiple of local batch size times data-parallel degree")
+    accum = t.global_batch_size // (t.local_batch_size * batch_degree)
+    pp = p.pipeline_parallel_degree
+    n_micro = t.local_batch_size // p.pipeline_parallel_microbatch_size if pp > 1 else 1
+    schedule = get_schedule_class(p.pipeline_parallel_schedule).__name__ if pp > 1 else None
+    ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint is not None else None
+    return {"ok": True, "accum": accum, "n_microbatches": n_micro, "schedule": schedule, "ac": ac,
+            "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": p.tensor_parallel_degree,
+            "pp": pp, "cp": p.context_parallel_degree, "sp": p.enable_sequence_parallel,
+            "cpu_offload": t.enable_cpu_offload, "layers_per_stage": p.pipeline_parallel_layers_per_stage}
+
+
+out = []
+for case in json.load(sys.stdin):
+    try:
+        out.append(check(case))
+    except Exception as e:
+        out.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
+print(json.dumps(out))

@@ -1,0 +1,214 @@
+"""What jobctl renders is accepted by the frameworks' own configuration code (megatron-core,
+torchtitan, deepspeed, accelerate: test dependencies, never imported by jobctl), for a matrix of
+plans jobctl itself chose, and the framework derives the same numbers as the plan (data-parallel
+size, micro-batches, accumulation, schedule). Each framework runs in a subprocess
+(tests/framework_checks/). Each checker is also shown to refuse a bad configuration, so a pass
+means something.
+
+Where a check cannot run the framework's code here: Megatron-LM's `validate_args` lives in the
+Megatron-LM repository, not in any package; its option table (tests/data/megatron_lm_flags.json,
+dumped from tag core_v0.16.1) stands in for its argparse, and megatron-core's TransformerConfig
+runs its own checks.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobctl.planning import load_inventory, load_recipe, plan_on
+
+HERE = Path(__file__).parent
+PYTHON = os.environ.get("JOBCTL_FRAMEWORK_PYTHON", sys.executable)
+MODULES = {"megatron": "megatron.core", "torchtitan": "torchtitan", "deepspeed": "deepspeed", "fsdp": "accelerate"}
+
+
+
+def _available(framework: str) -> bool:
+    if PYTHON != sys.executable:
+        return subprocess.run([PYTHON, "-c", f"import {MODULES[framework]}"], capture_output=True).returncode == 0
+    return importlib.util.find_spec(MODULES[framework].split(".")[0]) is not None
+
+
+def _need(framework: str):
+    if not _available(framework):
+        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
+            pytest.fail(f"{MODULES[framework]} is not installed (pip install -e '.[test]')")
+        pytest.skip(f"{MODULES[framework]} is not installed")
+
+
+def run_checker(framework: str, cases: list[dict]) -> list[dict]:
+    proc = subprocess.run([PYTHON, str(HERE / "framework_checks" / f"check_{framework}.py")],
+                          input=json.dumps(cases), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# (recipe, cluster, overrides): plans chosen by jobctl, pins steering it into each feature
+MATRIX = {
+    "megatron": [
+        ("llama70b", "h100", []),
+        ("llama405b", "h100", []),
+        ("llama405b", "h100", ["parallelism.tp=8", "parallelism.pp=16", "parallelism.cp=1", "parallelism.dp=64",
+                               "partitions.0.nodes=1024"]),
+        ("llama70b", "h100", ["parallelism.recompute=selective", "train.attention=eager", "train.seq_len=2048"]),
+        ("llama8b", "a100-40", ["framework=megatron", "parallelism.pp=2", "parallelism.recompute=full"]),
+        ("llama8b", "h100", ["framework=megatron", "parallelism.cp=2", "parallelism.tp=4"]),
+        ("llama70b", "h100", ["parallelism.offload=optimizer", "parallelism.sharding=zero1"]),
+    ],
+    "torchtitan": [
+        ("llama8b", "h100", []),
+        ("llama8b", "a100-40", []),
+        ("llama405b", "h100", ["framework=torchtitan"]),
+        ("llama405b", "h100", ["framework=torchtitan", "parallelism.tp=8", "parallelism.pp=16", "parallelism.cp=1",
+                               "parallelism.dp=64", "partitions.0.nodes=1024"]),
+        ("llama70b", "h100", ["framework=torchtitan", "parallelism.recompute=selective"]),
+        ("llama8b", "h100", ["parallelism.cp=2", "parallelism.sharding=zero3"]),
+        ("llama8b", "a10g", ["parallelism.offload=optimizer+params"]),
+    ],
+    "deepspeed": [
+        ("llama3.2-1b-a10g", "a10g", []),
+        ("llama3.2-1b-a10g", "h100", ["parallelism.sharding=zero3"]),
+        ("llama2-7b-24gb", "rtx4090", ["framework=deepspeed", "train.method=full", "parallelism.offload=optimizer"]),
+        ("llama8b", "a100-40", ["framework=deepspeed", "parallelism.offload=optimizer+params"]),
+        ("llama8b", "h100", ["framework=deepspeed", "parallelism.pp=2", "parallelism.sharding=zero1"]),
+    ],
+    "fsdp": [
+        ("llama2-7b-24gb", "rtx4090", []),
+        ("llama8b", "h100", ["framework=fsdp"]),
+        ("llama8b", "a100-40", ["framework=fsdp", "parallelism.sharding=hsdp"]),
+        ("llama8b", "a100-40", ["framework=fsdp", "parallelism.offload=optimizer+params"]),
+        ("llama3.2-1b-a10g", "h100", ["framework=fsdp", "parallelism.sharding=none"]),
+    ],
+}
+
+
+def plans(framework: str) -> list[dict]:
+    out = []
+    for recipe, cluster, overrides in MATRIX[framework]:
+        inv_over = [o for o in overrides if o.startswith("partitions.")]
+        rec_over = [o for o in overrides if not o.startswith("partitions.")]
+        rec = load_recipe(f"recipes/{recipe}.yaml", rec_over)
+        inv = load_inventory(cluster, inv_over)
+        data = plan_on(rec, inv, alternatives=0).data
+        assert data["feasible"], (recipe, cluster, overrides, data["reasons"])
+        assert data["framework"]["name"] == framework
+        out.append({"plan": data["plan"], "framework": data["framework"], "case": [recipe, cluster, overrides]})
+    return out
+
+
+def test_megatron_accepts_what_jobctl_renders():
+    _need("megatron")
+    cases = plans("megatron")
+    results = run_checker("megatron", cases)
+    for case, r in zip(cases, results):
+        p = case["plan"]
+        assert r["ok"], (case["case"], r)
+        assert (r["dp"], r["num_microbatches"], r["vpp"]) == (p["dp"], p["grad_accum_steps"], p["virtual_stages"])
+        assert r["sequence_parallel"] == (p["sequence_parallel"] and p["tp"] > 1)
+        assert r["distributed_optimizer"] == (p["sharding"] == "zero1")
+        assert r["cpu_offload"] == (p["offload"] == "optimizer")
+        assert r["recompute"] == {"none": None, "selective": "selective", "full": "full"}[p["recompute"]]
+        if p["recompute"] == "full":  # the first N layers of each model chunk (block), or all (uniform)
+            per_chunk = p["recompute_layers"] // p["virtual_stages"]
+            assert (r["recompute_method"], r["recompute_num_layers"]) == (
+                ("block", per_chunk) if p["recompute_layers"] else ("uniform", 1))
+    assert any(c["plan"]["virtual_stages"] > 1 for c in cases)  # the interleaved schedule was exercised
+
+
+def test_megatron_checker_refuses_what_megatron_refuses():
+    _need("megatron")
+    base = plans("megatron")[0]
+    bad_flag = dict(base, framework=dict(base["framework"], args=base["framework"]["args"] +
+                                         ["--virtual-pipeline-model-parallel-size", "4"]))
+    args = list(base["framework"]["args"])
+    args[args.index("--tensor-model-parallel-size") + 1] = "3"  # 64 heads % 3
+    bad_tp = dict(base, framework=dict(base["framework"], args=args))
+    results = run_checker("megatron", [bad_flag, bad_tp])
+    assert not results[0]["ok"] and "unrecognized" in results[0]["error"]
+    assert not results[1]["ok"] and "tensor_model_parallel_size" in results[1]["error"]
+
+
+def test_torchtitan_accepts_what_jobctl_renders():
+    _need("torchtitan")
+    cases = plans("torchtitan")
+    results = run_checker("torchtitan", cases)
+    for case, r in zip(cases, results):
+        p = case["plan"]
+        assert r["ok"], (case["case"], r)
+        assert r["dp_replicate"] * r["dp_shard"] == p["dp"]
+        assert (r["tp"], r["pp"], r["cp"]) == (p["tp"], p["pp"], p["cp"])
+        # the plan's micro-batches per step: torchtitan's accumulation, or its pipeline micro-batches
+        assert r["accum"] * r["n_microbatches"] == p["grad_accum_steps"]
+        if p["pp"] > 1:
+            assert r["schedule"] == ("ScheduleInterleaved1F1B" if p["virtual_stages"] > 1 else "Schedule1F1B")
+        assert (r["ac"] or "none").split(".")[0] == {"none": "none", "selective": "SelectiveAC",
+                                                      "full": "FullAC"}[p["recompute"]]
+        assert r["cpu_offload"] == (p["offload"] != "none")
+    assert any(c["plan"]["virtual_stages"] > 1 for c in cases)
+
+
+def test_torchtitan_checker_refuses_a_batch_that_does_not_divide():
+    _need("torchtitan")
+    base = plans("torchtitan")[0]
+    args = [a if not a.startswith("--training.global_batch_size=") else "--training.global_batch_size=7"
+            for a in base["framework"]["args"]]
+    r = run_checker("torchtitan", [dict(base, framework=dict(base["framework"], args=args))])[0]
+    assert not r["ok"]
+
+
+def test_deepspeed_accepts_what_jobctl_renders():
+    _need("deepspeed")
+    cases = plans("deepspeed")
+    results = run_checker("deepspeed", cases)
+    stage = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+    for case, r in zip(cases, results):
+        p = case["plan"]
+        assert r["ok"], (case["case"], r)
+        assert (r["train_batch_size"], r["micro"], r["accum"]) == (
+            p["global_batch_size"], p["micro_batch_size"], p["grad_accum_steps"])
+        assert r["stage"] == stage[p["sharding"]]
+        assert (r["offload_optimizer"] is not None) == (p["offload"] != "none")
+        assert (r["offload_param"] is not None) == (p["offload"] == "optimizer+params")
+        if p["pp"] > 1:  # the pipeline engine refuses ZeRO-2/3
+            assert r["stage"] <= 1
+
+
+def test_deepspeed_checker_refuses_an_inconsistent_batch():
+    _need("deepspeed")
+    base = plans("deepspeed")[0]
+    cfg = json.loads(base["framework"]["files"]["ds_config.json"])
+    cfg["train_batch_size"] += 1
+    bad = dict(base, framework=dict(base["framework"], files={"ds_config.json": json.dumps(cfg)}))
+    r = run_checker("deepspeed", [bad])[0]
+    assert not r["ok"] and "train_batch_size" in r["error"]
+
+
+def test_accelerate_accepts_what_jobctl_renders():
+    _need("fsdp")
+    cases = plans("fsdp")
+    results = run_checker("fsdp", cases)
+    for case, r in zip(cases, results):
+        p = case["plan"]
+        assert r["ok"], (case["case"], r)
+        assert r["num_processes"] == p["world_size"]
+        if p["sharding"] == "none":
+            assert "MULTI_GPU" in r["distributed_type"]
+            continue
+        assert (r["fsdp_version"], r["reshard_after_forward"]) == (2, True)
+        assert r["activation_checkpointing"] == (p["recompute"] == "full")
+        assert r["offload"] == ("CPUOffloadPolicy" if p["offload"] != "none" else "OffloadPolicy")
+        if p["sharding"] == "hsdp":
+            assert r["dp_replicate"] * r["dp_shard"] == p["dp"] and r["dp_shard"] == p["hsdp_shard"]
+
+
+def test_accelerate_checker_refuses_an_unknown_key():
+    _need("fsdp")
+    base = plans("fsdp")[0]
+    files = {"accelerate_config.yaml": base["framework"]["files"]["accelerate_config.yaml"] + "fsdp_version: 2\n"}
+    r = run_checker("fsdp", [dict(base, framework=dict(base["framework"], files=files))])[0]
+    assert not r["ok"] and "unknown keys" in r["error"]
