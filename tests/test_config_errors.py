@@ -406,14 +406,14 @@ def test_unreadable_file_mode_000(capsys, tmp_path):
 def test_unreadable_file_permission_error(capsys, tmp_path, monkeypatch):
     p = tmp_path / "secret.yaml"
     p.write_text((REPO / RECIPE).read_text())
-    real = Path.read_text
+    real = os.open
 
-    def read_text(self, *a, **k):
-        if self.name == "secret.yaml":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *a, **k)
+    def os_open(path, *a, **k):  # how the loader opens a file (jobctl/config/loader.py read_bounded)
+        if os.path.basename(path) == "secret.yaml":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *a, **k)
 
-    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(os, "open", os_open)
     code, _, err = run(capsys, "plan", str(p), "--cluster", INV)
     assert code == 2
     assert err == f"error: {p}: cannot read the file: permission denied; check its mode (chmod +r)\n"

@@ -44,6 +44,184 @@ class Loaded:
     lines: dict[tuple, tuple[str, int]] = field(default_factory=dict)
 
 
+# --- limits -----------------------------------------------------------------------------
+# A recipe or inventory is a few kilobytes. These bounds keep a hostile or broken file from
+# taking the machine with it before any check runs: the "billion laughs" shape (aliases of
+# aliases, each expanding nine-fold), nesting deep enough to exhaust Python's recursion,
+# interpolation chains that double a string at every step, and a path that is a device.
+
+MAX_BYTES = 256 * 1024  # the file, read at most this far
+MAX_DEPTH = 64  # nested mappings/lists
+MAX_NODES = 100_000  # scalars, mappings and lists once every alias is expanded
+MAX_INTERPOLATION_DEPTH = 16  # ${a} -> ${b} -> ...
+MAX_INTERPOLATED_CHARS = 64 * 1024  # one string once its ${...} are replaced
+
+_FAST = None
+
+
+def _fast_loader():
+    """libyaml's loader when PyYAML has it (10x faster on the limits' scan); messages come
+    from the pure-Python one."""
+    global _FAST
+    if _FAST is None:
+        import yaml
+
+        _FAST = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return _FAST
+
+
+def read_bounded(path: Path) -> str:
+    """A YAML file's text: a regular file (not a device, a pipe or a socket), at most
+    MAX_BYTES, UTF-8. OSError/UnicodeDecodeError as from Path.read_text; ValueError with a
+    message for the two limits."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("is not a regular file (a device, a pipe or a socket); give the path to a YAML file")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"is larger than {MAX_BYTES // 1024} KiB, the limit for a recipe or inventory; "
+                         "a recipe is a few kilobytes: split it with `base:` or remove what is not jobctl's")
+    return data.decode("utf-8")
+
+
+def _limit_issue(text: str, shown: str) -> ConfigIssue | None:
+    """The first limit the YAML text breaks (depth, then alias expansion), with its line."""
+    import yaml
+
+    loader = _fast_loader()
+    opens = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
+             yaml.FlowSequenceStartToken)
+    closes = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+    depth = 0
+    try:
+        for token in yaml.scan(text, Loader=loader):  # the scanner is iterative: no recursion here
+            if isinstance(token, opens):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return ConfigIssue(shown, token.start_mark.line + 1, "",
+                                       f"nested more than {MAX_DEPTH} levels deep; a recipe needs a handful")
+            elif isinstance(token, closes):
+                depth -= 1
+        root = yaml.compose(text, Loader=loader)
+    except yaml.YAMLError:
+        return None  # a syntax error: reported with its line by the parser
+    if root is None:
+        return None
+    size: dict[int, int] = {}
+
+    def expanded(node) -> int:  # an alias is the same node object: count it each time it is used
+        if id(node) in size:
+            return size[id(node)]
+        n = 1
+        if isinstance(node, yaml.SequenceNode):
+            n += sum(expanded(v) for v in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            n += sum(expanded(k) + expanded(v) for k, v in node.value)
+        size[id(node)] = n = min(n, MAX_NODES + 1)
+        return n
+
+    if expanded(root) > MAX_NODES:
+        line = _first_alias_line(text)
+        return ConfigIssue(shown, line, "", f"expands to more than {MAX_NODES:,} values once its aliases (*name) are "
+                                            "followed; write the values out or use fewer nested aliases")
+    return None
+
+
+def _first_alias_line(text: str) -> int | None:
+    import yaml
+
+    try:
+        for event in yaml.parse(text, Loader=_fast_loader()):
+            if isinstance(event, yaml.AliasEvent):
+                return event.start_mark.line + 1
+    except yaml.YAMLError:
+        pass
+    return None
+
+
+_REF = re.compile(r"\$\{([A-Za-z_][\w\-]*(?:\.[\w\-]+|\[\d+\])*)\}")
+
+
+def _interpolation_issues(node, file: str, lines: dict) -> list[ConfigIssue]:
+    """Interpolation chains too deep or strings that would grow too long once resolved
+    (`a1: ${a0}${a0}`, `a2: ${a1}${a1}`, ...), found on the raw strings before omegaconf
+    resolves anything. Only plain `${key.path}` references are followed; resolvers
+    (`${oc.env:X}`) are short."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(node, resolve=False)
+    strings: dict[tuple, str] = {}
+
+    def collect(value, path):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not (path == () and k in DEFERRED_KEYS):
+                    collect(v, path + (k,))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                collect(v, path + (i,))
+        elif isinstance(value, str) and "${" in value:
+            strings[path] = value
+
+    collect(raw, ())
+    if not strings:
+        return []
+
+    def lookup(ref: str):
+        cur = raw
+        for part in _key_path(ref):
+            try:
+                cur = cur[part]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return cur
+
+    memo: dict[str, tuple[int, int]] = {}  # ref -> (chars, depth), only when measured to the end
+
+    def measure(text: str, seen: tuple) -> tuple[int, int, bool]:
+        """(characters once resolved, interpolation depth, exact): capped at the limits; a
+        result cut short by a limit is not exact and is not remembered."""
+        chars, depth, exact = len(text), 0, True
+        for m in _REF.finditer(text):
+            ref = m.group(1)
+            if ref in seen or len(seen) >= MAX_INTERPOLATION_DEPTH:  # a loop, or too deep to follow further
+                return chars, MAX_INTERPOLATION_DEPTH + 1, False
+            if ref in memo:
+                sub_chars, sub_depth = memo[ref]
+            else:
+                target = lookup(ref)
+                if isinstance(target, str):
+                    sub_chars, sub_depth, sub_exact = measure(target, seen + (ref,))
+                    exact = exact and sub_exact
+                    if sub_exact:
+                        memo[ref] = (sub_chars, sub_depth)
+                else:
+                    sub_chars, sub_depth = (64 if isinstance(target, (dict, list)) else len(str(target))), 0
+            chars += sub_chars - len(m.group(0))
+            depth = max(depth, sub_depth + 1)
+            if chars > MAX_INTERPOLATED_CHARS or depth > MAX_INTERPOLATION_DEPTH:
+                return min(chars, MAX_INTERPOLATED_CHARS + 1), min(depth, MAX_INTERPOLATION_DEPTH + 1), False
+        return chars, depth, exact
+
+    issues = []
+    for path, text in strings.items():
+        chars, depth, _ = measure(text, ())
+        f, line = _where_in(lines, path, file)
+        if depth > MAX_INTERPOLATION_DEPTH:
+            issues.append(ConfigIssue(f, line, _dotted(path), f"interpolation nested more than "
+                                      f"{MAX_INTERPOLATION_DEPTH} levels deep (or a loop); refer to the value directly"))
+        elif chars > MAX_INTERPOLATED_CHARS:
+            issues.append(ConfigIssue(f, line, _dotted(path), f"would be longer than {MAX_INTERPOLATED_CHARS // 1024} "
+                                      "KiB once its ${...} are replaced; interpolate fewer or shorter values"))
+        if len(issues) >= 5:
+            break
+    return issues
+
+
 # --- reading YAML ------------------------------------------------------------------------
 
 def _line_map(text: str, file: str, issues: list[ConfigIssue] | None = None) -> dict[tuple, tuple[str, int]]:
@@ -84,7 +262,7 @@ def _read_text(path: Path, shown: str, at: tuple, issues: list[ConfigIssue]) -> 
     """The file's text, or None with an issue at `at` ((file, line, key) of the reference to it)."""
     ref_file, ref_line, ref_key = at
     try:
-        return path.read_text(encoding="utf-8")
+        return read_bounded(path)
     except FileNotFoundError:
         what = ("file not found; check the path (recipes live in recipes/, inventories in clusters/)"
                 if not ref_key else f"file not found: {shown} (a base path is relative to the file that names it)")
@@ -102,6 +280,9 @@ def _read_text(path: Path, shown: str, at: tuple, issues: list[ConfigIssue]) -> 
                                                    "save it as UTF-8 YAML"))
     except OSError as e:
         issues.append(ConfigIssue(ref_file, ref_line, ref_key, f"cannot read {shown}: {e.strerror or e}"))
+    except ValueError as e:
+        issues.append(ConfigIssue(ref_file if ref_key else shown, ref_line if ref_key else None, ref_key,
+                                  f"{shown} {e}" if ref_key else str(e)))
     return None
 
 
@@ -113,6 +294,10 @@ def _read_yaml(path: Path, issues: list[ConfigIssue], shown: str | None = None, 
     shown = shown or str(path)
     text = _read_text(path, shown, at or (shown, None, ""), issues)
     if text is None:
+        return None, {}
+    limit = _limit_issue(text, shown)
+    if limit is not None:
+        issues.append(limit)
         return None, {}
     try:
         lines = _line_map(text, shown, issues)
@@ -293,7 +478,8 @@ def _resolve(node, file: str, lines: dict, issues: list[ConfigIssue]) -> tuple[d
             p = path + (k,)
             child = cfg._get_node(k)
             if path == () and k in DEFERRED_KEYS:
-                out[k] = OmegaConf.to_container(child, resolve=False)
+                out[k] = (OmegaConf.to_container(child, resolve=False) if OmegaConf.is_config(child)
+                          else child._value())  # a scalar there: the schema says what is wrong
                 continue
             if isinstance(child, (DictConfig, ListConfig)) and not OmegaConf.is_interpolation(cfg, k) \
                     and not OmegaConf.is_missing(cfg, k):
@@ -333,9 +519,11 @@ def _plain_document(path: Path, overrides) -> tuple[dict, dict] | None:
     if overrides:
         return None
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path)
+        if _limit_issue(text, str(path)) is not None:
+            return None
         data = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):  # UnicodeDecodeError is a ValueError
         return None  # the full path reports the problem with its line
     if not isinstance(data, dict) or "base" in data:
         return None
@@ -375,8 +563,8 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
     if not overrides:
 
         try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = read_bounded(p)
+        except (OSError, ValueError):
             text = None  # the full path below reports it
         hit = validcache.get(_kind(model_cls), text) if text is not None else None
         if hit is not None:  # the same text validated before: no YAML, no pydantic
@@ -395,6 +583,9 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
         if node is None:
             raise ConfigError(_ordered(issues))
         node = apply_overrides(node, overrides or [], lines, issues)
+        too_big = _interpolation_issues(node, shown, lines)
+        if too_big:
+            raise ConfigError(_ordered(issues + too_big))
         data, failed = _resolve(node, shown, lines, issues)
     value, more = _validation_issues(data, model_cls, shown, lines, failed)
     issues += more

@@ -31,7 +31,8 @@ MAX_DIM = 1 << 20
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are never a learning rate, a memory size or a fraction: refused everywhere
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 Dim = int  # validated by field constraints below
