@@ -10,6 +10,7 @@ EXIT_USAGE = 2  # bad input: a recipe, an inventory, a flag, an unknown job
 EXIT_NO_FIT = 3  # the request is valid but cannot fit / a pinned layout is impossible / nothing smaller
 EXIT_JOB_FAILED = 4  # a job that was waited for (or watched) ended without completing
 EXIT_BACKEND = 5  # the scheduler or the transport refused or could not be reached
+EXIT_STATE = 6  # jobctl's own state (the history database) is damaged, read-only or on a full disk
 EXIT_INTERNAL = 70  # a bug in jobctl (EX_SOFTWARE): the traceback is kept
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 

@@ -16,6 +16,20 @@ from typing import Any, Mapping
 from jobctl.errors import UsageError
 
 
+# -- names are data ------------------------------------------------------------------------
+
+_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+SLUG_MAX = 48
+
+
+def slug(name: str) -> str:
+    """The one form a user's name takes where it becomes a file name or a scheduler's job name:
+    letters, digits, '.', '_' and '-' only (no '/', '%', spaces or control characters), no
+    leading dot, at most SLUG_MAX characters ("job" when nothing is left)."""
+    s = _SLUG.sub("-", str(name)).strip("-.")[:SLUG_MAX].strip("-.")
+    return s or "job"
+
+
 class StrEnum(str, Enum):
     """`enum.StrEnum` (Python 3.11) for 3.10 too: a str whose str() is its value."""
 

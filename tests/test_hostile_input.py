@@ -119,3 +119,54 @@ def test_infinite_or_nan_numbers_are_refused(tmp_path, value):
     assert f"lr: {value}" in recipe.read_text()
     r = jobctl("plan", str(recipe), "--cluster", "h100", cwd=tmp_path)
     assert r.returncode == 2 and "train.lr" in r.stderr and "finite" in r.stderr, r.stderr[-2000:]
+
+
+ESC_NAME = "tiny\x1b[31mRED\x1b]0;pwn\x07"
+TOKEN = "hf_SECRETVALUE123"
+
+
+def hostile_recipe(tmp_path) -> Path:
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "recipes" / "tiny.yaml").read_text())
+    doc["name"] = ESC_NAME
+    doc.setdefault("launch", {}).setdefault("env", {})["HF_TOKEN"] = TOKEN
+    path = tmp_path / "hostile.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_dry_run_hides_launch_env_values_and_escapes_the_name(tmp_path):
+    recipe = hostile_recipe(tmp_path)
+    for extra in ([], ["--json"]):
+        r = jobctl("submit", str(recipe), "--cluster", "dev", "--dry-run", *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert TOKEN not in r.stdout and "\x1b" not in r.stdout and "\x07" not in r.stdout
+        assert "HF_TOKEN" in r.stdout and "***" in r.stdout
+    assert "#SBATCH --job-name=tiny-31mRED-0-pwn" in r.stdout.replace("\\n", "\n")
+    shown = jobctl("submit", str(recipe), "--cluster", "dev", "--dry-run", "--show-secrets", cwd=tmp_path)
+    assert TOKEN in shown.stdout
+
+
+def test_a_hostile_name_stays_text_in_every_view_of_a_real_job(tmp_path):
+    """A real local job (submitit's local executor) of a recipe whose name holds escape
+    sequences and whose launch.env holds a token: status, history and report print the name
+    with its control characters made visible, never the token; the job folder is the id plus a
+    safe slug, inside the jobs folder, owner-only."""
+    recipe = hostile_recipe(tmp_path)
+    env = {"JOBCTL_HOME": str(tmp_path / "home")}
+    r = jobctl("submit", str(recipe), "--cluster", "local", "--wait", cwd=tmp_path, env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for args in (["status", "--wide"], ["history", "--wide"], ["report", "1"]):
+        out = jobctl(*args, cwd=tmp_path, env={**env, "COLUMNS": "200"})
+        assert out.returncode == 0, (args, out.stderr[-2000:])
+        text = out.stdout + out.stderr
+        assert "\x1b" not in text and "\x07" not in text and TOKEN not in text, args
+        assert "\\x1b[31mRED" in text, (args, text)
+    jobs = tmp_path / "home" / "jobs"
+    (folder,) = jobs.iterdir()
+    assert folder.name == "1-tiny-31mRED-0-pwn"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for p in folder.rglob("*"):
+        if p.is_file() and p.name.endswith(".json"):
+            assert stat.S_IMODE(p.stat().st_mode) & 0o077 == 0, p

@@ -274,10 +274,15 @@ def test_slurm_parameters_refuse_what_would_break_the_sbatch_script(slurm, messa
         slurm_parameters(PLAN, make_recipe(), inv, inv.partitions[0])
 
 
-def test_slurm_parameters_refuse_multiline_job_name():
+@pytest.mark.parametrize(("name", "job_name"), [
+    ("x\ntouch /tmp/pwned", "x-touch-tmp-pwned"),  # a line break would end the #SBATCH line
+    ("run%j-%x-50%", "run-j--x-50"),  # Slurm expands %j, %x in names used in paths ("-%" keeps its "-")
+    ("tiny\x1b[31mRED\x1b]0;pwn\x07", "tiny-31mRED-0-pwn"),  # escape sequences
+    ("../../etc", "etc"),
+])
+def test_the_slurm_job_name_is_the_recipe_name_made_safe(name, job_name):
     inv = make_inventory()
-    with pytest.raises(LaunchError, match=r"job_name: .* line break"):
-        slurm_parameters(PLAN, make_recipe(name="x\ntouch /tmp/pwned"), inv, inv.partitions[0])
+    assert slurm_parameters(PLAN, make_recipe(name=name), inv, inv.partitions[0])["job_name"] == job_name
 
 
 # -- job_environment -------------------------------------------------------------------------
@@ -306,6 +311,7 @@ def test_job_environment_plan_values_derived_by_hand():
         "JOBCTL_WORLD_SIZE": "16",
         "JOBCTL_PLAN": env["JOBCTL_PLAN"],  # checked below, as data
         "JOBCTL_RECIPE_NAME": "llama-test",
+        "JOBCTL_SEQ_LEN": "4096",  # the recipe's train.seq_len (it gives no lr and no steps: those are not set)
     }
     decoded = json.loads(env["JOBCTL_PLAN"])
     expected = {

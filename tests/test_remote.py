@@ -276,6 +276,33 @@ def test_changed_host_key_is_refused_naming_the_line(sshd, hashed):
     assert kh.read_text() == before
 
 
+def test_a_private_key_others_can_read_is_refused_as_openssh_does(sshd, tmp_path):
+    key = tmp_path / "key"
+    key.write_bytes(Path(sshd.client_key).read_bytes())
+    key.chmod(0o644)
+    with pytest.raises(UsageError, match=r"readable by others \(mode 0644\)") as ei:
+        Remote(sshd.login(key_file=str(key))).connect()
+    assert ei.value.hint == f"chmod 600 {key}"
+    key.chmod(0o600)  # the fix it gives
+    with Remote(sshd.login(key_file=str(key))) as r:
+        assert r.run(["true"], idempotent=True).rc == 0
+
+
+def test_known_hosts_markers_and_bad_lines_are_read_as_openssh_does(sshd):
+    """One @cert-authority line, an unknown marker or a line that does not parse used to make
+    paramiko reject the whole file; OpenSSH skips them. An @revoked key is never accepted,
+    even when another line lists it for the host."""
+    kh = sshd.dir / "marked_known_hosts"
+    kh.write_text(f"@cert-authority *.example {sshd.other_pub}\n@future-marker x {sshd.other_pub}\n"
+                  f"broken.example ssh-ed25519 not-base64!!\n[127.0.0.1]:{PORT} {sshd.host_pub}\n")
+    with Remote(sshd.login(known_hosts=str(kh))) as r:
+        assert r.run(["true"], idempotent=True).rc == 0
+    kh.write_text(f"[127.0.0.1]:{PORT} {sshd.host_pub}\n@revoked * {sshd.host_pub}\n")
+    with pytest.raises(SchedulerError, match="REVOKED") as ei:
+        Remote(sshd.login(known_hosts=str(kh))).connect()
+    assert f"{kh}:2" in ei.value.message and ei.value.exit_code == 5
+
+
 def test_one_connection_serves_many_commands(sshd):
     before = sshd.accepted()
     with Remote(sshd.login()) as r:
@@ -523,6 +550,7 @@ def test_auth_failures_and_bad_key_file(sshd, tmp_path):
     assert "ssh-add" in ei.value.hint
     junk = tmp_path / "junk"
     junk.write_text("not a key\n")
+    junk.chmod(0o600)
     with pytest.raises(UsageError, match="cannot use ssh key"):
         Remote(sshd.login(key_file=str(junk))).connect()
     with pytest.raises(UsageError, match="does not exist"):

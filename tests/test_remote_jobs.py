@@ -203,3 +203,20 @@ def test_bad_token_and_sync_without_login_are_usage_errors(tmp_path):
     assert res.returncode == 2 and "no `login:` block" in res.stderr
     res = jobctl("remote", "bootstrap", "local", env=env)
     assert res.returncode == 2 and "no `login:` block" in res.stderr
+
+
+def test_a_recipe_name_from_the_login_node_cannot_lead_the_copy_out_of_the_mirror(home, tmp_path):
+    """The login node says the job's recipe is named "../../../../outside" (which, pasted into
+    <mirror>/big/<id>-<name>, leads to the folder above JOBCTL_HOME); its files land in the
+    mirror under a safe slug, owner-only, and nothing is written outside it."""
+    log = "/remote/jobs/7-x/logs/node-0.log"
+    files = FakeFiles({log: b"hello\n"})
+    d = _described(7, "tok", state="FAILED", files=[{"name": "logs/node-0.log", "path": log, "size": 6, "mtime": 1}])
+    d["recipe_name"] = "../../../../outside"
+    with History.open() as h:
+        remote_jobs.mirror(h, "big", files, [d])
+        folder = Path(h.get(1).job_folder)
+    assert folder == home / "remote" / "big" / "1-outside"
+    assert (folder / "logs" / "node-0.log").read_bytes() == b"hello\n"
+    assert (folder / "logs" / "node-0.log").stat().st_mode & 0o077 == 0
+    assert not (home.parent / "outside").exists() and not (home / "remote" / "outside").exists()

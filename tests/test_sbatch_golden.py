@@ -78,9 +78,11 @@ def test_sbatch_script_matches_its_golden_file(name, recipe, inventory, override
 def test_golden_files_say_what_jobctl_asks_for():
     """What the files must hold, written out by hand from the inventories and the pinned
     layouts (so that a wrong golden file cannot pass): nodes = tp*pp*dp*cp / gpus per node;
-    the whole node's CPUs and memory; one task per node; the USR2 checkpoint signal."""
+    the node's CPUs and memory in proportion to the GPUs used; one task per node; the USR2 checkpoint signal."""
     expect = {
-        "tiny@dev-one-node": {"--nodes=1", "--ntasks-per-node=1", "--partition=gpu", "--signal=USR2@30"},
+        # tiny uses 1 of the node's 8 GPUs: 1/8 of its 16 CPUs = 2, of its 62 GiB = 7.75 GiB = 7936 MiB
+        "tiny@dev-one-node": {"--nodes=1", "--ntasks-per-node=1", "--partition=gpu", "--signal=USR2@30",
+                              "--cpus-per-task=2", "--mem=7936M"},
         "tiny@dev-array": {"--array=0-2%3", "--nodes=1"},
         "llama8b@a100-80-one-node": {"--nodes=1", "--gpus-per-node=8", "--gres=gpu:8"},
         "llama8b@a100-40-multi-node": {"--nodes=4", "--gpus-per-node=8"},  # 2*1*16 = 32 GPUs

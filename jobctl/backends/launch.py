@@ -19,6 +19,7 @@ import shlex
 from typing import Any, Mapping
 
 from jobctl.errors import UsageError
+from jobctl.model import slug
 
 DEFAULT_TIME_MIN = 60
 DEFAULT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -119,12 +120,14 @@ def slurm_parameters(plan: Any, recipe: Any, inventory: Any, partition: Any) -> 
     slurm = getattr(inventory, "slurm", None)
     gpu_partition = str(partition.gpu).lower() != "cpu"
     params: dict[str, Any] = {
-        "job_name": recipe.name,
+        "job_name": slug(recipe.name),  # no '%' (Slurm's patterns), no control characters
         "partition": partition.name,
         "nodes": plan.nodes,
         "ntasks_per_node": 1,
-        "cpus_per_task": partition.cpus_per_node,
-        "mem": _mem(partition.mem_gib),
+        # a plan that uses some of a node's GPUs takes the same share of its CPUs and memory,
+        # so that the rest of the node stays schedulable; all of them: the whole node
+        "cpus_per_task": _share(partition.cpus_per_node, plan, partition, whole=1),
+        "mem": _mem(_share(partition.mem_gib, plan, partition)),
         "time": _time_min(recipe, partition),
     }
     gres = getattr(slurm, "gres", None)
@@ -191,6 +194,18 @@ def _check_fits(plan: Any, recipe: Any, inventory: Any, partition: Any) -> None:
     if problems:
         raise LaunchError("the plan does not fit the job request:\n  " + "\n  ".join(problems),
                           hint="Plan again for this cluster (`jobctl plan RECIPE --cluster NAME`).")
+
+
+def _share(amount, plan: Any, partition: Any, whole=None):
+    """`amount` of a node (CPUs, GiB) in proportion to the GPUs of it the plan uses, rounded
+    down (to a multiple of `whole` when given, at least one); all of it for a whole node."""
+    used, per_node = plan.gpus_per_node, partition.gpus_per_node
+    if not per_node or used >= per_node:
+        return amount
+    share = amount * used / per_node
+    if whole:
+        return max(whole, int(share // whole * whole))
+    return math.floor(share * 1024) / 1024
 
 
 def _mem(mem_gib: float) -> str:
@@ -262,13 +277,28 @@ def job_environment(plan: Any, recipe: Any, inventory: Any, framework_env: dict 
         for name, value in (values or {}).items():
             _check_env(source, name, value)
             env[name] = value
-    derived = plan_environment(plan, recipe.name)
+    derived = {**plan_environment(plan, recipe.name), **train_environment(recipe)}
     clash = sorted(set(env) & set(derived))
     if clash:
         raise LaunchError(f"environment names {', '.join(clash)} are set by jobctl from the plan",
                           hint="Rename them; read the plan's values from JOBCTL_* in the job.")
     env.update(derived)
     return env
+
+
+def train_environment(recipe: Any) -> dict[str, str]:
+    """The recipe's training values a script may read (so that `--sweep train.lr=...` reaches a
+    job whose command does not name ${train.lr}): JOBCTL_SEQ_LEN, and JOBCTL_LR and
+    JOBCTL_TRAIN_STEPS when the recipe gives them."""
+    train = getattr(recipe, "train", None)
+    out = {}
+    if getattr(train, "seq_len", None) is not None:
+        out["JOBCTL_SEQ_LEN"] = str(train.seq_len)
+    if getattr(train, "lr", None) is not None:
+        out["JOBCTL_LR"] = repr(float(train.lr))
+    if getattr(train, "steps", None) is not None:
+        out["JOBCTL_TRAIN_STEPS"] = str(train.steps)
+    return out
 
 
 def plan_environment(plan: Any, recipe_name: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ DESCRIPTION = """Plan, submit, watch and recover LLM training jobs on GPU cluste
 
 Exit codes (docs/exit-codes.md): 0 ok / fits, 2 bad input or usage, 3 does not fit,
             4 the job failed (--wait, watch), 5 the scheduler or SSH refused or is unreachable,
-            70 a bug in jobctl (the traceback is printed), 130 interrupted."""
+            6 the history database is damaged or read-only (jobctl doctor), 70 a bug in jobctl (the traceback is printed), 130 interrupted."""
 
 # (module, command name): each module defines add_arguments(parser) and run(args) -> int.
 COMMANDS = [
@@ -27,6 +27,7 @@ COMMANDS = [
     ("jobctl.cli.requeue", "requeue"),
     ("jobctl.cli.watch", "watch"), ("jobctl.cli.report", "report"),
     ("jobctl.cli.clusters", "clusters"), ("jobctl.cli.remote", "remote"),
+    ("jobctl.cli.doctor", "doctor"),
 ]
 
 

@@ -28,6 +28,7 @@ def add_arguments(p) -> None:
     p.add_argument("--cluster", "-c", help="only jobs on this cluster (inventory name)")
     p.add_argument("--limit", "-n", type=int, default=DEFAULT_LIMIT, metavar="N",
                    help=f"show the N newest matching jobs (default {DEFAULT_LIMIT}; 0: all)")
+    p.add_argument("--wide", action="store_true", help="every column in full (node lists, dates with the year)")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the rows as JSON on stdout")
 
 
@@ -50,7 +51,7 @@ def run(args) -> int:
         ui.info("no jobs match" if (args.recipe or states or args.cluster) else
                 "no jobs in the history yet (submit one: jobctl submit RECIPE --cluster CLUSTER)")
         return 0
-    ui.render_jobs(rows, title="Job history (recorded states), newest first")
+    ui.render_jobs(rows, title="Job history (recorded states), newest first", wide=args.wide)
     if more:
         ui.info(f"showing the {limit} newest; --limit N for more, --limit 0 for all")
     return 0

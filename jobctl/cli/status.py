@@ -26,6 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("jobs", nargs="*", metavar="JOB", help="jobs to show (default: active and recent ones)")
     p.add_argument("--limit", "-n", type=int, default=DEFAULT_RECENT, metavar="N",
                    help=f"without JOB: also show the N most recent jobs (default {DEFAULT_RECENT})")
+    p.add_argument("--wide", action="store_true", help="every column in full (node lists, dates with the year)")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the rows as JSON on stdout")
 
 
@@ -44,5 +45,5 @@ def run(args) -> int:
     if not rows:
         ui.info("no jobs in the history yet (submit one: jobctl submit RECIPE --cluster CLUSTER)")
         return 0
-    ui.render_jobs(rows, title=None if args.jobs else "Active and recent jobs, newest first")
+    ui.render_jobs(rows, title=None if args.jobs else "Active and recent jobs, newest first", wide=args.wide)
     return 0

@@ -8,7 +8,7 @@ import re
 from jobctl import ui
 from jobctl.errors import EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, UsageError
 from jobctl.jobs import placement
-from jobctl.jobs.submission import dry_run, prepare, submit
+from jobctl.jobs.submission import dry_run, prepare, redact, secrets, submit, sweep_notes
 from jobctl.jobs.watch import wait_for
 from jobctl.model import RetryPolicy
 from jobctl.planning import load_inventory, load_recipe, plan_on
@@ -43,6 +43,8 @@ def add_arguments(p) -> None:
                    help="submit one job per combination of values (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="render the sbatch script, environment and commands only")
     p.add_argument("--check", action="store_true", help="with --dry-run: ask Slurm (sbatch --test-only)")
+    p.add_argument("--show-secrets", action="store_true",
+                   help="with --dry-run: show launch.env values (hidden as *** by default)")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job(s) to end, following OOM retries; exit 0 only if all completed")
     p.add_argument("--max-attempts", type=int, default=3, metavar="N",
@@ -105,6 +107,8 @@ def run(args) -> int:
         sub.sweep_id = sweep_id
         sub.policy = replace(policy, hooks=sub.policy.hooks)  # hooks: the recipe's launch.hooks
         subs.append(sub)
+    for note in sweep_notes(subs, args.sweep) if args.sweep else ():
+        ui.info(note)
     if args.dry_run:
         if remote:  # rendered on the login node: its python, paths and sbatch
             for i, sub in enumerate(subs):
@@ -113,6 +117,9 @@ def run(args) -> int:
                                                                     dry_run=True, check=args.check)
         else:
             out = dry_run(subs, check=args.check)
+        if not args.show_secrets:
+            hidden = {k: v for sub in subs for k, v in secrets(sub).items()}
+            out = [redact(o, hidden) for o in out]
         if args.as_json:
             ui.print_json(out if len(out) > 1 else out[0])
         else:

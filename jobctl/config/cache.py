@@ -128,9 +128,13 @@ def put(kind: str, text: str, value, data: dict) -> None:
         return
     try:
         entry = json.dumps({"value": _marked(value), "data": data})
-        d.mkdir(parents=True, exist_ok=True)
+        # owner-only: a recipe's launch.env may hold tokens
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        d.chmod(0o700)
         tmp = d / f".{os.getpid()}.tmp"
-        tmp.write_text(entry)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(entry)
         tmp.replace(d / f"{key(kind, text)}.json")
     except (OSError, TypeError, ValueError):
         pass  # a cache that cannot be written is only a slower plan

@@ -25,7 +25,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--lr", type=float, default=float(os.environ.get("JOBCTL_LR", "0.5")),
+                    help="learning rate (default: $JOBCTL_LR, the recipe's train.lr, else 0.5)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     mbs = int(os.environ.get("JOBCTL_MICRO_BATCH_SIZE", "4"))

@@ -94,7 +94,7 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
         parameters = launch.slurm_parameters(plan, recipe, inv, part)
     else:
         minutes = launch.parse_slurm_time(recipe.resources.time, "resources.time") or launch.DEFAULT_TIME_MIN
-        parameters = {"timeout_min": minutes, "job_name": recipe.name}
+        parameters = {"timeout_min": minutes, "job_name": layout.slug(recipe.name)}
     data = dict(recipe_loaded.data)
     data["launch"] = launch_block
     return Submission(
@@ -146,6 +146,58 @@ def render(sub: Submission, script: str | None = None) -> dict:
     if script is not None:
         out["sbatch"] = script
     return out
+
+
+def sweep_notes(subs: list[Submission], sweeps: list[str]) -> list[str]:
+    """What a user should hear about a sweep before it runs: jobs that would see exactly the
+    same command, environment and framework files (the swept key reaches nothing), and keys
+    that reach the job only through a JOBCTL_* variable its command does not mention."""
+    notes = []
+    seen = {json.dumps([s.command, s.env, s.framework_files], sort_keys=True, default=str) for s in subs}
+    keys = [item.partition("=")[0].strip() for item in sweeps]
+    if len(subs) > 1 and len(seen) < len(subs):
+        notes.append(f"--sweep {', '.join(keys)}: some of the {len(subs)} jobs would see exactly the same command, "
+                     "environment and files; use the key in launch.command (e.g. ${" + keys[0] + "}) or in the plan")
+    exported = {"train.lr": "JOBCTL_LR", "train.steps": "JOBCTL_TRAIN_STEPS", "train.seq_len": "JOBCTL_SEQ_LEN"}
+    for key in keys:
+        if key in exported and subs and not any(f"${{{key}}}" in json.dumps(s.recipe_source.get("launch") or {})
+                                                for s in subs):
+            notes.append(f"--sweep {key}: the job sees it only as ${exported[key]} (its command does not use "
+                         f"${{{key}}}); make sure the training script reads it")
+    return notes
+
+
+SECRET_SHOWN = "***"
+SECRET_MIN_CHARS = 6  # shorter values are also hidden under their own name, but not searched for elsewhere
+
+
+def secrets(sub: Submission) -> dict[str, str]:
+    """The recipe's `launch.env` (tokens, keys: what a user puts there is theirs alone)."""
+    env = ((sub.recipe_source or {}).get("launch") or {}).get("env") or {}
+    return {str(k): str(v) for k, v in env.items() if v is not None}
+
+
+def redact(item, hidden: dict[str, str]):
+    """A dry run's rendering with the values of `hidden` shown as ***: under their own names in
+    `env`, and wherever else they appear (a command line, the sbatch script)."""
+    values = sorted({v for v in hidden.values() if len(v) >= SECRET_MIN_CHARS}, key=len, reverse=True)
+
+    def walk(x):
+        if isinstance(x, str):
+            for v in values:
+                x = x.replace(v, SECRET_SHOWN)
+            return x
+        if isinstance(x, dict):
+            return {k: (SECRET_SHOWN if k in hidden and isinstance(v, str) and path_is_env(x) else walk(v))
+                    for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return x
+
+    def path_is_env(d: dict) -> bool:
+        return d is item.get("env")
+
+    return walk(item)
 
 
 PLACEHOLDER_ID = "ID"  # the jobctl id a dry run cannot know (letters only: paths need no quoting)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from jobctl import __version__
 from jobctl.errors import JobctlError, SchedulerError, UsageError
-from jobctl.model import TERMINAL_STATES, JobStatus
+from jobctl.model import TERMINAL_STATES, JobStatus, slug
 from jobctl.remote.protocol import APPENDED, agent_argv, source_digest
 from jobctl.store.paths import history_path
 
@@ -146,7 +146,7 @@ def mirror(history, cluster: str, remote, described: list[dict]) -> dict[int, in
             extra = json.loads(rec.extra_json)
             extra["remote"] = {"cluster": cluster, "id": d["id"], "folder": d.get("job_folder")}
             history.set_extra(rec.id, extra)
-        folder = mirror_root() / cluster / f"{rec.id}-{rec.recipe_name}"
+        folder = _mirror_folder(cluster, rec.id, rec.recipe_name)
         if d.get("scheduler_job_id") and not rec.scheduler_job_id:
             history.mark_submitted(rec.id, d["scheduler_job_id"], folder)
         state = d["state"]
@@ -167,12 +167,18 @@ def mirror(history, cluster: str, remote, described: list[dict]) -> dict[int, in
             history.set_measured_peak(rec.id, int(d["measured_peak_bytes"]))
     for d in described:
         if d.get("files"):
-            _copy_files(remote, mirror_root() / cluster / f"{id_map[d['id']]}-{d['recipe_name']}", d["files"], id_map)
+            _copy_files(remote, _mirror_folder(cluster, id_map[d["id"]], d["recipe_name"]), d["files"], id_map)
     return id_map
 
 
 def _terminal():
     return {s.value for s in TERMINAL_STATES}
+
+
+def _mirror_folder(cluster: str, job_id: int, recipe_name: str) -> Path:
+    """The local copy of a remote job's folder: names from the login node are data, never
+    paths (a recipe name "../../x" must not lead out of the mirror)."""
+    return mirror_root() / slug(cluster) / f"{int(job_id)}-{slug(recipe_name)}"
 
 
 def _safe_name(name: str) -> bool:
@@ -184,7 +190,8 @@ def _safe_name(name: str) -> bool:
 def _copy_files(remote, folder: Path, files: list[dict], id_map: dict[int, int]) -> None:
     """Bring the copy of a job folder up to date: files whose size or time changed; files that only
     grow (logs, CSVs) from where the copy ends."""
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    inside = folder.resolve()
     seen_path = folder / ".remote-files.json"
     try:
         seen = json.loads(seen_path.read_text())
@@ -193,23 +200,27 @@ def _copy_files(remote, folder: Path, files: list[dict], id_map: dict[int, int])
     changed = False
     for f in files:
         name = f.get("name", "")
-        if not _safe_name(name):
+        if not _safe_name(name) or name == seen_path.name:
             continue
+        local = folder / name
+        if not local.parent.resolve().is_relative_to(inside) or local.is_symlink():
+            continue  # a link in the copy (never made by jobctl) must not lead the write elsewhere
         stamp = [f["size"], f["mtime"]]
         if seen.get(name) == stamp:
             continue
-        local = folder / name
-        local.parent.mkdir(parents=True, exist_ok=True)
+        local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         have = local.stat().st_size if local.exists() else 0
         if name.endswith(APPENDED) and name in seen and 0 < have <= f["size"]:
             data = remote.get_bytes(f["path"], offset=have)
-            with open(local, "ab") as out:
+            with os.fdopen(os.open(local, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "ab") as out:
                 out.write(data)
         else:
             data = remote.get_bytes(f["path"])
             data = _translate(name, data, id_map, folder)
             tmp = local.with_name(local.name + ".part")
-            tmp.write_bytes(data)
+            tmp.unlink(missing_ok=True)
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+                out.write(data)  # owner-only, like the job folder it copies
             os.replace(tmp, local)
         seen[name] = stamp
         changed = True

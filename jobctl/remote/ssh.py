@@ -129,6 +129,19 @@ class _StrictPolicy(paramiko.RejectPolicy):
         raise _UnknownHostKey(hostname, key)
 
 
+def _check_key_mode(path: str) -> None:
+    """Refuse a private key that others can read, as OpenSSH does ("UNPROTECTED PRIVATE KEY
+    FILE": a key owned by the user with any group/other permission bit)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # a missing key is reported by the loader below, with its own words
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        raise UsageError(f"ssh key {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                         "OpenSSH refuses such a key, and so does jobctl",
+                         hint=f"chmod 600 {shlex.quote(path)}")
+
+
 def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH's SHA256 fingerprint of a public key (as `ssh-keygen -l` prints it)."""
     return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
@@ -137,6 +150,44 @@ def fingerprint(key: paramiko.PKey) -> str:
 def _key_name(host: str, port: int) -> str:
     """How known_hosts names an endpoint."""
     return host if port == 22 else f"[{host}]:{port}"
+
+
+def _load_known_hosts(keys: paramiko.HostKeys, files: list[str]) -> dict[tuple[str, str], str]:
+    """Read known_hosts files as OpenSSH does, into `keys`: a line it cannot parse is skipped
+    (paramiko alone rejects the whole file for one), `@cert-authority` lines are skipped
+    (host certificates are not checked here: such a host is unknown, and says so), and the keys
+    of `@revoked` lines are returned ({(type, base64): "file:line"}) and never accepted, whatever
+    host they are listed under (stricter than OpenSSH, which matches the line's hosts)."""
+    revoked: dict[tuple[str, str], str] = {}
+    entries = []
+    for file in files:
+        try:
+            text = Path(file).read_text(errors="replace")
+        except OSError as e:
+            raise UsageError(f"cannot read known_hosts {file}: {e.strerror or e}") from e
+        for number, line in enumerate(text.splitlines(), 1):
+            fields = line.split()
+            if not fields or fields[0].startswith("#"):
+                continue
+            if fields[0] == "@revoked":
+                if len(fields) >= 4:
+                    revoked[(fields[2], fields[3])] = f"{file}:{number}"
+                continue
+            if fields[0].startswith("@"):  # @cert-authority, or a marker OpenSSH does not know either
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+            except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError, TypeError) as e:
+                log.debug("known_hosts %s:%d skipped: %s", file, number, e)
+                continue
+            if entry is not None:
+                entries.append(entry)
+    for entry in entries:
+        if (entry.key.get_name(), entry.key.get_base64()) in revoked:
+            continue
+        for host in entry.hostnames:
+            keys.add(host, entry.key.get_name(), entry.key)
+    return revoked
 
 
 def _known_hosts_lines(path: str, name: str) -> list[int]:
@@ -148,8 +199,8 @@ def _known_hosts_lines(path: str, name: str) -> list[int]:
         return found
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
-        if fields and fields[0].startswith("@"):
-            fields = fields[1:]
+        if fields and fields[0].startswith("@"):  # revoked or a CA: not a key the host is known by
+            continue
         if not fields or fields[0].startswith("#"):
             continue
         for pattern in fields[0].split(","):
@@ -337,6 +388,7 @@ class Remote:
         if self._checked_keys:
             return
         for path in self._hop.key_files:
+            _check_key_mode(path)
             try:
                 paramiko.PKey.from_path(path)
             except (paramiko.PasswordRequiredException, TypeError):  # TypeError: cryptography's way of saying so
@@ -384,11 +436,8 @@ class Remote:
     def _connect_hop(self, hop: _Hop, sock) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         known = [f for f in (GLOBAL_KNOWN_HOSTS, self.known_hosts) if os.path.isfile(f)]
-        try:
-            for file in known:  # host keys only ever come from these files; nothing is saved
-                client.load_host_keys(file)
-        except Exception as e:
-            raise UsageError(f"cannot read known_hosts {known}: {e}") from e
+        # host keys only ever come from these files; nothing is saved
+        revoked = _load_known_hosts(client.get_host_keys(), known)
         client.set_missing_host_key_policy(_StrictPolicy())
         timeout = self._login.connect_timeout_s
         name = _key_name(hop.hostname, hop.port)
@@ -399,6 +448,11 @@ class Remote:
                            banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout, sock=sock)
         except _UnknownHostKey as e:
             client.close()
+            if (e.key.get_name(), e.key.get_base64()) in revoked:
+                where = revoked[(e.key.get_name(), e.key.get_base64())]
+                raise SchedulerError(
+                    f"the host key of {name} ({e.key.get_name()} {fingerprint(e.key)}) is REVOKED ({where}); "
+                    "refusing to connect", hint="ask the cluster admins for the login node's current key") from None
             raise SchedulerError(
                 f"the host key of {name} is not in {self.known_hosts}: it offers {e.key.get_name()} "
                 f"{fingerprint(e.key)}; refusing to connect (strict host-key checking)",

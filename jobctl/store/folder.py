@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jobctl.errors import UsageError
+from jobctl.model import slug  # noqa: F401 (part of the folder layout: <id>-<slug>)
 
 # The files jobctl writes, by role.
 RECIPE_YAML = "recipe.yaml"  # the resolved recipe, for people
@@ -38,8 +39,6 @@ MIRROR_STATE = ".remote-files.json"  # what a mirror of a remote folder has copi
 _OUTCOME = re.compile(r"outcome-node(\d+)\.json")
 _SAMPLER = re.compile(r"node-(\d+)\.csv")
 _HOOKS = re.compile(r"rank-(\d+)\.jsonl")
-_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
-SLUG_MAX = 48
 DIR_MODE, FILE_MODE = 0o700, 0o600
 
 
@@ -47,11 +46,6 @@ class FolderError(UsageError):
     """A job folder lacks a file jobctl needs, or holds one it cannot read."""
 
 
-def slug(name: str) -> str:
-    """A file-name-safe form of a user's name: letters, digits, '.', '_' and '-' only, no
-    leading dot, at most SLUG_MAX characters ("job" when nothing is left)."""
-    s = _SLUG.sub("-", str(name)).strip("-.")[:SLUG_MAX].strip("-.")
-    return s or "job"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import sqlite3
 import uuid
 from dataclasses import dataclass, fields
@@ -34,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from jobctl.errors import JobctlError, UsageError
+from jobctl.errors import EXIT_STATE, JobctlError, UsageError
 from jobctl.model import TERMINAL_STATES, FailureKind, JobState, Scheduler, parse_state
 from jobctl.store.paths import history_path
 
@@ -44,6 +45,12 @@ BUSY_TIMEOUT_MS = 30_000  # writers queue behind each other; a write holds the l
 
 class HistoryError(JobctlError):
     """The history database cannot be used as asked (newer schema, a conflicting update)."""
+
+
+class HistoryDamaged(HistoryError):
+    """The history file itself is unusable: damaged, read-only, or its disk is full."""
+
+    exit_code = EXIT_STATE
 
 
 class UnknownJobError(UsageError, LookupError):
@@ -218,6 +225,99 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2]
 
 
+# -- a damaged, read-only or full history ------------------------------------------------------
+
+DAMAGED = ("not a database", "malformed", "corrupt", "file is encrypted", "unsupported file format")
+
+
+def _translate(e: sqlite3.DatabaseError, path: Path) -> BaseException:
+    """sqlite's failures that are the file's, not jobctl's, as one clear HistoryDamaged; the
+    rest (a lock being waited for, a constraint) unchanged."""
+    text = str(e)
+    if isinstance(e, sqlite3.IntegrityError) or "locked" in text or "busy" in text:
+        return e
+    if "readonly" in text or "read-only" in text:
+        return HistoryDamaged(f"the history {path} is read-only ({text}): jobctl cannot record jobs",
+                              hint=f"make it and its folder writable (chmod u+w {shlex.quote(str(path))} "
+                                   f"{shlex.quote(str(path.parent))}), or set JOBCTL_HOME to a writable folder")
+    if "full" in text:
+        return HistoryDamaged(f"the disk holding the history {path} is full ({text})",
+                              hint="free some space there, or set JOBCTL_HOME to a folder on another disk")
+    if any(word in text for word in DAMAGED):
+        copy = keep_damaged_copy(path)
+        kept = f"; a copy is kept at {copy}" if copy else ""
+        return HistoryDamaged(f"the history {path} is damaged ({text}){kept}",
+                              hint="`jobctl doctor` checks it and says what can be recovered; `jobctl doctor "
+                                   "--reset` moves it aside and starts an empty history (job folders are kept)")
+    if isinstance(e, sqlite3.OperationalError) and "disk I/O" in text:
+        return HistoryDamaged(f"the history {path} cannot be read or written: {text}",
+                              hint="check the disk (dmesg) and that the file is on a local disk (JOBCTL_HOME)")
+    return e
+
+
+def keep_damaged_copy(path: Path) -> Path | None:
+    """A copy of a damaged history next to it, once per state of the file (its size and
+    modification time name the copy), owner-only; None when it cannot be made."""
+    import shutil
+
+    try:
+        st = path.stat()
+        copy = path.with_name(f"{path.name}.damaged-{int(st.st_mtime)}-{st.st_size}")
+        if not copy.exists():
+            tmp = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                shutil.copyfileobj(src, out)
+            tmp.replace(copy)
+        return copy
+    except OSError:
+        return None
+
+
+class _Guarded:
+    """The sqlite connection (and its cursors) with the file's failures translated (above)."""
+
+    def __init__(self, inner, path: Path):
+        self._inner, self._path = inner, path
+
+    def _call(self, fn, *args):
+        try:
+            out = fn(*args)
+        except sqlite3.DatabaseError as e:
+            raise _translate(e, self._path) from None
+        return _Guarded(out, self._path) if isinstance(out, sqlite3.Cursor) else out
+
+    def execute(self, *args):
+        return self._call(self._inner.execute, *args)
+
+    def executemany(self, *args):
+        return self._call(self._inner.executemany, *args)
+
+    def executescript(self, *args):
+        return self._call(self._inner.executescript, *args)
+
+    def fetchone(self):
+        return self._call(self._inner.fetchone)
+
+    def fetchall(self):
+        return self._call(self._inner.fetchall)
+
+    def fetchmany(self, *args):
+        return self._call(self._inner.fetchmany, *args)
+
+    def __iter__(self):
+        return iter(self.fetchall())
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name, value):  # row_factory and the like belong to the connection
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._inner, name, value)
+
+
 class History:
     """The job history. Use ``with History.open() as h:`` (or call ``close()``)."""
 
@@ -238,7 +338,10 @@ class History:
             # -wal and -shm files the permissions of the database file.
             os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
         # isolation_level=None: no implicit transactions; writes use BEGIN IMMEDIATE (below).
-        db = sqlite3.connect(p, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        try:
+            db = _Guarded(sqlite3.connect(p, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None), p)
+        except sqlite3.DatabaseError as e:
+            raise _translate(e, p) from None
         try:
             db.row_factory = sqlite3.Row
             db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -692,3 +795,60 @@ def sync_measured_peak(history: History, record: JobRecord, measured_bytes: Iter
     if record.measured_peak_bytes != peak:
         history.set_measured_peak(record.id, peak)
     return peak
+
+
+# -- doctor ------------------------------------------------------------------------------------
+
+
+def check_file(path: str | os.PathLike | None = None) -> dict:
+    """What is known about the history file without changing it: where it is, its mode, its
+    schema version, sqlite's own integrity check, the jobs it holds per state, and the copies
+    kept of damaged versions. `ok` is False when it cannot be used as it is."""
+    from urllib.parse import quote
+
+    p = Path(path).expanduser() if path is not None else default_path()
+    out: dict[str, Any] = {"path": str(p), "exists": p.exists(), "ok": True, "problems": [],
+                           "copies": sorted(str(c) for c in p.parent.glob(f"{p.name}.damaged-*")) if p.parent.is_dir()
+                           else []}
+    if not p.exists():
+        return out
+    st = p.stat()
+    out.update(size=st.st_size, mode=f"{st.st_mode & 0o777:04o}")
+    if st.st_mode & 0o077:
+        out["problems"].append(f"readable by others (mode {out['mode']}): recipes' launch.env may hold tokens; "
+                               f"chmod 600 {shlex.quote(str(p))}")
+    if not os.access(p, os.W_OK) or not os.access(p.parent, os.W_OK):
+        out["ok"] = False
+        out["problems"].append("read-only: jobctl cannot record jobs; make it and its folder writable")
+    try:
+        db = sqlite3.connect(f"file:{quote(str(p))}?mode=ro", uri=True, timeout=2.0)
+        try:
+            out["schema_version"] = db.execute("PRAGMA user_version").fetchone()[0]
+            result = [r[0] for r in db.execute("PRAGMA integrity_check(20)").fetchall()]
+            out["integrity"] = "ok" if result == ["ok"] else result
+            if result != ["ok"]:
+                out["ok"] = False
+                out["problems"].append("sqlite's integrity check failed: " + "; ".join(result[:3]))
+            out["jobs"] = dict(db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as e:
+        out["ok"] = False
+        out["problems"].append(f"sqlite cannot read it: {e}")
+    return out
+
+
+def reset_file(path: str | os.PathLike | None = None, *, clock: Callable[[], datetime] = utc_now) -> Path | None:
+    """Move the history (with its -wal and -shm files) aside, to `<name>.reset-<time>`, so
+    that the next command starts an empty one; returns where it went (None: there was none).
+    Nothing is deleted: job folders stay, and the moved file can be inspected or restored."""
+    p = Path(path).expanduser() if path is not None else default_path()
+    if not p.exists():
+        return None
+    aside = p.with_name(f"{p.name}.reset-{clock().strftime('%Y%m%dT%H%M%S')}")
+    for suffix in ("-wal", "-shm"):
+        extra = p.with_name(p.name + suffix)
+        if extra.exists():
+            extra.replace(aside.with_name(aside.name + suffix))
+    p.replace(aside)
+    return aside

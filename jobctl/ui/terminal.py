@@ -13,10 +13,20 @@ GIB = 1 << 30
 BAR_WIDTH = 12
 
 
-def console(stderr: bool = False):
+def console(stderr: bool = False, width: int | None = None):
     from rich.console import Console
 
-    return Console(stderr=stderr, markup=False, highlight=False, emoji=False, soft_wrap=False)
+    return Console(stderr=stderr, markup=False, highlight=False, emoji=False, soft_wrap=False, width=width)
+
+
+def print_unsqueezed(renderable) -> None:
+    """A table at its natural width even when the terminal is narrower (`--wide`: the terminal
+    wraps whole lines; no cell is folded letter by letter)."""
+    from rich.measure import Measurement
+
+    con = console()
+    natural = Measurement.get(con, con.options.update_width(100_000), renderable).maximum
+    (console(width=natural) if natural > con.width else con).print(renderable)
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -25,6 +35,32 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def sanitize(text: str) -> str:
     """Text without terminal control characters (escape sequences become visible \\x1b)."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
+
+
+def clean(value):
+    """`value` with every string in it (dict values and keys, list and tuple items) sanitized:
+    what a view receives from the services holds user- and job-supplied strings (recipe names,
+    log lines, scheduler reasons) that must reach the terminal as text, never as escapes."""
+    if isinstance(value, str):
+        return sanitize(value)
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    if type(value) is tuple:
+        return tuple(clean(v) for v in value)
+    return value
+
+
+def sanitized(fn):
+    """A view whose arguments are cleaned first (ui/__init__.py wraps every view with it)."""
+    import functools
+
+    @functools.wraps(fn)
+    def view(*args, **kwargs):
+        return fn(*(clean(a) for a in args), **{k: clean(v) for k, v in kwargs.items()})
+
+    return view
 
 
 def print_json(data) -> None:
@@ -46,8 +82,9 @@ def line(text: str) -> None:
 
 
 def raw(text: str) -> None:
-    """Text as it is on stdout (a log, a YAML document), flushed."""
-    sys.stdout.write(text)
+    """Text as it is on stdout (a log, a YAML document), flushed; on a terminal, its control
+    characters are shown, not obeyed (a job's log may hold anything)."""
+    sys.stdout.write(sanitize(text) if sys.stdout.isatty() else text)
     sys.stdout.flush()
 
 
@@ -122,3 +159,19 @@ def state_text(state: str):
     from rich.text import Text
 
     return Text(state, style=STATE_STYLES.get(state, "bold red"))
+
+
+def short_duration(seconds) -> str:
+    """A duration in at most 6 characters: 54.6s, 31m, 15.2h, 21.3d."""
+    if seconds is None:
+        return ""
+    s = float(seconds)
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 100:
+        return f"{s:.1f}s"
+    if s < 100 * 60:
+        return f"{s / 60:.0f}m"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d" if s < 1000 * 86400 else f"{s / 86400:.0f}d"

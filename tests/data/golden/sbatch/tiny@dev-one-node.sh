@@ -1,12 +1,12 @@
 #!/bin/bash
 
 # Parameters
-#SBATCH --cpus-per-task=16
+#SBATCH --cpus-per-task=2
 #SBATCH --error=<home>/jobs/ID-tiny/%j_0_log.err
 #SBATCH --gpus-per-node=1
 #SBATCH --gres=gpu:1
 #SBATCH --job-name=tiny
-#SBATCH --mem=62G
+#SBATCH --mem=7936M
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --open-mode=append
