@@ -250,7 +250,10 @@ def test_plan_on_every_cluster_json(capsys):
 def test_plan_on_every_cluster_table(capsys):
     code, out, err = run(capsys, "plan", RECIPE)
     assert code == 0 and err == ""
-    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("───")) + 1
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    rows = [line.split()[0] for line in lines[start:end]]  # the first cell: the cluster
     assert sorted(rows) == SHIPPED_CLUSTERS
 
 

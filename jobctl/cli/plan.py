@@ -33,6 +33,7 @@ def add_arguments(p) -> None:
                    help="leave out what earlier CUDA OOMs of this workload on the cluster taught the memory model")
     p.add_argument("--emit", action="store_true",
                    help="print the plan as its framework's configuration (flags, environment, files) and nothing else")
+    p.add_argument("--wide", action="store_true", help="without --cluster: full layouts and reasons in the table")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON (bytes) on stdout")
 
 
@@ -64,7 +65,7 @@ def run(args) -> int:
     if args.as_json:
         ui.print_json({"recipe": rec.path, "objective": args.objective, "clusters": reports})
     else:
-        ui.render_plan_overview(reports, rec.path)
+        ui.render_plan_overview(reports, rec.path, wide=args.wide)
     return EXIT_OK if any(r["feasible"] for r in reports) else EXIT_NO_FIT
 
 

@@ -36,12 +36,15 @@ def suggestions(w: Workload, t: Target, c: Constraints, result: SearchResult, li
             best = fits(c2=replace(c, **{pinned: None}))
             if best:
                 out.append(f"fits with parallelism.{pinned}=auto: {best.plan.summary()}")
-    max_nodes = c.max_nodes or t.nodes
+    # what the search could use: the partition's nodes, or fewer when resources.max_nodes says so
+    max_nodes = min(c.max_nodes, t.nodes) if c.max_nodes else t.nodes
+    offered = (f"{t.cluster}/{t.partition} offers {t.nodes}" + (f", resources.max_nodes allows {c.max_nodes}"
+                                                                if c.max_nodes and c.max_nodes < t.nodes else ""))
     for factor in (2, 4, 8, 16, 32, 64):
         nodes = max_nodes * factor
         best = fits(t2=replace(t, nodes=max(nodes, t.nodes)), c2=replace(c, max_nodes=nodes))
         if best:
-            out.append(f"fits on {best.plan.nodes} nodes ({t.cluster}/{t.partition} offers {max_nodes}): "
+            out.append(f"fits on {best.plan.nodes} nodes ({offered}): "
                        f"{best.plan.nodes} x {best.plan.gpus_per_node} {t.gpu.key} with {best.plan.summary()}")
             break
     if w.method == "full":

@@ -69,7 +69,8 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
             continue
         unit = "tokens/s per GPU" if objective == "throughput" else "tokens/s"
         lines.append(f"{dim}={getattr(alt.plan, dim)}: {worse:.1%} lower {unit} — {_loss_reason(win, alt)}")
-    if t.links is not None and win.plan.tp == t.gpus_per_node and w.model.heads % (2 * win.plan.tp) == 0:
+    # (on a partition of one node, a larger tp is not slower but impossible: nothing to explain)
+    if t.links is not None and t.nodes > 1 and win.plan.tp == t.gpus_per_node and w.model.heads % (2 * win.plan.tp) == 0:
         ratio = (t.links.intra_node_gbs * INTRA_NODE_EFFICIENCY) / (t.links.inter_node_gbs * NETWORK_EFFICIENCY)
         lines.append(f"tp={2 * win.plan.tp} crosses the node boundary: {ratio:.1f}x slower all-reduce "
                      f"({t.links.inter_node_gbs:g} GB/s network vs {t.links.intra_node_gbs:g} GB/s inside a node)")

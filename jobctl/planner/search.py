@@ -130,7 +130,7 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         if m.kv_heads % c.tp:
             out.append(f"tp={c.tp} does not divide the KV heads: {m.kv_heads} % {c.tp} = {m.kv_heads % c.tp}")
         if c.tp > t.gpus_per_node:
-            out.append(f"tp={c.tp} crosses the node boundary: a node of {t.partition} has {t.gpus_per_node} GPUs; "
+            out.append(f"tp={c.tp} crosses the node boundary: a node of {t.partition} has {_gpus(t.gpus_per_node)}; "
                        "tensor parallelism must stay inside a node")
     if c.pp is not None and not stage_layers(m.layers, c.pp):
         out.append(f"pp={c.pp} cannot split {m.layers} layers: {m.layers} % {c.pp} = {m.layers % c.pp}, and "
@@ -174,7 +174,7 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         limit = t.total_gpus if c.max_nodes is None else min(t.total_gpus, c.max_nodes * t.gpus_per_node)
         if world > limit:
             out.append(f"tp({c.tp}) * pp({c.pp}) * dp({c.dp}) * cp({c.cp}) = {world} GPUs > {limit} available "
-                       f"({t.cluster}/{t.partition}: {t.nodes} nodes x {t.gpus_per_node} GPUs"
+                       f"({t.cluster}/{t.partition}: {t.nodes} node{'s' if t.nodes != 1 else ''} x {_gpus(t.gpus_per_node)}"
                        + (f", max_nodes {c.max_nodes}" if c.max_nodes else "") + ")")
         elif world > t.gpus_per_node and world % t.gpus_per_node:
             out.append(f"world size {world} is not a whole number of {t.gpus_per_node}-GPU nodes")
@@ -511,7 +511,7 @@ def rank(cands: list[Candidate], objective: str) -> list[Candidate]:
 
 def no_fit_reasons(w: Workload, t: Target, c: Constraints, closest: Candidate | None, r: SearchResult) -> list[str]:
     if r.considered == 0:
-        return [f"no valid layout: the divisibility rules leave nothing to try on {t.total_gpus} GPUs "
+        return [f"no valid layout: the divisibility rules leave nothing to try on {_gpus(t.total_gpus)} "
                 f"(heads {w.model.heads}, kv_heads {w.model.kv_heads}, layers {w.model.layers}, "
                 f"global_batch_size {w.global_batch_size})"]
     out = [f"none of {r.considered} layouts fits on {t.cluster}/{t.partition} "
@@ -529,3 +529,7 @@ def no_fit_reasons(w: Workload, t: Target, c: Constraints, closest: Candidate | 
 
 def with_partition(t: Target, **kw) -> Target:
     return replace(t, **kw)
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"

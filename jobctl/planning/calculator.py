@@ -105,12 +105,39 @@ def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0
     left = usable - total
     verdict = (f"fits: {total / GIB:.2f} GiB of {usable / GIB:.2f} GiB usable, {left / GIB:.2f} GiB left for activations"
                if fits else f"does not fit: needs {total / GIB:.2f} GiB, {usable / GIB:.2f} GiB usable "
-               f"({-left / GIB:.2f} GiB short); try --zero-stage 3 with more GPUs, --offload optimizer, or LoRA")
+               f"({-left / GIB:.2f} GiB short); " + _what_fits({
+                   "params": params, "model_size_gb": model_size_gb, "model": model, "gpu_memory_gb": gpu_memory_gb,
+                   "num_gpus": num_gpus, "optimizer": optimizer, "precision": precision, "zero_stage": zero_stage,
+                   "framework": framework, "offload": offload, "seq_len": seq_len,
+                   "micro_batch_size": micro_batch_size, "recompute": recompute}))
     headline = (f"{n / 1e9:.2f}B parameters, {precision}, {optimizer}, ZeRO stage {zero_stage} over {num_gpus} GPU(s), "
                 f"{framework}")
     return {"fits": fits, "params": n, "memory": mem, "notes": notes, "verdict": verdict, "headline": headline,
             "assumptions": {"gpu_memory_gib": gpu_memory_gb, "num_gpus": num_gpus, "optimizer": optimizer,
                             "precision": precision, "zero_stage": zero_stage, "framework": framework, "offload": offload}}
+
+
+def _what_fits(asked: dict) -> str:
+    """The least change to what was asked that fits, found by asking again: a higher ZeRO stage
+    on the same GPUs (the lowest that fits: ZeRO-1 before ZeRO-3, which also gathers weights),
+    then optimizer offload, then ZeRO-3 over more GPUs (the fewest, by doubling)."""
+    def fits(**change) -> float | None:
+        r = calculate(**{**asked, **change})
+        m = r["memory"]
+        return m["total_bytes"] / GIB if r["fits"] else None
+
+    for stage in range(asked["zero_stage"] + 1, 4):
+        if (need := fits(zero_stage=stage)) is not None:
+            return f"--zero-stage {stage} fits on the same {asked['num_gpus']} GPU(s) ({need:.2f} GiB each)"
+    if asked["offload"] == "none" and (need := fits(zero_stage=max(1, asked["zero_stage"]), offload="optimizer")):
+        return (f"--zero-stage {max(1, asked['zero_stage'])} --offload optimizer fits ({need:.2f} GiB per GPU, "
+                "the optimizer in host memory)")
+    gpus = asked["num_gpus"] * 2
+    while gpus <= 1 << 14:
+        if (need := fits(zero_stage=3, num_gpus=gpus)) is not None:
+            return f"--zero-stage 3 over {gpus} GPUs fits ({need:.2f} GiB each); or LoRA"
+        gpus *= 2
+    return "no ZeRO stage, offload or GPU count fits this; use LoRA/QLoRA or GPUs with more memory"
 
 
 def _states_only(mem: dict, n: int, sb, optimizer: str, sharding: str, num_gpus: int, offload: str, precision: str) -> dict:

@@ -3,10 +3,19 @@ alternatives, the decision (--explain), the dry run, every cluster side by side.
 
 from __future__ import annotations
 
-from jobctl.planner.plan import layout_text
 import sys
 
-from jobctl.ui.terminal import bar, console, duration, gib, sanitize
+from jobctl.planner.plan import layout_text
+from jobctl.ui.terminal import (
+    GIB,
+    bar,
+    console,
+    duration,
+    gib,
+    print_unsqueezed,
+    sanitize,
+    short_duration,
+)
 
 
 def memory_table(mem: dict, title: str):
@@ -44,7 +53,8 @@ def render_plan(report: dict) -> None:
     if report["feasible"]:
         p = report["plan"]
         con.print(Text(
-            f"fits: {p['nodes']} node(s) x {p['gpus_per_node']} {report['gpu']} = {p['world_size']} GPUs | "
+            f"fits: {p['nodes']} node(s) x {p['gpus_per_node']} {report['gpu']} = {p['world_size']} "
+            f"GPU{'s' if p['world_size'] != 1 else ''} | "
             f"tp {p['tp']} · pp {p['pp']} · dp {p['dp']} · cp {p['cp']} | sharding {p['sharding']} | "
             f"micro-batch {p['micro_batch_size']} x {p['grad_accum_steps']} accumulation x dp {p['dp']} "
             f"= {p['global_batch_size']} sequences | recompute {p['recompute']} | offload {p['offload']} | "
@@ -116,7 +126,7 @@ def render_explain(ex: dict) -> None:
     for reason, n in sorted(ex["rejected"].items(), key=lambda x: -x[1]):
         con.print(Text(f"  rejected, {reason}: {n}"))
     for i, wnr in enumerate(ex["winners"], 1):
-        con.print(Text(f"  #{i} {wnr['plan']} on {wnr['world_size']} GPUs: {wnr['memory_gib']} GiB, "
+        con.print(Text(f"  #{i} {wnr['plan']} on {wnr['world_size']} GPU{'s' if wnr['world_size'] != 1 else ''}: {wnr['memory_gib']} GiB, "
                        f"step {duration(wnr['step_time_s'])}, {wnr['tokens_per_s_per_gpu'] or 0:,.0f} tokens/s/GPU"))
 
 
@@ -146,30 +156,72 @@ def render_dry_run(items: list[dict]) -> None:
                            style="green" if ok else "bold red"), soft_wrap=True)
 
 
-def render_plan_overview(reports: list[dict], recipe: str) -> None:
+def short_layout(p: dict) -> str:
+    """The parallel layout in few characters: "tp4 pp9 dp2 z1" (cp and interleaving when used,
+    "+off" with offload); micro-batches are their own column."""
+    text = f"tp{p['tp']} pp{p['pp']}" + (f"v{p['virtual_stages']}" if p.get("virtual_stages", 1) > 1 else "")
+    text += f" dp{p['dp']}" + (f" cp{p['cp']}" if p["cp"] > 1 else "")
+    text += {"none": "", "zero1": " z1", "zero2": " z2", "zero3": " z3", "hsdp": " hsdp"}.get(p["sharding"], f" {p['sharding']}")
+    if p["recompute"] != "none":
+        text += " rc" if p["recompute"] == "full" else " sel"
+    return text + (" +off" if p["offload"] != "none" else "")
+
+
+def render_plan_overview(reports: list[dict], recipe: str, wide: bool = False) -> None:
+    """Every cluster side by side, best first. At 80 columns: short cells that never wrap
+    (numbers and layouts are truncated with an ellipsis on narrower terminals, never folded
+    letter by letter); only the reason of a cluster that does not fit wraps, at words.
+    `wide` shows the full layout and the reason in their own columns."""
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"{recipe} on every cluster, best first (GiB per GPU)", title_justify="left")
-    for col in ("cluster", "partition", "fits", "GPUs", "layout", "peak GiB", "step", "time to train", "why not / what would"):
-        table.add_column(col, overflow="fold", min_width=4 if col in ("fits", "GPUs") else None)
+    table = Table(title=f"{recipe} on every cluster, best first", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    table.add_column("cluster", no_wrap=True, overflow="ellipsis")
+    table.add_column("GPUs", justify="right", no_wrap=True)
+    table.add_column("layout" if not wide else "layout (micro-batch x accumulation)", no_wrap=not wide,
+                     overflow="ellipsis" if not wide else "fold")
+    if not wide:
+        table.add_column("mbs", no_wrap=True)
+    table.add_column("GiB/GPU", justify="right", no_wrap=True)
+    table.add_column("step", justify="right", no_wrap=True)
+    table.add_column("to train", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("why not / what would", overflow="fold")
+    other_rows = []
+    clusters = [r["cluster"] for r in reports]
     for r in reports:
+        # the partition only where it tells something: --wide, or a cluster listed twice
+        where = r["cluster"] + (f"/{r['partition']}" if r.get("partition") and (wide or clusters.count(r["cluster"]) > 1)
+                                else "")
         if r["feasible"]:
             p, mem, est = r["plan"], r["memory"], r.get("estimate") or {}
-            table.add_row(r["cluster"], r["partition"] or "", Text("yes", style="green"), str(p["world_size"]),
-                          layout_text(p), f"{gib(mem['total_bytes'])}/{gib(mem['gpu_usable_bytes'])}",
-                          duration(est.get("step_time_s")), duration(est.get("time_to_train_s")), "")
+            cells = [where, str(p["world_size"]), layout_text(p) if wide else short_layout(p)]
+            if not wide:
+                cells.append(f"{p['micro_batch_size']}x{p['grad_accum_steps']}")
+            cells += [f"{mem['total_bytes'] / GIB:.1f}/{mem['gpu_usable_bytes'] / GIB:.0f}",
+                      short_duration(est.get("step_time_s")), short_duration(est.get("time_to_train_s"))]
+            table.add_row(*cells, *([""] if wide else []))
         else:
             closest = (r.get("closest") or {}).get("memory")
-            if closest:
-                why = f"needs {gib(closest['total_bytes'])} GiB/GPU"
-            else:
-                why = r["reasons"][0] if r["reasons"] else "does not fit"
+            why = f"needs {gib(closest['total_bytes'])} GiB/GPU" if closest else (
+                r["reasons"][0] if r["reasons"] else "does not fit")
             if r["suggestions"]:
                 why += "; " + r["suggestions"][0].split(":")[0]
-            table.add_row(r["cluster"], r.get("partition") or "", Text("no", style="red"), "", "", "", "", "", Text(why))
-    console().print(table)
-
+            other_rows.append((where, why))
+            if wide:
+                table.add_row(where, "", Text("does not fit", style="red"), "", "", "", Text(why))
+            else:
+                table.add_row(where, "-", Text("does not fit", style="red"), "", "", "", "")
+    con = console()
+    print_unsqueezed(table) if wide else con.print(table)
+    if not wide:  # the reasons, one per line, wrapped at words
+        for where, why in other_rows:
+            con.print(Text.assemble((f"{where}: ", "bold"), ("does not fit: ", "red"), why))
+        con.print(Text("layout: tp/pp/dp/cp sizes, z1-z3 = ZeRO stage, rc = full recompute, sel = selective, "
+                       "+off = offload; mbs = micro-batch x accumulation; GiB/GPU = peak/usable; --wide for all",
+                       style="dim"))
 
 def render_memory_calc(result: dict) -> None:
     from rich.text import Text

@@ -43,13 +43,17 @@ def report_rank_table(rep: dict):
 
 
 def attempts_table(chain: list[dict]):
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="Attempts (GiB per GPU)", title_justify="left", pad_edge=False)
-    for col in ("id", "attempt", "state", "layout", "predicted", "measured peak", "error", "why it ended / changed"):
-        table.add_column(col, justify="right" if col in ("id", "attempt", "predicted", "measured peak", "error")
-                         else "left", overflow="fold", no_wrap=col in ("id", "state"))
+    # 80 columns: short headers, numbers that never wrap, the layout and the notes wrapping at words
+    table = Table(title="Attempts (GiB per GPU: predicted, measured peak, error)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, min_width in (("id", None), ("#", None), ("state", None), ("layout", 14), ("pred", None),
+                           ("peak", None), ("error", None), ("why it ended / changed", 16)):
+        table.add_column(col, justify="right" if col in ("id", "#", "pred", "peak", "error") else "left",
+                         overflow="fold", no_wrap=min_width is None, min_width=min_width)
     for a in chain:
         notes = []
         if a.get("label"):
@@ -79,23 +83,23 @@ def render_report(rep: dict) -> None:
         head.append(f"  {rep['layout']}, {rep['nodes']} node(s) x {rep['gpus_per_node']} {rep.get('gpu') or 'GPU'}")
     con.print(head)
     if rep.get("states_note"):
-        con.print(Text(rep["states_note"], style="yellow"), soft_wrap=True)
+        con.print(Text(rep["states_note"], style="yellow"))
     if rep["gpus"]:
         con.print(report_gpu_table(rep))
     else:
-        con.print(Text(rep["no_samples"], style="bold yellow"), soft_wrap=True)
+        con.print(Text(rep["no_samples"], style="bold yellow"))
     if rep["ranks"]:
         con.print(report_rank_table(rep))
     for line in rep.get("hooks_off") or []:
-        con.print(Text(f"hooks off on {line}", style="dim"), soft_wrap=True)
+        con.print(Text(f"hooks off on {line}", style="dim"))
     m = rep.get("measured_peak")
     if m and rep["predicted_peak_bytes"]:
         err = m["error_pct"]
         verdict = "" if err is None else (f": the plan over-predicted by {err:.1f} %" if err > 0 else
                                           f": the plan under-predicted by {-err:.1f} %" if err < 0 else ": exact")
         con.print(Text(f"measured peak {gib(m['bytes'])} GiB ({m['source']}, {m['where']}) vs predicted "
-                       f"{gib(rep['predicted_peak_bytes'])} GiB{verdict}", style="bold"), soft_wrap=True)
+                       f"{gib(rep['predicted_peak_bytes'])} GiB{verdict}", style="bold"))
     elif not m:
-        con.print(Text("measured peak: nothing measured, so the prediction cannot be checked"), soft_wrap=True)
+        con.print(Text("measured peak: nothing measured, so the prediction cannot be checked"))
     con.print(attempts_table(rep["chain"]))
-    con.print(chain_line(rep["chain"], rep["chain_text"]), soft_wrap=True)
+    con.print(chain_line(rep["chain"], rep["chain_text"]))
