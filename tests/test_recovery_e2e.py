@@ -207,3 +207,31 @@ def test_always_oom_walks_down_until_the_attempt_limit_or_the_bottom(slurm_clust
     plans = [json.loads(r["plan_json"]) for r in rows]
     assert {pl["global_batch_size"] for pl in plans} == {16}
     assert "calibration" in final and len(final["calibration"]["points"]) == len(rows)
+
+
+def test_an_oom_on_one_node_of_two_is_the_jobs_oom_and_the_ladder_runs(slurm_cluster, home, tmp_path, monkeypatch):
+    """Node 1 runs out of memory; node 0 would wait in a collective for the 10 minutes the
+    payload sleeps (past the 5-minute time limit). Node 0 sees node 1's failure in the job
+    folder, stops its command, and the first attempt ends as a CUDA OOM in time for the ladder:
+    16 data-parallel ranks = 2 nodes of 8 (fake) H100s; global batch 64 = 16 x 4: micro-batch
+    4 (x1), and the payload fits 2: attempt 2 runs micro-batch 2 (x2) and completes."""
+    import yaml
+
+    path = recipe(tmp_path, budget=2)
+    doc = yaml.safe_load(path.read_text())
+    doc["train"]["global_batch_size"] = 64
+    doc["parallelism"]["dp"] = 16
+    doc["launch"]["env"]["OOM_NODE_RANK"] = "1"
+    path.write_text(yaml.safe_dump(doc))
+    plan = json.loads(jobctl("plan", str(path), "--cluster", "dev", "--json").stdout)
+    assert (plan["plan"]["nodes"], plan["plan"]["micro_batch_size"]) == (2, 4), plan["plan"]
+    p = jobctl("submit", str(path), "--cluster", "dev", "--json", env={"JOBCTL_PEER_POLL_S": "2"})
+    assert p.returncode == 0, p.stderr
+    rows = poll_until(home, lambda rows: any(r["state"] == "COMPLETED" for r in rows), timeout_s=280)
+    assert [r["attempt"] for r in rows] == [1, 2]
+    assert rows[0]["state"] == "FAILED" and rows[0]["failure_kind"] == "CUDA_OOM", rows[0]
+    assert [json.loads(r["plan_json"])["micro_batch_size"] for r in rows] == [4, 2]
+    first = Path(rows[0]["job_folder"])
+    node0 = (first / "logs" / "node-0.log").read_text()
+    assert "jobctl: node 1 failed (CUDA_OOM); stopping node 0's command" in node0
+    assert json.loads((first / "outcome-node1.json").read_text())["failure"]["kind"] == "CUDA_OOM"

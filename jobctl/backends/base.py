@@ -14,8 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from jobctl.errors import SchedulerError
 from jobctl.model import JobStatus, Scheduler
 from jobctl.store.folder import JobFolder
+
+
+class SubmissionUncertain(SchedulerError):
+    """The scheduler call failed in a way that does not say whether the job was made (sbatch
+    timed out): the job stays PREPARED until `jobctl status` finds it, or finds it was not made."""
 
 
 @dataclass(frozen=True)

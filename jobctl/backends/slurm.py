@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from jobctl.backends import discover as d
-from jobctl.backends.base import JobRef, SubmitRequest, Submitted
+from jobctl.backends.base import JobRef, SubmissionUncertain, SubmitRequest, Submitted
 from jobctl.errors import SchedulerError
 from jobctl.model import JobStatus, Scheduler
 
@@ -107,9 +107,11 @@ class SlurmBackend:
     def _plan(requests: Sequence[SubmitRequest], cwd: str | None) -> tuple[Path, dict]:
         """Where submitit keeps its files (a job array's own folder beside the jobs') and its
         parameters, the same for a submission and for its dry run."""
-        folders = [r.folder.path for r in requests]
-        exec_folder = folders[0] if len(requests) == 1 else folders[0].parent / f"array-{folders[0].name}"
+        exec_folder = exec_folder_for([r.folder.path for r in requests])
         params = dict(requests[0].parameters)
+        # what finds the job at Slurm when sbatch's answer was lost (a timeout, a kill):
+        # its folder, unique to this history and job (reconcile)
+        params["comment"] = comment_for(exec_folder)
         if cwd:
             params["additional_parameters"] = {**params.get("additional_parameters", {}), "chdir": cwd}
         return exec_folder, params
@@ -130,7 +132,13 @@ class SlurmBackend:
         try:
             jobs = self._submit(exec_folder, params, [r.runner for r in requests])
         except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as e:
-            raise SchedulerError(f"the scheduler refused the job: {_sbatch_message(e)}",
+            message = _sbatch_message(e)
+            if any(word in message for word in UNCERTAIN):
+                raise SubmissionUncertain(
+                    f"sbatch did not answer clearly ({message}): Slurm may have made the job",
+                    hint="`jobctl status` looks for it at Slurm (by its comment) and records what it finds; "
+                         "do not submit again before that") from None
+            raise SchedulerError(f"the scheduler refused the job: {message}",
                                  hint="check the partition, GPU count and time limit against `sinfo`, or run "
                                       "with --dry-run --check") from None
         out = []
@@ -194,6 +202,21 @@ class SlurmBackend:
         found = parse_sacct(self._run(argv, True))
         # just after sbatch, sacct has no row for up to a second (slurmdbd lags slurmctld)
         return {i: found.get(i) or JobStatus("PENDING", reason="not yet in accounting") for i in ids}
+
+    def find(self, calls: Sequence[Sequence[str]]) -> dict[tuple, list[str]]:
+        """The Slurm job ids (array tasks in index order) of sbatch calls whose answer was lost,
+        by the comment jobctl gives each (comment_for): {tuple(the call's job folders): [ids]}.
+        squeue knows queued and running jobs; sacct the ones that ended (when slurmdbd stores
+        comments: AccountingStoreFlags=job_comment)."""
+        wanted = {comment_for(exec_folder_for([Path(f) for f in call])): tuple(call) for call in calls}
+        found: dict[tuple, list[str]] = {}
+        lines = self._run(["squeue", "--me", "-h", "-r", "-o", "%i|%k"], True).splitlines()
+        lines += self._run(["sacct", "-n", "-P", "-X", "-o", "JobID,Comment", "-S", "now-7days"], False).splitlines()
+        for line in lines:
+            job_id, _, comment = line.strip().partition("|")
+            if comment in wanted and job_id not in found.get(wanted[comment], []):
+                found.setdefault(wanted[comment], []).append(job_id)
+        return {f: sorted(ids, key=_array_index) for f, ids in found.items()}
 
     def cancel(self, jobs: Sequence[JobRef]) -> None:
         ids = [j.scheduler_job_id for j in jobs if j.scheduler_job_id]
@@ -271,6 +294,30 @@ def sacct_time(iso: str, slack_s: float = SACCT_SLACK_S) -> str:
     if dt.tzinfo is not None:
         dt = dt.astimezone().replace(tzinfo=None)
     return (dt - timedelta(seconds=slack_s)).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+# sbatch's words for an answer lost on the way (the job may exist): slurm's
+# slurm_strerror texts for timeouts and a controller that went away mid-call
+UNCERTAIN = ("timed out", "Timed out", "Socket timed out", "Zero Bytes were transmitted",
+             "Unable to contact slurm controller", "Connection reset")
+
+
+def exec_folder_for(folders: Sequence[Path]) -> Path:
+    """Where submitit keeps the files of one sbatch call: the job's folder, or for a job array
+    a folder beside the jobs' named after the first."""
+    return folders[0] if len(folders) == 1 else folders[0].parent / f"array-{folders[0].name}"
+
+
+def comment_for(exec_folder: Path) -> str:
+    """`jobctl:<the call's folder>`, unique per history and job; characters an #SBATCH line
+    might split on are %-encoded (the folder path may hold spaces)."""
+    from urllib.parse import quote
+
+    return "jobctl:" + quote(str(exec_folder), safe="/._-+@,=")
+
+
+def _array_index(job_id: str) -> int:
+    return int(job_id.rpartition("_")[2]) if "_" in job_id and job_id.rpartition("_")[2].isdigit() else -1
 
 
 def _sbatch_message(e: Exception) -> str:

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 from jobctl.errors import SchedulerError, UsageError
 from jobctl.jobs import placement
-from jobctl.model import JobState, JobStatus
+from jobctl.model import JobState, JobStatus, Scheduler
 from jobctl.store.history import UnknownJobError
 
 
@@ -32,13 +32,58 @@ def refresh(history, records) -> dict[int, JobStatus]:
     return current
 
 
+RECONCILE_AFTER_S = 20.0  # a younger PREPARED row may be a submission still talking to sbatch
+GIVE_UP_AFTER_S = 600.0  # an older one that Slurm does not know was never made
+
+
+def reconcile(history, records, now: datetime | None = None) -> list[int]:
+    """Slurm jobs left PREPARED because sbatch's answer was lost (it timed out, or jobctl was
+    killed while it ran): found at Slurm by the comment each submission carries and recorded
+    as submitted; or, once old enough and still unknown there, recorded as never made.
+    Returns the ids whose row changed. Never submits anything."""
+    import json
+
+    now = now or datetime.now(timezone.utc)
+
+    def age(r) -> float:
+        return (now - datetime.fromisoformat(r.created_at)).total_seconds()
+
+    import os
+
+    after = float(os.environ.get("JOBCTL_RECONCILE_AFTER_S", RECONCILE_AFTER_S))
+    lost = [r for r in records if r.state is JobState.PREPARED and not r.scheduler_job_id
+            and r.scheduler == Scheduler.SLURM.value and not placement.is_remote(r) and age(r) > after]
+    calls: dict[tuple, list] = {}
+    for r in lost:
+        extra = json.loads(r.extra_json or "{}")
+        if extra.get("sbatch_call"):
+            calls.setdefault(tuple(extra["sbatch_call"]), []).append((r, int(extra.get("sbatch_index") or 0)))
+    if not calls:
+        return []
+    found = placement.backend(Scheduler.SLURM).find(list(calls))
+    changed = []
+    for call, members in calls.items():
+        ids = found.get(call) or []
+        for r, index in members:
+            if ids and index < len(ids):
+                history.mark_submitted(r.id, ids[index], call[index])  # found by its comment: SUBMITTED
+                changed.append(r.id)
+            elif not ids and age(r) > GIVE_UP_AFTER_S:
+                history.mark_submit_failed(r.id, "sbatch's answer was lost and Slurm has no job with this "
+                                                 "submission's comment: it was never made")
+                changed.append(r.id)
+    return changed
+
+
 def refresh_live(history, records) -> dict[int, JobStatus]:
     """Ask the backends (once each) about the jobs not yet ended and record what changed.
 
     Ended jobs are not asked about: their recorded state is final (a local job's folder
     cannot tell CANCELLED from FAILED, and sacct may have forgotten old jobs)."""
-    live = [r for r in records if r.scheduler_job_id and not r.terminal]
     try:
+        if reconcile(history, records):
+            records = [history.get(r.id) for r in records]
+        live = [r for r in records if r.scheduler_job_id and not r.terminal]
         return refresh(history, live) if live else {}
     except SchedulerError as e:
         raise SchedulerError(e.message, hint=e.hint or "`jobctl history` shows the recorded states "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobctl.backends import launch
-from jobctl.backends.base import SubmitRequest
+from jobctl.backends.base import SubmissionUncertain, SubmitRequest
 from jobctl.config import loader as config
 from jobctl.errors import SchedulerError, UsageError
 from jobctl.jobs import placement
@@ -315,6 +315,10 @@ def _submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
             write_folder(s, folder, jid)
             ids.append(jid)
             folders.append(folder)
+        # what `jobctl status` needs to find the jobs at the scheduler if its answer is lost
+        call = [str(f.path) for f in folders]
+        for i, (s, jid) in enumerate(zip(group, ids)):
+            history.set_extra(jid, {"overrides": s.overrides, "sbatch_call": call, "sbatch_index": i})
         with _interrupts_deferred(block_children=group[0].scheduler is Scheduler.SLURM):
             results += _submit_group(backend, group, ids, folders, history, progress)
     return results
@@ -325,6 +329,8 @@ def _submit_group(backend, group, ids, folders, history, progress) -> list[dict]
     results = []
     try:
         answers = backend.submit([s.request(f, jid) for s, f, jid in zip(group, folders, ids)], cwd=group[0].cwd)
+    except SubmissionUncertain:
+        raise  # the rows stay PREPARED: `jobctl status` finds the jobs at the scheduler, or says they were never made
     except SchedulerError as e:
         for jid in ids:
             history.mark_submit_failed(jid, e.message.removeprefix("the scheduler refused the job: "))

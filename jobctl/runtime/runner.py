@@ -23,7 +23,7 @@ from jobctl.backends import launch
 from jobctl.backends.slurm import SlurmBackend
 from jobctl.errors import UsageError
 from jobctl.model import JOB_FOLDER_TOKEN, RetryPolicy
-from jobctl.runtime.outcome import wait_for_outcomes, write_outcome
+from jobctl.runtime.outcome import OUTCOME_WAIT_S, wait_for_outcomes, write_outcome
 from jobctl.store.folder import FINAL, RECOVERY_ERROR, JobFolder
 
 # The recovery the first node runs after every node has written its outcome, named
@@ -105,11 +105,14 @@ class NodeRunner:
                     log.write(f"jobctl: cannot start {argv[0]!r}: {e}\n".encode())
                     code = 127
                 else:
+                    watcher = _PeerWatcher(folder, rank, job_id, proc, log) if self.nodes > 1 else None
                     for line in proc.stdout:
                         log.write(line)
                         sys.stdout.buffer.write(line)
                         sys.stdout.flush()
                     code = proc.wait()
+                    if watcher is not None:
+                        watcher.stop()
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -117,6 +120,12 @@ class NodeRunner:
         outcome = _outcome(folder, rank, code, signal, time.time() - started, argv, job_id)
         if rank == 0 and self.recovery is not None:
             _recover(folder, self.nodes, self.recovery)
+        elif code != 0 and self.recovery is not None:
+            # A failed task can make Slurm stop the whole step (KillOnBadExit, srun -K): stay
+            # until the first node has decided what follows, so that its recovery is not cut.
+            deadline = time.monotonic() + OUTCOME_WAIT_S + 60
+            while not folder.recovery_decided() and time.monotonic() < deadline:
+                time.sleep(1.0)
         if code != 0:
             raise RuntimeError(f"the command exited with code {code} on node {rank} "
                                f"({outcome.get('failure', {}).get('kind', 'failed')}; see {log_path})")
@@ -126,6 +135,60 @@ class NodeRunner:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+PEER_POLL_S = float(os.environ.get("JOBCTL_PEER_POLL_S", "5"))  # how often a node looks at the others
+STOP_GRACE_S = 30.0  # SIGTERM, then this long, then SIGKILL
+
+
+class _PeerWatcher:
+    """Any node's failure is the job's: while this node's command runs, look at the other
+    nodes' outcome records (this run's job id only); when one failed, stop this node's command
+    (SIGTERM, then SIGKILL) instead of leaving it waiting in a collective until the time limit,
+    so that the first node classifies the job (a CUDA OOM on node 1 is the job's OOM) and the
+    ladder runs."""
+
+    def __init__(self, folder: JobFolder, rank: int, job_id: str, proc, log):
+        import threading
+
+        self.folder, self.rank, self.job_id, self.proc, self.log = folder, rank, job_id, proc, log
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobctl-peers", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _failed_peer(self) -> dict | None:
+        try:
+            outcomes = self.folder.outcomes()
+        except Exception:  # a record being written: look again next time
+            return None
+        for o in outcomes:
+            if o.get("node_rank") != self.rank and str(o.get("job_id")) == self.job_id and (
+                    o.get("exit_code") not in (0, None) or o.get("signal")):
+                return o
+        return None
+
+    def _run(self) -> None:
+        while not self._done.wait(PEER_POLL_S):
+            peer = self._failed_peer()
+            if peer is None:
+                continue
+            kind = (peer.get("failure") or {}).get("kind", "failed")
+            note = f"jobctl: node {peer.get('node_rank')} failed ({kind}); stopping node {self.rank}'s command\n"
+            try:
+                self.log.write(note.encode())
+            except (OSError, ValueError):
+                pass
+            print(note, end="", flush=True)
+            self.proc.terminate()
+            if self._done.wait(STOP_GRACE_S):
+                return
+            if self.proc.poll() is None:
+                self.proc.kill()
+            return
 
 
 def _start_sampler(folder: JobFolder, rank: int, interval_s: float):

@@ -5,6 +5,7 @@ The budget is the largest micro-batch that "fits": OOM_MAX_MICRO_BATCH (0: alway
 The micro-batch comes from the command line when the recipe passes ${framework.args}
 (Megatron's --micro-batch-size), else from the plan's environment (JOBCTL_MICRO_BATCH_SIZE);
 each sequence "needs" 0.25 GiB more, so the "Tried to allocate" figure grows with it.
+With OOM_NODE_RANK=R only node R fails; the other nodes hang (as ranks left in a collective do).
 """
 
 import os
@@ -25,6 +26,11 @@ def main() -> int:
     budget = int(os.environ.get("OOM_MAX_MICRO_BATCH", "0"))
     print(f"oom_payload: micro-batch {mbs} x {accum} (fits up to {budget})", flush=True)
     time.sleep(0.5)
+    oom_rank = os.environ.get("OOM_NODE_RANK")  # only this node runs out; the others wait, as in a collective
+    if mbs > budget and oom_rank is not None and os.environ.get("JOBCTL_NODE_RANK") != oom_rank:
+        print("oom_payload: waiting for the other nodes in a collective", flush=True)
+        time.sleep(600)
+        return 0
     if mbs > budget:
         tried = 0.25 * mbs
         # PyTorch >= 2.1 (c10/cuda/CUDACachingAllocator.cpp) formats its OOM like this.

@@ -1,6 +1,7 @@
 #!/bin/bash
 
 # Parameters
+#SBATCH --comment=jobctl:<home>/jobs/ID-llama3.2-1b-a10g
 #SBATCH --cpus-per-task=48
 #SBATCH --error=<home>/jobs/ID-llama3.2-1b-a10g/%j_0_log.err
 #SBATCH --gpus-per-node=4

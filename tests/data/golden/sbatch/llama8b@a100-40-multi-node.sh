@@ -1,6 +1,7 @@
 #!/bin/bash
 
 # Parameters
+#SBATCH --comment=jobctl:<home>/jobs/ID-llama8b
 #SBATCH --cpus-per-task=128
 #SBATCH --error=<home>/jobs/ID-llama8b/%j_0_log.err
 #SBATCH --gpus-per-node=8

@@ -2,6 +2,7 @@
 
 # Parameters
 #SBATCH --array=0-2%3
+#SBATCH --comment=jobctl:<home>/jobs/array-ID0-tiny
 #SBATCH --cpus-per-task=2
 #SBATCH --error=<home>/jobs/array-ID0-tiny/%A_%a_0_log.err
 #SBATCH --gpus-per-node=1

@@ -1,6 +1,7 @@
 #!/bin/bash
 
 # Parameters
+#SBATCH --comment=jobctl:<home>/jobs/ID-tiny
 #SBATCH --cpus-per-task=2
 #SBATCH --error=<home>/jobs/ID-tiny/%j_0_log.err
 #SBATCH --gpus-per-node=1
