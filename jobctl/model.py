@@ -94,6 +94,9 @@ class JobStatus:
     nodes: str | None = None
     failure_kind: FailureKind | None = None  # a verdict recorded where the job ran (a login node's)
     detail: str | None = None
+    # earlier runs of the same job id that ended before the scheduler requeued it (a node
+    # failure, a preemption), oldest first: what happened between two looks
+    earlier: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "state", parse_state(self.state))

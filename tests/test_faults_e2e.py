@@ -107,3 +107,42 @@ def test_jobctl_killed_during_sbatch_leaves_a_row_status_reconciles(slurm_cluste
     assert row["scheduler_job_id"] == slurm_jobs_with_comment(comment)[0], row
     assert shown[row["id"]]["state"] in ("SUBMITTED", "PENDING", "RUNNING")
     jobctl("cancel", str(row["id"]))
+
+
+def test_a_node_that_fails_mid_job_is_recorded_as_node_fail(slurm_cluster, home, tmp_path):
+    """The node under a running job goes DOWN (what slurmctld does when a node stops
+    answering; scontrol does it at once). Slurm ends that run as NODE_FAIL and requeues the
+    job; `jobctl status`, which never saw the failed run end, records NODE_FAIL at its end time
+    from sacct's list of the job's runs (-D) before the job's new state."""
+    r = jobctl("submit", str(sleeper(tmp_path, "node-fail")), "--cluster", "dev", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = rows(home)
+    sid = row["scheduler_job_id"]
+    node = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not node:
+        out = subprocess.run(["squeue", "-h", "-j", sid, "-o", "%T|%N"], capture_output=True, text=True).stdout.strip()
+        if out.startswith("RUNNING|"):
+            node = out.split("|")[1]
+        time.sleep(0.5)
+    assert node, "the job never ran"
+    try:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=jobctl-test"], check=True)
+        deadline = time.monotonic() + 60
+        states = []
+        while time.monotonic() < deadline and "NODE_FAIL" not in states:
+            time.sleep(2)
+            assert jobctl("status", "--json").returncode == 0
+            con = sqlite3.connect(home / "history.sqlite")
+            states = [s for (s,) in con.execute("SELECT state FROM transitions WHERE job_id = ? ORDER BY id",
+                                                (row["id"],))]
+            con.close()
+        assert "NODE_FAIL" in states, states
+        con = sqlite3.connect(home / "history.sqlite")
+        note = con.execute("SELECT detail FROM transitions WHERE job_id = ? AND state = 'NODE_FAIL'",
+                           (row["id"],)).fetchone()[0]
+        con.close()
+        assert node in note and "requeued" in note
+    finally:
+        subprocess.run(["scancel", sid], check=False)
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)

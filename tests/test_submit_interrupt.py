@@ -42,7 +42,10 @@ def test_ctrl_c_at_any_moment_keeps_history_and_slurm_in_step(slurm_cluster, tmp
     for delay in delays:
         p = subprocess.Popen([sys.executable, "-m", "jobctl", "submit", "recipes/tiny.yaml", "--cluster", "dev",
                               f"name={name}", "train.steps=2"], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             # a suite run in the background inherits SIGINT ignored (the shell's
+                             # rule for background jobs): give the child the terminal's default
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)

@@ -198,7 +198,8 @@ class SlurmBackend:
             return {}
         # created_at is written before sbatch is called: never after the job's own submit time
         since = min(j.created_at for j in jobs if j.scheduler_job_id)
-        argv = ["sacct", "-n", "-P", "-X", "-o", SACCT_FIELDS, "-j", ",".join(ids), "-S", sacct_time(since)]
+        # -D: every run of a requeued job (a node failure, a preemption), not only the last
+        argv = ["sacct", "-n", "-P", "-X", "-D", "-o", SACCT_FIELDS, "-j", ",".join(ids), "-S", sacct_time(since)]
         found = parse_sacct(self._run(argv, True))
         # just after sbatch, sacct has no row for up to a second (slurmdbd lags slurmctld)
         return {i: found.get(i) or JobStatus("PENDING", reason="not yet in accounting") for i in ids}
@@ -282,8 +283,12 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
             continue
         jid, state, code, start, end, nodes, reason = parts[:7]
         known = lambda v: v if v not in ("", "Unknown", "None") else None  # noqa: E731
+        earlier = ()
+        if jid in out:  # sacct -D lists a requeued job's runs oldest first: this one is newer
+            before = out[jid]
+            earlier = (*before.earlier, replace(before, earlier=()))
         out[jid] = JobStatus(state or "UNKNOWN", code or None, reason if reason not in ("", "None") else None,
-                             known(start), known(end), nodes or None)
+                             known(start), known(end), nodes or None, earlier=earlier)
     return out
 
 

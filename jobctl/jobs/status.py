@@ -22,6 +22,8 @@ def refresh(history, records) -> dict[int, JobStatus]:
             if st is None:
                 continue
             current[r.id] = st
+            if _record_earlier_runs(history, r, st):
+                r = history.get(r.id)
             if st.state != r.state:
                 # expect: only from the state this decision saw (the job may have recorded its own
                 # verdict since `records` were read, and sacct can lag it)
@@ -73,6 +75,26 @@ def reconcile(history, records, now: datetime | None = None) -> list[int]:
                                                  "submission's comment: it was never made")
                 changed.append(r.id)
     return changed
+
+
+def _record_earlier_runs(history, record, st: JobStatus) -> bool:
+    """A run the scheduler ended and requeued between two looks (NODE_FAIL, PREEMPTED): recorded
+    at its end time, once, so that the history says a node failed although the job is now
+    PENDING again."""
+    if not st.earlier:
+        return False
+    recorded = False
+    seen = {(t.state, (t.at or "")[:19]) for t in history.transitions(record.id)}
+    for run in st.earlier:
+        if not run.state.terminal or run.state is JobState.COMPLETED:
+            continue
+        end = _aware(run.end)
+        at_text = _iso(end)
+        if (run.state, (at_text or "")[:19]) in seen:
+            continue
+        recorded |= history.transition(record.id, run.state,
+                                       f"on {run.nodes or 'its nodes'}; the scheduler requeued the job", at=end)
+    return recorded
 
 
 def refresh_live(history, records) -> dict[int, JobStatus]:
