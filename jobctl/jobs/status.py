@@ -28,7 +28,10 @@ def refresh(history, records) -> dict[int, JobStatus]:
                 # expect: only from the state this decision saw (the job may have recorded its own
                 # verdict since `records` were read, and sacct can lag it)
                 failed = st.state.terminal and st.state is not JobState.COMPLETED
-                history.transition(r.id, st.state, st.reason, exit_code=st.exit_code if failed else None,
+                # when it happened, as the scheduler says (not when we looked): a job first seen
+                # RUNNING 6 s after it started and cancelled then showed 0.4 s elapsed
+                at = _aware(st.start) if st.state is JobState.RUNNING else _aware(st.end) if st.state.terminal else None
+                history.transition(r.id, st.state, st.reason, at=at, exit_code=st.exit_code if failed else None,
                                    failure_kind=st.failure_kind if failed else None,
                                    detail=st.detail if failed else None, expect=r.state)
     return current

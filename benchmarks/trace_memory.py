@@ -1,0 +1,528 @@
+#!/usr/bin/env python
+"""Traced (FakeTensorMode + FSDPMemTracker) vs modelled (jobctl.planner.memory) GPU memory
+of torchtitan's own Llama 3 8B, FSDP2 over N fake ranks, one training step, no GPU.
+
+What it does, per layout:
+  1. builds torchtitan's Llama3Model from its own "8B" config
+     (torchtitan/models/llama3/__init__.py: _8b; dim 4096, 32 layers, 32 heads, 8 kv heads,
+     vocab 128256, ffn from compute_ffn_hidden_dim(4096, 1024, 1.3) = 14336) under
+     torch._subclasses.FakeTensorMode on the CPU device: shapes, dtypes and storages are
+     real, no bytes are allocated;
+  2. parallelises it with torchtitan's own parallelize_llama
+     (torchtitan/models/llama3/parallelize.py), which applies torchtitan's activation
+     checkpointing (torchtitan/distributed/activation_checkpoint.py: FullAC / SelectiveAC,
+     the op-level SAC) and apply_fsdp_to_decoder (torchtitan/distributed/fsdp.py: per-block
+     fully_shard, reshard_after_forward per its "default" policy, MixedPrecisionPolicy
+     bf16 params / fp32 reduce) on torchtitan's ParallelDims mesh (world of N ranks over
+     torch's fake process group, built outside the fake mode);
+  3. builds AdamW as torchtitan's default_adamw does (lr 8e-4, betas 0.9/0.95, eps 1e-8,
+     wd 0.1, fused) and runs one untracked warm-up step (so optimizer states exist), then
+     one tracked step under torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker:
+     forward on token ids [local_batch, seq_len], torchtitan's CrossEntropyLoss (sum,
+     divided by the token count, fp32 logits), backward, optimizer.step, zero_grad;
+  4. prints, per group (weights, grads, optimizer, FSDP buffers = unsharded params +
+     all-gather + unsharded grads + reduce-scatter, activations+logits = the tracker's
+     Activation + Temp + Inputs), the tracker's breakdown at the peak and the group's own
+     maximum over the step, and jobctl's estimate() for the same layout (framework
+     torchtitan, flash attention, zero3 over N ranks) summed by group; diff = (modelled -
+     own max) / own max, and for the total (modelled - peak) / peak; rows off by more than
+     5 % are flagged "!".  jobctl's terms are each a maximum and it adds them, so a group
+     can match while the total is above the traced peak (maxima that never coexist).
+     A "per block" row compares the Activation bytes each transformer block still holds
+     after its forward (saved for backward + its output; from the tracker's module
+     snapshots) with jobctl's stored_layer_bytes().
+
+Run (from the repository root):
+  python benchmarks/trace_memory.py                        # default layouts, 32 layers
+  python benchmarks/trace_memory.py --layouts b1-none b2-sac
+  python benchmarks/trace_memory.py --layers 2 --seq-len 2048   # quick; jobctl gets the
+                                                           #   same layer count
+  python benchmarks/trace_memory.py --json                 # raw numbers (bytes)
+Layouts are b<local batch>-<none|full|sac>; --ranks (default 8) sets the FSDP degree.
+Needs torch (a CPU build is enough) and torchtitan; both are imported only here.
+
+What it cannot see, and the workarounds it needs:
+  * CPU kernels, not CUDA's.  Fake CUDA tensors crash on a CPU build, so everything is
+    traced on the CPU device.  torchtitan's language models use FlexAttention (compiled);
+    that cannot run under fake tensors here, so each block's inner attention is swapped
+    for torchtitan's own ScaledDotProductAttention (causal, no document mask), which on
+    CPU dispatches to aten._scaled_dot_product_flash_attention_for_cpu.  That kernel
+    keeps the same tensors for backward as CUDA flash attention (q, k, v, out, fp32 logsumexp;
+    CUDA adds two scalar rng tensors).  The table prints the kernel seen and its outputs.
+    For op-level SAC, torchtitan's save list names the CUDA flash op; the CPU flash op is
+    added to it so SAC saves attention on CPU as it does on CUDA.
+  * RMSNorm: on CUDA F.rms_norm runs the fused kernel, whose backward keeps the 16-bit
+    input and an fp32 rstd; on CPU it runs the composite and keeps two fp32 copies of the
+    input per norm (+0.4 GiB per 8B block at seq 8192).  By default torchtitan's RMSNorm
+    forward is replaced with an autograd.Function that computes the same output and keeps
+    CUDA's set; --cpu-rmsnorm keeps CPU's behaviour.
+  * No CUDA context, NCCL buffers, allocator caching or fragmentation: jobctl's
+    "overhead" terms are printed but not compared; the comparison is of tensor bytes.
+  * The process group is torch's fake one (torch.testing._internal.distributed.fake_pg):
+    collectives are shaped but move nothing, so all-gather / reduce-scatter buffers are
+    those FSDP2 allocates on one rank.
+  * spmd_backend "partial_dtensor": torchtitan 0.3.0's default "spmd_types" backend fails
+    in fully_shard with torch 2.13 ("When dp_mesh_dims is provided, all parameters must
+    be DTensors on the full SPMD mesh"), so the legacy backend is used; with tp = cp = 1
+    both apply the same per-block FSDP2 wrapping and mixed-precision policy.
+  * DTensor sharding propagation runs its ops under the ambient fake mode, which the
+    tracker then counts (global-shape optimizer temporaries, ~10x the real states); the
+    script gives that propagation its own FakeTensorMode so only local ops are tracked.
+  * torchtitan's device_type falls back to "cuda" without a GPU; the mesh is built on
+    "cpu" instead.  Weight init is skipped (values do not exist under fake tensors).
+    Gradient clipping, the data loader and the loss all-reduce are not run.
+
+Mirrors: torchtitan/trainer.py (Trainer.__init__: update_from_config, parallelize_fn,
+to_empty; _forward_backward_body), torchtitan/models/llama3/{__init__,parallelize}.py,
+torchtitan/distributed/{parallel_dims,fsdp,activation_checkpoint}.py,
+torchtitan/components/{loss.py,optimizer/optimizer.py},
+torch/distributed/_tools/fsdp2_mem_tracker.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import re
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+GIB = 1 << 30
+TOL = 0.05
+DEFAULT_LAYOUTS = ("b1-none", "b1-full", "b1-sac")
+AC_NAMES = {"none": "none", "full": "full", "sac": "selective"}
+
+# tracker category -> comparison group (jobctl's group names)
+GROUP_OF = {
+    "Sharded Param": "weights",
+    "Sharded Grad": "grads",
+    "OptState": "optimizer",
+    "Unsharded Param": "buffers",
+    "All Gather": "buffers",
+    "Unsharded Grad": "buffers",
+    "Reduce Scatter": "buffers",
+    "Activation": "activations+logits",
+    "Temp": "activations+logits",
+    "Inputs": "activations+logits",
+    "Buffer": "module buffers",
+}
+GROUP_ORDER = ("weights", "grads", "optimizer", "buffers", "activations+logits", "module buffers")
+
+
+def parse_layout(name: str) -> tuple[int, str]:
+    try:
+        b, ac = name.split("-")
+        if not b.startswith("b") or ac not in AC_NAMES:
+            raise ValueError
+        return int(b[1:]), ac
+    except ValueError:
+        raise SystemExit(f"bad layout {name!r}: expected b<local batch>-<none|full|sac>")
+
+
+# --------------------------------------------------------------------------------------
+# the trace
+
+
+class _Env:
+    """Process-wide set-up, once: fake process group, torchtitan mesh, patches."""
+
+    def __init__(self, ranks: int, backend: str, cuda_rmsnorm: bool = True):
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.tensor._sharding_prop as sharding_prop
+        import torchtitan.distributed.activation_checkpoint as tt_ac
+        import torchtitan.distributed.parallel_dims as tt_pd
+        import torchtitan.distributed.utils as tt_dist_utils
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        # DTensor's sharding propagation: its own fake mode, so the tracker skips it
+        # (it counts ops run under the fake mode that was active when it was entered).
+        prop_mode = FakeTensorMode()
+        sharding_prop.detect_fake_mode = lambda *a, **k: prop_mode
+        # torchtitan picks "cuda" when no accelerator is found; this is a CPU trace.
+        tt_pd.device_type = "cpu"
+        # op-level SAC: save the CPU flash-attention op as torchtitan saves CUDA's.
+        orig_save_ops = tt_ac._get_default_save_ops
+
+        def save_ops():
+            ops = orig_save_ops()
+            ops.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+            return ops
+
+        tt_ac._get_default_save_ops = save_ops
+        if cuda_rmsnorm:
+            from torchtitan.models.common.nn_modules import RMSNorm
+            RMSNorm.forward = _cuda_like_rms_norm()
+
+        if not dist.is_initialized():
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
+        tt_dist_utils.set_spmd_backend(backend)
+        self.parallel_dims = tt_pd.ParallelDims(
+            dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, world_size=ranks, spmd_backend=backend)
+        self.parallel_dims.build_mesh()  # outside any fake mode
+        self.backend = backend
+        self.ranks = ranks
+
+
+def _cuda_like_rms_norm():
+    """RMSNorm that keeps, for backward, what CUDA's fused kernel keeps.
+
+    On CUDA, F.rms_norm dispatches to aten._fused_rms_norm, whose backward keeps the
+    16-bit input, the weight and the fp32 rstd ([..., 1]).  On CPU, F.rms_norm runs the
+    composite (x.float(), pow, mean, rsqrt, mul, ...) and autograd keeps two fp32 copies of
+    the input per norm, 4x the 16-bit input: a CPU artefact of ~0.4 GiB per Llama 8B block
+    at seq 8192.  This Function computes the same output and keeps CUDA's set."""
+    import torch
+
+    class CudaLikeRMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, eps):
+            xf = x.float()
+            rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            y = (xf * rstd).to(x.dtype)
+            if weight is not None:
+                y = y * weight
+            ctx.save_for_backward(x, weight, rstd)
+            return y
+
+        @staticmethod
+        def backward(ctx, gy):
+            x, weight, rstd = ctx.saved_tensors
+            xf = x.float()
+            xhat = xf * rstd
+            g = gy.float() * weight.float() if weight is not None else gy.float()
+            gx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+            gw = (gy.float() * xhat).sum(tuple(range(gy.dim() - 1))).to(weight.dtype) if weight is not None else None
+            return gx.to(x.dtype), gw, None
+
+    def forward(self, x):
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        return CudaLikeRMSNorm.apply(x, self.weight, eps)
+
+    return forward
+
+
+def _tracker_class():
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class Tracker(FSDPMemTracker):
+        """FSDPMemTracker that also keeps each category's own maximum and where the peak was."""
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.cat_max: dict[str, int] = {}
+            self.group_max: dict[str, int] = {}
+            self.group_max_where: dict[str, str] = {}
+            self.cat_max_where: dict[str, str] = {}
+            self.peak_where = ""
+
+        def _where(self):
+            mods = [p for p in self._mod_tracker.parents if p != "Global"]
+            w = "backward" if self._mod_tracker.is_bw else "optimizer" if self._in_opt else "forward"
+            return w + (" in " + max(mods, key=len) if mods else "")
+
+        def _update_peak_stats(self, peak_state):
+            before = dict(self._peak_mem)
+            super()._update_peak_stats(peak_state)
+            for snap in self._curr_mem_snap.values():
+                groups: dict[str, int] = {}
+                for k, v in snap.items():
+                    k = getattr(k, "value", k)
+                    if k in GROUP_OF:
+                        groups[GROUP_OF[k]] = groups.get(GROUP_OF[k], 0) + v
+                    if v > self.cat_max.get(k, 0):
+                        self.cat_max[k] = v
+                        self.cat_max_where[k] = self._where()
+                for g, v in groups.items():
+                    if v > self.group_max.get(g, 0):
+                        self.group_max[g] = v
+                        self.group_max_where[g] = self._where()
+            if self._peak_mem != before:
+                self.peak_where = self._where()
+
+    return Tracker
+
+
+def _attn_probe_class():
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class AttnProbe(TorchDispatchMode):
+        """Records which attention kernel ran in forward and the bytes of its outputs."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops: dict[str, list[int]] = {}  # op -> [calls, output bytes]
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(t is DTensor for t in types):
+                return NotImplemented
+            out = func(*args, **(kwargs or {}))
+            name = str(func)
+            if "scaled_dot_product" in name or "flash_attention" in name:
+                import torch
+                nb = sum(t.numel() * t.element_size() for t in
+                         (out if isinstance(out, (tuple, list)) else (out,))
+                         if isinstance(t, torch.Tensor))
+                rec = self.ops.setdefault(name, [0, 0])
+                rec[0] += 1
+                rec[1] += nb
+            return out
+
+    return AttnProbe
+
+
+def _state(name):
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPModState
+    return getattr(_FSDPModState, name)
+
+
+def trace(env: _Env, batch: int, ac: str, seq_len: int, layers: int) -> dict:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import llama3_configs, parallelize_llama
+
+    t0 = time.perf_counter()
+    parallelism = ParallelismConfig(spmd_backend=env.backend)
+    cfg = llama3_configs["8B"](attn_backend="flex")
+    cfg.layers = cfg.layers[:layers]
+    # Trainer: model_config.update_from_config(config=...) sets the sharding configs
+    # (and the RoPE cache length to training.seq_len, done by hand below).
+    cfg.update_from_config(config=argparse.Namespace(parallelism=parallelism))
+    for lc in cfg.layers:
+        lc.attention.inner_attention = ScaledDotProductAttention.Config()
+        lc.attention.rope = dataclasses.replace(lc.attention.rope, max_seq_len=seq_len)
+    ac_config = {"none": None, "full": FullAC.Config(), "sac": SelectiveAC.Config()}[ac]
+
+    fake = FakeTensorMode()
+    with fake:
+        with torch.device("meta"):
+            model = cfg.build()
+        model = parallelize_llama(
+            model, parallel_dims=env.parallel_dims, training=TrainingConfig(), parallelism=parallelism,
+            compile_config=CompileConfig(), ac_config=ac_config, dump_folder="/tmp")
+        model.to_empty(device="cpu")
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
+                                weight_decay=0.1, fused=True)
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+        tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+        labels = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+        n_tokens = torch.tensor(float(batch * seq_len))
+
+        def step(probe=None):
+            if probe is not None:
+                with probe:
+                    pred = model(tokens)
+            else:
+                pred = model(tokens)
+            loss, _ = loss_fn(pred, labels, n_tokens)
+            del pred
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        t_build = time.perf_counter() - t0
+        step()  # warm-up: creates the optimizer states (steady state from step 2 on)
+        t_warm = time.perf_counter() - t0 - t_build
+        tracker = _tracker_class()(model, opt)
+        tracker.track_inputs((tokens, labels))
+        probe = _attn_probe_class()()
+        t1 = time.perf_counter()
+        with tracker:
+            step(probe)
+        t_step = time.perf_counter() - t1
+
+    # per block: Activation bytes still held after its first forward (saved for backward
+    # + its output, the next block's input) = after post-forward - before pre-forward.
+    per_block = {}
+    for stats in tracker.memory_tracking.values():
+        m = re.search(r"\.layers\.(\d+)$", stats.mod_fqn)
+        snaps = stats.snapshots
+        if m and snaps.get(_state("BEF_PRE_FW")) and snaps.get(_state("AFT_POST_FW")):
+            def act(snap):
+                return sum(v for d in snap.values() for k, v in d.items() if getattr(k, "value", k) == "Activation")
+            per_block[int(m.group(1))] = (act(snaps[_state("AFT_POST_FW")][0])
+                                          - act(snaps[_state("BEF_PRE_FW")][0]))
+    peak = {}
+    for snap in tracker.get_tracker_snapshot("peak").values():
+        for k, v in snap.items():
+            k = getattr(k, "value", k)
+            peak[k] = peak.get(k, 0) + v
+    res = {
+        "peak": peak, "category_max": dict(tracker.cat_max),
+        "category_max_where": dict(tracker.cat_max_where),
+        "group_max": dict(tracker.group_max), "group_max_where": dict(tracker.group_max_where), "peak_where": tracker.peak_where,
+        "per_block_activation": [per_block[i] for i in sorted(per_block)],
+        "attention_ops": {k: {"calls": c, "output_bytes": b} for k, (c, b) in probe.ops.items()},
+        "seconds": {"build": t_build, "warmup_step": t_warm, "traced_step": t_step,
+                    "total": time.perf_counter() - t0},
+    }
+    del model, opt, tracker, fake
+    gc.collect()
+    return res
+
+
+# --------------------------------------------------------------------------------------
+# jobctl's side
+
+
+def modelled(batch: int, ac: str, seq_len: int, layers: int, ranks: int) -> dict:
+    from jobctl.planner.memory import Workload, estimate, stored_layer_bytes
+    from jobctl.planner.models import PRESETS
+    from jobctl.planner.plan import Plan
+
+    spec = PRESETS["llama3.1-8b"]
+    if layers != spec.layers:
+        spec = dataclasses.replace(spec, layers=layers)
+    gpn = min(ranks, 8)
+    w = Workload(spec, seq_len, batch * ranks, framework="torchtitan", attention="flash")
+    p = Plan(nodes=ranks // gpn, gpus_per_node=gpn, tp=1, pp=1, dp=ranks, cp=1, sharding="zero3",
+             micro_batch_size=batch, grad_accum_steps=1, global_batch_size=batch * ranks,
+             recompute=AC_NAMES[ac], offload="none", sequence_parallel=False)
+    terms = estimate(w, 80 << 30, p).to_dict()["terms"]
+    return {"terms": [{"name": t["name"], "group": t["group"], "bytes": t["bytes"]} for t in terms],
+            "per_block_activation": stored_layer_bytes(w, p, batch)}
+
+
+def compare(tr: dict, mo: dict) -> list[dict]:
+    traced = dict.fromkeys(GROUP_ORDER, 0)
+    for k, v in tr["peak"].items():
+        if k in GROUP_OF:
+            traced[GROUP_OF[k]] += v
+    tmax = {g: tr["group_max"].get(g, 0) for g in GROUP_ORDER}
+    model = dict.fromkeys(GROUP_ORDER, 0.0)
+    overhead = 0.0
+    for t in mo["terms"]:
+        g = t["group"]
+        if g in ("activations", "logits"):
+            g = "activations+logits"
+        if g in model:
+            model[g] += t["bytes"]
+        elif g == "overhead":
+            overhead += t["bytes"]
+    rows = []
+    for g in GROUP_ORDER:
+        m = model[g] if g != "module buffers" else None
+        rows.append({"group": g, "traced": traced[g], "traced_max": tmax[g], "modelled": m})
+    total = tr["peak"].get("Total", sum(traced.values()))
+    rows.append({"group": "total (tensors)", "traced": total, "traced_max": total,
+                 "modelled": sum(model.values())})
+    pb = tr["per_block_activation"]
+    if pb:
+        mean = sum(pb) / len(pb)
+        rows.append({"group": f"per block, mean of {len(pb)}", "traced": None, "traced_max": mean,
+                     "modelled": mo["per_block_activation"]})
+    rows.append({"group": "overhead (not traced)", "traced": None, "traced_max": None, "modelled": overhead})
+    for r in rows:  # each group against its own maximum over the step; total against the peak
+        ref = r["traced_max"]
+        r["rel_diff"] = (r["modelled"] - ref) / ref if ref and r["modelled"] is not None else None
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# output
+
+
+def _wrap(text):
+    import textwrap
+    print(textwrap.fill(text, width=99, initial_indent="   ", subsequent_indent="     "))
+
+
+def _g(x):
+    return "-" if x is None else f"{x / GIB:9.3f}"
+
+
+def print_layout(name, batch, ac, args, tr, mo, rows):
+    s = tr["seconds"]
+    print(f"\n== {name}: llama3 8B ({args.layers} layers), FSDP2 x{args.ranks}, local batch {batch}, "
+          f"seq {args.seq_len}, AC {ac}"[:99])
+    where = (tr["peak_where"] or "?").replace("FSDPLlama3Model.", "").replace("FSDPLlama3Model", "model")
+    print(f"   trace {s['total']:.1f} s (build {s['build']:.1f}, warm-up step {s['warmup_step']:.1f}, "
+          f"traced step {s['traced_step']:.1f}); peak during {where}"[:99])
+    print(f"   {'group (GiB)':24} {'at peak':>9} {'own max':>9} {'modelled':>9} {'diff':>8}  own max during")
+    for r in rows:
+        d = r["rel_diff"]
+        flag = "!" if d is not None and abs(d) > TOL else ""
+        dtxt = "-" if d is None else f"{d * 100:+7.1f}%"
+        where = tr["group_max_where"].get(r["group"], "") if r["group"] in GROUP_ORDER else ""
+        where = where.replace("FSDPLlama3Model.", "").replace("FSDPLlama3Model", "model")
+        print(f"   {r['group']:24} {_g(r['traced']):>9} {_g(r['traced_max']):>9} "
+              f"{_g(r['modelled']):>9} {dtxt:>8} {flag:1} {where[:28]}")
+    _wrap("jobctl terms: " + "; ".join(f"{t['name']} {t['bytes'] / GIB:.2f}" for t in mo["terms"]
+                                       if t["group"] in ("activations", "logits", "buffers")))
+    _wrap("tracker at peak: " + "; ".join(f"{k} {v / GIB:.2f}" for k, v in tr["peak"].items()
+                                          if v and k != "Total"))
+    for op, rec in tr["attention_ops"].items():
+        _wrap(f"attention kernel {op.replace('aten.', '')}: {rec['calls']} calls in forward, outputs "
+              f"(out + lse) {rec['output_bytes'] / rec['calls'] / (1 << 20):.1f} MiB per call")
+    if not tr["attention_ops"]:
+        print("   attention kernel: none seen (unexpected)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layouts", nargs="+", default=list(DEFAULT_LAYOUTS),
+                    help="b<local batch>-<none|full|sac>, e.g. b1-none b2-sac (default: %(default)s)")
+    ap.add_argument("--seq-len", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=32, help="trace only the first N blocks (default 32)")
+    ap.add_argument("--ranks", type=int, default=8, help="FSDP degree (fake ranks)")
+    ap.add_argument("--spmd-backend", default="partial_dtensor",
+                    choices=("partial_dtensor", "spmd_types", "full_dtensor"))
+    ap.add_argument("--cpu-rmsnorm", action="store_true",
+                    help="keep CPU's composite RMSNorm (saves fp32 copies) instead of CUDA's fused set")
+    ap.add_argument("--json", action="store_true", help="raw numbers (bytes) as JSON")
+    args = ap.parse_args()
+    layouts = [(n, *parse_layout(n)) for n in args.layouts]
+    if args.ranks > 8 and args.ranks % 8:
+        raise SystemExit("--ranks above 8 must be a multiple of 8")
+
+    import logging
+    logging.getLogger("torchtitan").setLevel(logging.WARNING)
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch
+
+    env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm)
+    out = {"meta": {"torch": torch.__version__, "layers": args.layers, "seq_len": args.seq_len,
+                    "ranks": args.ranks, "spmd_backend": args.spmd_backend,
+                    "rmsnorm": "cpu composite" if args.cpu_rmsnorm else "cuda-like saved set", "device": "cpu (fake)"},
+           "layouts": []}
+    if not args.json:
+        print(f"torch {torch.__version__}; torchtitan llama3 8B under FakeTensorMode (CPU), FSDP2 over "
+              f"{args.ranks} fake ranks.\nGiB per rank. 'at peak': the tracker's breakdown when the "
+              f"total peaked; 'own max': the\ngroup's own maximum over the step. diff = (modelled - "
+              f"own max) / own max (total: vs the\npeak). ! = off by more than {TOL:.0%}.")
+    for name, batch, ac in layouts:
+        tr = trace(env, batch, ac, args.seq_len, args.layers)
+        mo = modelled(batch, ac, args.seq_len, args.layers, args.ranks)
+        rows = compare(tr, mo)
+        out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "traced": tr,
+                               "modelled": mo, "rows": rows})
+        if not args.json:
+            print_layout(name, batch, ac, args, tr, mo, rows)
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print("\nNot traced: CUDA context, NCCL buffers, allocator cache/fragmentation (jobctl's "
+              "'overhead').\nCPU kernels stand in for CUDA's (see the module docstring).")
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
