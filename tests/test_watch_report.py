@@ -148,9 +148,9 @@ def successor_json(folder: Path, child_id: int, child_folder: Path, failure: dic
 # --- report: numbers ---------------------------------------------------------------------------------
 
 def test_report_compares_measured_peaks_with_the_prediction(capsys, tmp_path):
-    # Llama 3.1 8B on A10G nodes, tp 4 x dp 2: 2 nodes x 4 GPUs (a real plan).
+    # Llama 3.1 8B on A10G nodes, tp 4 x dp 2 (pp and cp 1): 2 nodes x 4 GPUs (a real plan).
     rep = plan_report(capsys, tmp_path, "plan", "recipes/llama8b.yaml", "--cluster", "a10g",
-                      "parallelism.tp=4", "parallelism.dp=2")
+                      "parallelism.tp=4", "parallelism.dp=2", "parallelism.pp=1", "parallelism.cp=1")
     assert (rep["plan"]["nodes"], rep["plan"]["gpus_per_node"]) == (2, 4)
     predicted = rep["memory"]["total_bytes"]
     context = next(t["bytes"] for t in rep["memory"]["terms"] if t["name"] == "cuda context")

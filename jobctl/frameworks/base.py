@@ -67,8 +67,11 @@ class Capabilities:
     grad_buffer: GradBuffer = GradBuffer.DDP_BUCKETS
     fused_kernels: bool = False  # fused norms and GQA-native attention (Megatron/TE, torchtitan) vs eager HF layers
     te_layernorm_mlp: bool = False  # Transformer Engine's LayerNormMLP (keeps 3 of the 4 SwiGLU tensors)
-    reshard_under_pp: bool = True
-    offload_keeps_grads: bool = False  # optimizer offload leaves the gradient buffer on the GPU  # FSDP reshards parameters after forward when pipelining
+    reshard_under_pp: bool = True  # FSDP reshards parameters after forward when pipelining
+    offload_keeps_grads: bool = False  # optimizer offload leaves the gradient buffer on the GPU
+    # the 16-bit logits live until the loss's backward (False: the training loop drops them
+    # once the loss is computed, and only the fp32 log-probabilities and gradients remain)
+    keeps_logits_through_loss: bool = True
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def runs_sharding(self, sharding: str) -> bool:

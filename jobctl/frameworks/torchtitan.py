@@ -49,7 +49,13 @@ CAPS = Capabilities(
     grad_buffer=GradBuffer.DDP_BUCKETS,
     fused_kernels=True,
     reshard_under_pp=False,
+    keeps_logits_through_loss=False,
     sources=(
+        ("the training step drops the bf16 logits once the loss is computed (`del pred`); the loss "
+         "upcasts them (`pred.flatten(0, 1).float()`), so the fp32 log-probabilities and gradients remain; "
+         "traced: 11.75 GiB at the loss backward for 8B, seq 8192, local batch 1 = 3 x 4 B x s x V "
+         "(benchmarks/trace_memory.py, docs/memory-accuracy.md)",
+         f"{TT} torchtitan/trainer.py forward_backward_step, components/loss.py cross_entropy_loss"),
         ("degrees: data_parallel_replicate_degree, data_parallel_shard_degree, tensor_parallel_degree, "
          "pipeline_parallel_degree, context_parallel_degree; enable_sequence_parallel defaults to True",
          f"{TT} torchtitan/config/configs.py ParallelismConfig"),

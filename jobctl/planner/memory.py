@@ -433,11 +433,13 @@ def logits_bytes_per_elem(w: Workload) -> float:
     Unfused: the 16-bit logits (2), their fp32 log-softmax kept for backward (4), and in
     backward the incoming fp32 gradient (4) and the produced one (4): 14 bytes.
     Fused/chunked cross-entropy computes the gradient in place: the 16-bit logits only.
-    fp32 training: 4 + 4 + 4 + 4.
+    fp32 training: 4 + 4 + 4 + 4. A training loop that drops the logits once the loss is
+    computed (torchtitan's `del pred`; caps.keeps_logits_through_loss) keeps only the 12
+    fp32 bytes: what benchmarks/trace_memory.py traces at the loss backward.
     """
     if w.fused_cross_entropy:
         return float(w.act_bytes)
-    return w.act_bytes + 12.0
+    return (w.act_bytes if w.caps.keeps_logits_through_loss else 0) + 12.0
 
 
 # --- the breakdown ------------------------------------------------------------------------------
