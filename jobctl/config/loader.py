@@ -510,16 +510,16 @@ def _resolve(node, file: str, lines: dict, issues: list[ConfigIssue]) -> tuple[d
 
 # --- validation ------------------------------------------------------------------------------
 
-def _plain_document(path: Path, overrides) -> tuple[dict, dict] | None:
+def _plain_document(path: Path, overrides, text: str | None = None) -> tuple[dict, dict] | None:
     """The parsed document when omegaconf would return it unchanged: no overrides, no
     `base:`, no `${...}` or `???` outside the deferred keys, no duplicate keys. Otherwise
-    None (take the full path)."""
+    None (take the full path). `text`: the file as load() already read it."""
     import yaml
 
     if overrides:
         return None
     try:
-        text = read_bounded(path)
+        text = read_bounded(path) if text is None else text
         if _limit_issue(text, str(path)) is not None:
             return None
         data = yaml.safe_load(text)
@@ -574,7 +574,7 @@ def load(path: str | Path, model_cls, overrides: list[str] | None = None, checks
         from jobctl.config import schema
 
         model_cls = getattr(schema, model_cls)
-    fast = _plain_document(p, overrides)
+    fast = _plain_document(p, overrides, text)  # the text read above: the file is read once
     if fast is not None:  # nothing for omegaconf to do: skip its import (start-up time)
         data, lines = fast
         node = None

@@ -4,6 +4,8 @@ every change recorded in the history; job references and the rows `status`, `his
 
 from __future__ import annotations
 
+import json
+import os
 from datetime import datetime, timezone
 
 from jobctl.errors import SchedulerError, UsageError
@@ -46,14 +48,10 @@ def reconcile(history, records, now: datetime | None = None) -> list[int]:
     killed while it ran): found at Slurm by the comment each submission carries and recorded
     as submitted; or, once old enough and still unknown there, recorded as never made.
     Returns the ids whose row changed. Never submits anything."""
-    import json
-
     now = now or datetime.now(timezone.utc)
 
     def age(r) -> float:
         return (now - datetime.fromisoformat(r.created_at)).total_seconds()
-
-    import os
 
     after = float(os.environ.get("JOBCTL_RECONCILE_AFTER_S", RECONCILE_AFTER_S))
     lost = [r for r in records if r.state is JobState.PREPARED and not r.scheduler_job_id
