@@ -20,7 +20,7 @@ from jobctl.planner.ladder import OOMInfo, next_plan
 from jobctl.planner.memory import Workload
 from jobctl.planner.models import PRESETS
 from jobctl.planner.plan import Plan
-from jobctl.planner.search import Constraints, search
+from jobctl.planner.search import OBJECTIVES, Constraints, search
 from jobctl.planning import load_inventory, load_recipe, plan_on
 
 RECIPES = ["llama2-7b-24gb", "llama3.2-1b-a10g", "llama405b", "llama70b", "llama8b", "tiny"]
@@ -53,7 +53,7 @@ def test_no_plan_uses_a_feature_its_framework_lacks(recipe, framework):
     rec = load_recipe(f"recipes/{recipe}.yaml", over)
     for cluster in all_cluster_names():
         inv = load_inventory(cluster, [])
-        for objective in ("throughput", "gpus"):
+        for objective in OBJECTIVES:
             data = plan_on(rec, inv, objective=objective, alternatives=3).data
             if not data["feasible"]:
                 continue

@@ -9,6 +9,7 @@ from jobctl.planner.memory import Workload
 from jobctl.planner.models import PRESETS
 from jobctl.planner.perf import (
     INTRA_NODE_EFFICIENCY,
+    LATENCY_INTRA_NODE_S,
     Links,
     estimate_step,
     model_flops_per_token,
@@ -94,13 +95,14 @@ def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
 
 def test_tensor_parallel_allreduce_by_hand():
     # 4 all-reduces per layer per micro-batch (2 forward, 2 backward) of s·b·h 16-bit values:
-    # ring all-reduce time 2(t−1)/t · bytes / (bandwidth · efficiency).
+    # ring all-reduce time 2(t−1)/t · bytes / (bandwidth · efficiency), plus the start-up
+    # latency every collective pays.
     m = PRESETS["llama3.1-70b"]
     w = Workload(m, 4096, 8, framework="megatron")
     p = plan(tp=8, dp=1, grad_accum_steps=8, global_batch_size=8)
     e = estimate_step(w, p, H100, 8)
     msg = 2 * 4096 * 1 * 8192
-    per_ar = 2 * 7 / 8 * msg / (450e9 * INTRA_NODE_EFFICIENCY)
+    per_ar = 2 * 7 / 8 * msg / (450e9 * INTRA_NODE_EFFICIENCY) + LATENCY_INTRA_NODE_S
     assert e.tp_comm_s == pytest.approx(8 * 80 * 4 * per_ar)
 
 

@@ -13,6 +13,8 @@ from jobctl.planner.models import ModelSpec
 from jobctl.planner.perf import Links
 from jobctl.planner.search import (
     MAX_CP,
+    SCALING_EFFICIENCY,
+    WHOLE_NODE_GAIN,
     Constraints,
     Target,
     divisors,
@@ -92,6 +94,47 @@ def test_every_plan_the_search_returns_fits_and_adds_up(w, t):
     assert r.best.plan == r.ranked[0].plan
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=workloads(), t=targets())
+def test_the_default_plan_is_the_fastest_that_keeps_the_stated_efficiency(w, t):
+    """Issue 15's properties of the default objective ("balanced"), against every feasible plan
+    (keep_all: no pruning), so the search's bounds are checked too: the fastest plan whose
+    tokens/s per GPU keeps the stated efficiency of the best; part of a node only when no plan on
+    the whole node is faster; never a longer step than the fewest-GPUs plan."""
+    r = search(w, t, Constraints())
+    assert r.objective == "balanced"
+    assume(r.best is not None and r.best.estimate is not None)
+    every = [c for c in search(w, t, Constraints(), keep_all=True).ranked if c.estimate is not None]
+
+    def fastest_efficient(cands):
+        top = max(c.tokens_per_s_per_gpu for c in cands)
+        keeps = [c for c in cands if c.tokens_per_s_per_gpu >= top * SCALING_EFFICIENCY * (1 - 1e-9)]
+        return top, keeps, max(c.tokens_per_s for c in keeps)
+
+    best = r.best
+    top, keeps, fastest = fastest_efficient(every)
+    whole = [c for c in every if c.plan.gpus_per_node == t.gpus_per_node]
+    if best.plan.gpus_per_node < t.gpus_per_node:
+        # part of a node: the fastest plan that keeps the efficiency, and the same rule over the
+        # whole-node plans gives none faster
+        assert best.tokens_per_s_per_gpu >= top * SCALING_EFFICIENCY * (1 - 1e-9)
+        assert best.tokens_per_s >= fastest * (1 - 1e-9)
+        if whole:
+            assert fastest_efficient(whole)[2] <= best.tokens_per_s * (1 + WHOLE_NODE_GAIN + 1e-9)
+    elif best.tokens_per_s_per_gpu >= top * SCALING_EFFICIENCY * (1 - 1e-9):
+        assert best.tokens_per_s >= fastest * (1 - 1e-9)  # the pruned search lost nothing
+    else:
+        # the fastest efficient plan takes part of a node, and the same rule over the whole-node
+        # plans gives a faster one: that one
+        top_w, keeps_w, fastest_w = fastest_efficient(whole)
+        assert best.tokens_per_s_per_gpu >= top_w * SCALING_EFFICIENCY * (1 - 1e-9)
+        assert best.tokens_per_s >= fastest_w * (1 - 1e-9)
+        assert best.tokens_per_s > fastest * (1 + WHOLE_NODE_GAIN)
+    # its step is never longer than the fewest-GPUs plan's
+    fewest = search(w, t, Constraints(), objective="gpus").best
+    assert best.estimate.step_time_s <= fewest.estimate.step_time_s * (1 + 1e-9)
+
+
 def ladder_bound(w: Workload, t: Target, mbs: int) -> int:
     """Steps a ladder can take (ladder.py): the micro-batch at least halves, recompute climbs
     selective + 4 quarters, sharding 4 stages, tp·pp·cp at least doubles (tp <= GPUs per node,
@@ -104,7 +147,7 @@ def ladder_bound(w: Workload, t: Target, mbs: int) -> int:
 @SETTINGS
 @given(w=workloads(), t=targets(), data=st.data())
 def test_the_ladder_from_a_fitting_plan_only_goes_down_and_ends(w, t, data):
-    objective = data.draw(st.sampled_from(("throughput", "time")), label="objective")
+    objective = data.draw(st.sampled_from(("balanced", "throughput", "time")), label="objective")
     r = search(w, t, Constraints(), objective=objective)
     assume(r.best is not None)
     plan = data.draw(st.sampled_from([c.plan for c in r.ranked]), label="start")

@@ -16,7 +16,8 @@ import json
 import math
 import re
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from jobctl.errors import UsageError
 from jobctl.model import slug
@@ -188,6 +189,10 @@ def _check_fits(plan: Any, recipe: Any, inventory: Any, partition: Any) -> None:
     max_nodes = getattr(resources, "max_nodes", None)
     if max_nodes is not None and plan.nodes > max_nodes:
         problems.append(f"the plan uses {plan.nodes} nodes; the recipe allows resources.max_nodes={max_nodes}")
+    exact = getattr(resources, "nodes", None)
+    if exact is not None and (plan.nodes != exact or plan.gpus_per_node != partition.gpus_per_node):
+        problems.append(f"the plan uses {plan.world_size} GPUs; the recipe asks for resources.nodes={exact} "
+                        f"whole nodes ({exact * partition.gpus_per_node} GPUs)")
     wanted = getattr(resources, "partition", None)
     if wanted is not None and wanted != partition.name:
         problems.append(f"the recipe asks for resources.partition={wanted!r}, not {partition.name!r}")

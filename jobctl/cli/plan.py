@@ -5,7 +5,16 @@ from __future__ import annotations
 from jobctl import ui
 from jobctl.config.workspace import all_cluster_names
 from jobctl.errors import EXIT_NO_FIT, EXIT_OK, UsageError
-from jobctl.planning import after_oom, load_request, plan_on
+from jobctl.planning import (
+    DEFAULT_OBJECTIVE,
+    OBJECTIVES,
+    after_oom,
+    compare_frameworks,
+    framework_advice,
+    framework_names,
+    load_request,
+    plan_on,
+)
 from jobctl.planning.learn import history_for
 
 HELP = "plan a recipe: which layout fits, its memory term by term, or why nothing fits"
@@ -14,6 +23,8 @@ EPILOG = """examples:
   jobctl plan recipes/llama70b.yaml --cluster h100 train.seq_len=4096 parallelism.tp=4 --json
   jobctl plan recipes/llama8b.yaml              # every inventory in clusters/, one row each
   jobctl plan recipes/llama8b.yaml --cluster h100 --emit   # torchtitan's command-line overrides
+  jobctl plan recipes/llama70b.yaml --cluster h100 --framework all   # frameworks side by side
+  jobctl plan recipes/llama70b.yaml --cluster h100 --objective time  # fastest, whatever it costs
 
 exit codes: 0 fits, 3 does not fit (or a pinned layout is impossible), 2 bad input."""
 
@@ -22,9 +33,13 @@ def add_arguments(p) -> None:
     p.add_argument("recipe", help="recipe file (or a name from recipes/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. train.seq_len=4096")
     p.add_argument("--cluster", "-c", help="inventory name from clusters/ or a path to one (default: all)")
-    p.add_argument("--objective", choices=("throughput", "time", "gpus"), default="throughput",
-                   help="throughput: best tokens/s per GPU at the fewest nodes within 3%% of the best (default); "
-                        "time: fastest wall time using up to the partition or resources.max_nodes; gpus: fewest GPUs")
+    p.add_argument("--objective", choices=OBJECTIVES, default=DEFAULT_OBJECTIVE,
+                   help="balanced (default): the fastest plan on the partition (or resources.max_nodes) whose "
+                        "tokens/s per GPU stays within 90%% of the best, on whole nodes; time: the fastest, whatever "
+                        "it costs; throughput: the best tokens/s per GPU (cheapest GPU-hours); gpus: fewest GPUs")
+    p.add_argument("--framework", metavar="NAME|all",
+                   help="plan with this framework instead of the recipe's (" + ", ".join(framework_names())
+                        + "); all: every framework side by side on the same GPUs (needs --cluster)")
     p.add_argument("--explain", action="store_true", help="print the whole decision: layouts considered, rejections, winners")
     p.add_argument("--after-oom", metavar="PLAN.json", help="the next plan to try after this plan ran out of memory")
     p.add_argument("--tried-to-allocate", metavar="GIB", type=float,
@@ -44,13 +59,28 @@ def run(args) -> int:
     if args.emit and not args.cluster:
         raise UsageError("--emit needs --cluster (a configuration is for one cluster)",
                          hint="jobctl plan RECIPE --cluster C --emit")
-    rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster] if args.cluster else all_cluster_names())
+    overrides = list(args.overrides)
+    if args.framework == "all":
+        return _all_frameworks(args)
+    if args.framework:
+        if args.framework not in framework_names() + ["generic"]:
+            raise UsageError(f"--framework: unknown framework {args.framework!r}",
+                             hint="one of: " + ", ".join(framework_names()) + ", or all")
+        overrides.append(f"framework={args.framework}")
+    rec, invs = load_request(args.recipe, overrides, [args.cluster] if args.cluster else all_cluster_names())
     if args.cluster:
 
         result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain, learn=not args.no_learn)
         past = history_for(result.data)  # reads nothing when there is no history file
         if past:
             result.data["history"] = past
+        if not args.emit:
+            current = result.data["train"]["framework"] if result.feasible else (
+                args.framework or _recipe_framework(rec))
+            est = result.data.get("estimate") or {}
+            rows = compare_frameworks(args.recipe, list(args.overrides), invs[0], args.objective, not args.no_learn)
+            result.data["frameworks"] = rows
+            result.data["framework_advice"] = framework_advice(current, rows, result.feasible, est.get("step_time_s"))
         if args.as_json:
             ui.print_json(result.data)
         elif args.emit and result.feasible:
@@ -59,14 +89,35 @@ def run(args) -> int:
             ui.render_plan(result.data)
             ui.render_history(past)
         return EXIT_OK if result.feasible else EXIT_NO_FIT
-    reports = [plan_on(rec, inv, objective=args.objective, alternatives=0, learn=not args.no_learn).data
-               for inv in invs]
+    reports = [plan_on(rec, inv, objective=args.objective, alternatives=0, learn=not args.no_learn,
+                       summary=False).data for inv in invs]
     reports.sort(key=lambda r: (not r["feasible"], _overview_key(r, args.objective)))
     if args.as_json:
         ui.print_json({"recipe": rec.path, "objective": args.objective, "clusters": reports})
     else:
         ui.render_plan_overview(reports, rec.path, wide=args.wide)
     return EXIT_OK if any(r["feasible"] for r in reports) else EXIT_NO_FIT
+
+
+def _recipe_framework(rec) -> str:
+    f = rec.value.framework
+    return f if isinstance(f, str) else f.name
+
+
+def _all_frameworks(args) -> int:
+    """--framework all: the recipe planned with every framework on one cluster's GPUs."""
+    if not args.cluster:
+        raise UsageError("--framework all needs --cluster (it compares frameworks on the same GPUs)",
+                         hint="jobctl plan RECIPE --cluster C --framework all")
+    rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
+    rows = compare_frameworks(args.recipe, list(args.overrides), invs[0], args.objective, not args.no_learn)
+    current = _recipe_framework(rec)
+    if args.as_json:
+        ui.print_json({"recipe": rec.path, "cluster": invs[0].value.name, "objective": args.objective,
+                       "recipe_framework": current, "frameworks": rows})
+    else:
+        ui.render_framework_table(rows, rec.path, invs[0].value.name, current, args.objective)
+    return EXIT_OK if any(r["feasible"] for r in rows) else EXIT_NO_FIT
 
 
 def _overview_key(report: dict, objective: str):
@@ -77,7 +128,7 @@ def _overview_key(report: dict, objective: str):
     if objective == "gpus":
         return (report["plan"]["world_size"], est["step_time_s"])
     if objective == "throughput":
-        return (-est["tokens_per_s_per_gpu"],)
+        return (-est["tokens_per_s_per_gpu"],)  # balanced and time: the fastest first
     return (est.get("time_to_train_s") or est["step_time_s"],)
 
 

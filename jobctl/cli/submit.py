@@ -8,10 +8,23 @@ import re
 from jobctl import ui
 from jobctl.errors import EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, UsageError
 from jobctl.jobs import placement
-from jobctl.jobs.submission import dry_run, prepare, redact, secrets, submit, sweep_notes
+from jobctl.jobs.submission import (
+    dry_run,
+    prepare,
+    redact,
+    secrets,
+    submit,
+    sweep_notes,
+)
 from jobctl.jobs.watch import wait_for
 from jobctl.model import RetryPolicy
-from jobctl.planning import load_inventory, load_recipe, plan_on
+from jobctl.planning import (
+    DEFAULT_OBJECTIVE,
+    OBJECTIVES,
+    load_inventory,
+    load_recipe,
+    plan_on,
+)
 from jobctl.remote.client import new_token
 from jobctl.store.history import History
 
@@ -38,7 +51,8 @@ def add_arguments(p) -> None:
     p.add_argument("recipe", help="recipe file (or a name from recipes/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. train.seq_len=4096")
     p.add_argument("--cluster", "-c", required=True, help="inventory name from clusters/ or a path to one")
-    p.add_argument("--objective", choices=("throughput", "time", "gpus"), default="throughput")
+    p.add_argument("--objective", choices=OBJECTIVES, default=DEFAULT_OBJECTIVE,
+                   help="how to choose the plan (as in `jobctl plan`; default: balanced)")
     p.add_argument("--sweep", action="append", default=[], metavar="key=v1,v2",
                    help="submit one job per combination of values (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="render the sbatch script, environment and commands only")

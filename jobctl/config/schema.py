@@ -7,7 +7,7 @@ planner, plain frozen dataclasses are used instead (see planner/).
 from __future__ import annotations
 
 import os
-from typing import Literal, Union
+from typing import Literal
 
 # pydantic scans every installed distribution's entry points for plugins on first use
 # (~10 ms here); jobctl uses none. Set the variable yourself to keep plugins enabled.
@@ -81,15 +81,15 @@ class Train(_Strict):
 
 
 class Parallelism(_Strict):
-    tp: Union[int, Auto] = "auto"
-    pp: Union[int, Auto] = "auto"
-    dp: Union[int, Auto] = "auto"
-    cp: Union[int, Auto] = "auto"
-    sharding: Union[Sharding, Auto] = "auto"
-    micro_batch_size: Union[int, Auto] = "auto"
-    recompute: Union[Recompute, Auto] = "auto"
-    offload: Union[Offload, Auto] = "auto"
-    sequence_parallel: Union[bool, Auto] = "auto"
+    tp: int | Auto = "auto"
+    pp: int | Auto = "auto"
+    dp: int | Auto = "auto"
+    cp: int | Auto = "auto"
+    sharding: Sharding | Auto = "auto"
+    micro_batch_size: int | Auto = "auto"
+    recompute: Recompute | Auto = "auto"
+    offload: Offload | Auto = "auto"
+    sequence_parallel: bool | Auto = "auto"
     virtual_stages: int = Field(default=1, gt=0, le=128, description="interleaved pipeline chunks per rank")
 
     @field_validator("tp", "pp", "dp", "cp", "micro_batch_size")
@@ -114,11 +114,18 @@ class MemoryKnobs(_Strict):
 class Resources(_Strict):
     time: str | None = None  # Slurm time limit, e.g. "04:00:00" or "2-00:00:00"
     max_nodes: int | None = Field(default=None, gt=0)
+    nodes: int | None = Field(default=None, gt=0, description="exactly this many whole nodes")
+
+    @model_validator(mode="after")
+    def _nodes_within_max(self):
+        if self.nodes is not None and self.max_nodes is not None and self.nodes > self.max_nodes:
+            raise ValueError(f"nodes ({self.nodes}) exceeds max_nodes ({self.max_nodes}); keep one of them")
+        return self
     partition: str | None = None
 
 
 class Launch(_Strict):
-    command: Union[str, list[str], None] = None
+    command: str | list[str] | None = None
     launcher: Literal["torchrun", "none"] = "torchrun"
     env: dict[str, str] = Field(default_factory=dict)
     hooks: bool = Field(default=False, description="start jobctl.hooks in every training process (sitecustomize)")
@@ -162,9 +169,9 @@ class FrameworkSpec(_Strict):
 
 class Recipe(_Strict):
     name: str = Field(min_length=1, max_length=200)
-    model: Union[str, ModelArch]
+    model: str | ModelArch
     train: Train
-    framework: Union[FrameworkName, FrameworkSpec] = "custom"
+    framework: FrameworkName | FrameworkSpec = "custom"
     parallelism: Parallelism = Field(default_factory=Parallelism)
     memory: MemoryKnobs = Field(default_factory=MemoryKnobs)
     resources: Resources = Field(default_factory=Resources)
@@ -192,7 +199,7 @@ class SlurmOptions(_Strict):
     qos: str | None = None
     constraint: str | None = None
     gres: str | None = None  # default: gpu:<gpus_per_node>
-    additional: dict[str, Union[str, int, bool]] = Field(default_factory=dict)
+    additional: dict[str, str | int | bool] = Field(default_factory=dict)
     setup: list[str] = Field(default_factory=list)
 
 

@@ -7,7 +7,17 @@ from dataclasses import replace
 
 from jobctl.planner.catalog import GIB
 from jobctl.planner.perf import INTRA_NODE_EFFICIENCY, NETWORK_EFFICIENCY
-from jobctl.planner.search import Candidate, Constraints, SearchResult, Target, search
+from jobctl.planner.search import (
+    OBJECTIVES,
+    SCALING_EFFICIENCY,
+    THROUGHPUT_TOLERANCE,
+    Candidate,
+    Constraints,
+    SearchResult,
+    Target,
+    _gpus,
+    search,
+)
 
 PARTS = {
     "compute_s": "compute",
@@ -24,6 +34,83 @@ DIMENSIONS = ("tp", "pp", "cp", "sharding", "recompute", "offload", "micro_batch
 
 def _metric(c: Candidate, objective: str) -> float:
     return c.tokens_per_s_per_gpu if objective == "throughput" else c.tokens_per_s
+
+
+RULES = {
+    "balanced": f"the fastest plan whose tokens/s per GPU stays within {SCALING_EFFICIENCY:.0%} of the best, "
+                "on whole nodes",
+    "throughput": f"the best tokens/s per GPU (cheapest GPU-hours), then the fewest nodes within "
+                  f"{THROUGHPUT_TOLERANCE:.0%} of it",
+    "time": "the fastest plan, whatever it costs in GPUs",
+    "gpus": "the fewest GPUs that fit, then the fastest",
+}
+
+
+def _brief(c: Candidate, ref: float) -> dict:
+    e = c.estimate
+    return {"layout": c.plan.summary(), "gpus": c.plan.world_size, "nodes": c.plan.nodes,
+            "step_time_s": e.step_time_s if e else None,
+            "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu if e else None,
+            "efficiency": (e.tokens_per_s_per_gpu / ref) if e and ref else None}
+
+
+def objective_summary(w, t: Target, c: Constraints, result: SearchResult, steps: int | None = None) -> dict:
+    """Which objective chose, by which rule, what it traded, and what the others would pick on
+    the same partition (one search each: the search is fast)."""
+    objective = result.objective
+    win = result.best
+    picks = {objective: win}
+    for other in OBJECTIVES:
+        if other != objective:
+            r = search(w, t, c, objective=other, steps=steps)
+            picks[other] = r.best
+    known = [x for x in list(picks.values()) + result.ranked if x is not None and x.estimate is not None]
+    ref = max((x.tokens_per_s_per_gpu for x in known), default=0.0)
+    out = {"name": objective, "rule": RULES[objective], "scaling_efficiency": SCALING_EFFICIENCY,
+           "best_tokens_per_s_per_gpu": ref, "chosen": _brief(win, ref) if win else None,
+           "others": {k: _brief(v, ref) for k, v in picks.items() if k != objective and v is not None},
+           "notes": []}
+    if win is None or win.estimate is None:
+        return out
+    notes = out["notes"]
+    fastest = picks.get("time")
+    partition_gpus = t.total_gpus if c.max_nodes is None else min(t.total_gpus, c.max_nodes * t.gpus_per_node)
+    if objective == "balanced":
+        if fastest is not None and fastest.estimate and fastest.plan.world_size > win.plan.world_size \
+                and fastest.tokens_per_s > win.tokens_per_s * 1.005 \
+                and fastest.tokens_per_s_per_gpu < ref * SCALING_EFFICIENCY:
+            notes.append(f"more GPUs would not pay: the fastest plan ({_gpus(fastest.plan.world_size)}) is "
+                         f"{fastest.tokens_per_s / win.tokens_per_s - 1:.0%} faster but keeps "
+                         f"{fastest.tokens_per_s_per_gpu / ref:.0%} of the best tokens/s per GPU (below "
+                         f"{SCALING_EFFICIENCY:.0%}); --objective time takes it")
+        elif win.plan.world_size < partition_gpus:
+            why = (f"the global batch ({win.plan.global_batch_size} sequences) is already split {win.plan.dp} ways"
+                   if win.plan.dp * win.plan.micro_batch_size == win.plan.global_batch_size and win.plan.micro_batch_size == 1
+                   else "the global batch, layers and heads leave no larger layout that pays")
+            notes.append(f"uses {win.plan.world_size} of {partition_gpus} GPUs: no plan on more of them is faster ({why})")
+        else:
+            notes.append(f"uses all {_gpus(partition_gpus)} at {win.tokens_per_s_per_gpu / ref:.0%} of the best "
+                         "tokens/s per GPU")
+        if win.whole_nodes and win.tokens_per_s_per_gpu < ref * SCALING_EFFICIENCY * (1 - 1e-9):
+            part = max((x for x in known if not x.whole_nodes and x.tokens_per_s_per_gpu >= ref * SCALING_EFFICIENCY
+                        * (1 - 1e-9)), key=lambda x: x.tokens_per_s, default=None)
+            if part is not None:
+                notes.append(f"fills the node: {_gpus(part.plan.world_size)} of it would keep more tokens/s per GPU "
+                             f"but leave the rest idle; the whole node is {win.tokens_per_s / part.tokens_per_s:.1f}x "
+                             "as fast")
+        if not win.whole_nodes:
+            notes.append(f"takes {_gpus(win.plan.world_size)} of a node ({t.gpus_per_node} GPUs): filling it "
+                         "would not pay; Slurm leaves the other GPUs to other jobs")
+    elif objective in ("throughput", "gpus") and fastest is not None and fastest.estimate \
+            and fastest.tokens_per_s > win.tokens_per_s * 1.005:
+        notes.append(f"--objective time would take {_gpus(fastest.plan.world_size)} for a "
+                     f"{win.estimate.step_time_s / fastest.estimate.step_time_s:.1f}x shorter step")
+    fewest = picks.get("gpus")
+    if objective != "gpus" and fewest is not None and fewest.plan.world_size < win.plan.world_size:
+        notes.append(f"--objective gpus fits on {_gpus(fewest.plan.world_size)} "
+                     f"({fewest.estimate.step_time_s / win.estimate.step_time_s:.1f}x the step)"
+                     if fewest.estimate else f"--objective gpus fits on {_gpus(fewest.plan.world_size)}")
+    return out
 
 
 def _loss_reason(win: Candidate, alt: Candidate) -> str:

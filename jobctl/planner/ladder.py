@@ -501,6 +501,8 @@ def _valid(w: Workload, t: Target, c: Constraints, failed: Plan, p: Plan) -> boo
         return False
     if c.max_nodes is not None and p.nodes > max(c.max_nodes, failed.nodes):
         return False
+    if c.nodes is not None and p.world_size != failed.world_size:
+        return False  # resources.nodes: the job keeps its nodes
     for dim in ("tp", "pp", "dp", "cp"):
         if getattr(c, dim) is not None and getattr(p, dim) != getattr(failed, dim):
             return False

@@ -54,6 +54,18 @@ CPU_ADAM_BYTES_PER_PARAM = 28
 # tensors; backward moves about twice the forward.
 MEMBOUND_BYTES_H = 72
 MEMBOUND_BYTES_F = 18
+# Fixed costs that decide small models, where bandwidth terms vanish. A layer's forward and
+# backward launch about 40 kernels (GEMMs, attention, norms, activations, their backward and
+# gradient accumulation), each taking at least a launch (~4 us without CUDA graphs); every
+# collective pays a start-up latency (nccl-tests all_reduce at 8 bytes: ~10-20 us inside an
+# NVLink node, ~30-40 us across InfiniBand nodes). These give a toy model its honest answer:
+# eight GPUs are not faster than one when each step is a few kernel launches.
+KERNEL_LAUNCH_S = 4e-6
+KERNELS_PER_LAYER = 40
+LATENCY_INTRA_NODE_S = 15e-6
+LATENCY_INTER_NODE_S = 35e-6
+# DDP / Megatron gradient buckets: one collective per ~25 MB (DDP's bucket_cap_mb default 25).
+BUCKET_BYTES = 25e6
 
 
 @dataclass(frozen=True)
@@ -112,12 +124,16 @@ def gemm_efficiency(tile_elems: float) -> float:
     return GEMM_EFFICIENCY * tile_elems / (tile_elems + GEMM_SATURATION_ELEMS)
 
 
-def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float) -> float:
+def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float, latency: float = 0.0) -> float:
     """Ring collective time: factor·(n−1)/n·bytes over the link (factor 2 = all-reduce,
-    1 = reduce-scatter or all-gather)."""
+    1 = reduce-scatter or all-gather), plus `latency` per call."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return factor * (n - 1) / n * nbytes / (gbs * 1e9 * efficiency)
+    return latency + factor * (n - 1) / n * nbytes / (gbs * 1e9 * efficiency)
+
+
+def _latency(gbs: float, links: Links) -> float:
+    return LATENCY_INTRA_NODE_S if gbs >= links.intra_node_gbs else LATENCY_INTER_NODE_S
 
 
 def tp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
@@ -161,17 +177,19 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     layer_compute = fwd_gemm * passes_gemm / (peak * eff) + fwd_attn * passes_attn / (peak * att_eff)
     membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank
     layer_compute += membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
+    layer_compute = max(layer_compute, KERNELS_PER_LAYER * (1 + rc / 3) * KERNEL_LAUNCH_S)
     # Tensor parallelism: 2 collectives forward, 2 backward (+2 when the forward is recomputed),
     # each an all-reduce (or reduce-scatter + all-gather with SP: the same bytes).
     msg = w.act_bytes * tokens_rank * h
     n_coll = 4 + 2 * rc
-    layer_tp = n_coll * _ring(t, msg, tp_link_gbs(plan, links, gpus_per_node), INTRA_NODE_EFFICIENCY
-                              if t <= gpus_per_node else NETWORK_EFFICIENCY, 2)
+    tp_gbs = tp_link_gbs(plan, links, gpus_per_node)
+    layer_tp = n_coll * _ring(t, msg, tp_gbs, INTRA_NODE_EFFICIENCY if t <= gpus_per_node else NETWORK_EFFICIENCY, 2,
+                              _latency(tp_gbs, links))
     # Context parallelism: each rank passes its K and V chunk around the ring (c−1 hops) in
     # forward and again in backward, overlapped with the attention it feeds.
     kv = 2 * w.act_bytes * tokens_rank * h * m.kv_heads / m.heads / t
     cp_link = links.intra_node_gbs if t * c <= gpus_per_node else links.inter_node_gbs
-    cp_time = 3 * (c - 1) * kv / (cp_link * 1e9 * NETWORK_EFFICIENCY) if c > 1 else 0.0
+    cp_time = 3 * (c - 1) * (kv / (cp_link * 1e9 * NETWORK_EFFICIENCY) + _latency(cp_link, links)) if c > 1 else 0.0
     layer_cp = max(0.0, cp_time - fwd_attn * passes_attn / (peak * att_eff))
 
     stage_mb = layers_max * (layer_compute + layer_tp + layer_cp)
@@ -187,7 +205,7 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     p2p = 0.0
     if p > 1:
         link = links.intra_node_gbs if t * c * plan.dp * p <= gpus_per_node else links.inter_node_gbs
-        p2p = 2 * v * msg / (t if sp else 1) / (link * 1e9 * NETWORK_EFFICIENCY)
+        p2p = 2 * v * (msg / (t if sp else 1) / (link * 1e9 * NETWORK_EFFICIENCY) + _latency(link, links))
     pipeline = micro * (stage_mb + p2p)
     bubble = (p - 1) / v * stage_mb if p > 1 else 0.0
 
@@ -202,15 +220,19 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     if plan.sharding in ("zero3", "hsdp"):
         shard = plan.hsdp_shard or n
         gbs_shard = links.intra_node_gbs if plan.sharding == "hsdp" else dp_gbs
+        # per layer: an all-gather forward, another backward, a reduce-scatter
+        alpha = 3 * layers_max * _latency(gbs_shard, links) if shard > 1 else 0.0
         per_mb = _ring(shard, trainable * param_b, gbs_shard, NETWORK_EFFICIENCY, 2) + \
-            _ring(shard, trainable * grad_b, gbs_shard, NETWORK_EFFICIENCY, 1)
+            _ring(shard, trainable * grad_b, gbs_shard, NETWORK_EFFICIENCY, 1) + alpha
         dp = micro * max(0.0, per_mb - stage_mb)  # prefetching overlaps it with the layers' compute
         if plan.sharding == "hsdp" and n > shard:
             dp += (1 - DP_OVERLAP) * _ring(n // shard, trainable * grad_b / shard, dp_gbs, NETWORK_EFFICIENCY, 2)
     else:
         factor = 2 if plan.sharding == "none" else 1
-        reduce = _ring(n, trainable * grad_b, dp_gbs, NETWORK_EFFICIENCY, factor)
-        gather = _ring(n, trainable * param_b, dp_gbs, NETWORK_EFFICIENCY, 1) if plan.sharding != "none" else 0.0
+        buckets = max(1.0, trainable * grad_b / BUCKET_BYTES)
+        reduce = _ring(n, trainable * grad_b, dp_gbs, NETWORK_EFFICIENCY, factor, buckets * _latency(dp_gbs, links))
+        gather = _ring(n, trainable * param_b, dp_gbs, NETWORK_EFFICIENCY, 1, buckets * _latency(dp_gbs, links)) \
+            if plan.sharding != "none" else 0.0
         dp = max(reduce * (1 - DP_OVERLAP), reduce - backward_last) + max(0.0, gather - stage_mb / 3)
 
     # Optimizer step and offload.

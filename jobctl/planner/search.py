@@ -1,9 +1,15 @@
 """Enumerate layouts (TP x PP x CP x DP x interleaving x sharding x micro-batch x recompute x
 offload), keep those that fit, estimate each one's step time, and rank them by an objective.
 
-Objectives (see `rank`): "throughput" (tokens/s per GPU at the smallest node count within
-THROUGHPUT_TOLERANCE of the best), "time" (fastest wall time), "gpus" (fewest GPUs that fit,
-then fastest).
+Objectives (see `rank`):
+- "balanced" (the default): the fastest plan on the GPUs the user has, as long as more GPUs still
+  pay: the shortest step among the plans whose tokens/s per GPU is at least SCALING_EFFICIENCY of
+  the best per-GPU throughput. Layouts span whole nodes or divide one node; a plan takes part of
+  a node only when no whole-node plan is faster (a toy model), never to save per-GPU throughput;
+- "throughput": the best tokens/s per GPU (the cheapest GPU-hours), then the fewest nodes within
+  THROUGHPUT_TOLERANCE of it;
+- "time": the fastest wall time, whatever it costs;
+- "gpus": the fewest GPUs that fit, then the fastest.
 """
 
 from __future__ import annotations
@@ -11,9 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from jobctl.planner.catalog import GIB, GPUSpec
 from jobctl import frameworks
 from jobctl.frameworks import Selective
+from jobctl.planner.catalog import GIB, GPUSpec
 from jobctl.planner.memory import (
     MemoryBreakdown,
     Workload,
@@ -23,7 +29,10 @@ from jobctl.planner.memory import (
 from jobctl.planner.perf import Links, StepEstimate, estimate_step
 from jobctl.planner.plan import Plan
 
-OBJECTIVES = ("throughput", "time", "gpus")
+OBJECTIVES = ("balanced", "throughput", "time", "gpus")
+DEFAULT_OBJECTIVE = "balanced"
+# "balanced": more GPUs pay while each still delivers this share of the best tokens/s per GPU.
+SCALING_EFFICIENCY = 0.90
 # "throughput": among plans within this fraction of the best tokens/s per GPU, the fewest nodes.
 THROUGHPUT_TOLERANCE = 0.03
 MAX_VIRTUAL_STAGES = 8
@@ -79,6 +88,7 @@ class Constraints:
     sequence_parallel: bool | None = None
     virtual_stages: int = 1
     max_nodes: int | None = None
+    nodes: int | None = None  # resources.nodes: exactly this many whole nodes
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ class Candidate:
     plan: Plan
     memory: MemoryBreakdown
     estimate: StepEstimate | None = None
+    whole_nodes: bool = True  # False: the plan takes part of a node and leaves its other GPUs idle
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,7 +117,7 @@ class SearchResult:
     rejected: Counter = field(default_factory=Counter)
     reasons: list[str] = field(default_factory=list)  # why nothing fits / why a pin is impossible
     closest: Candidate | None = None  # the smallest-memory layout that did not fit
-    objective: str = "throughput"
+    objective: str = DEFAULT_OBJECTIVE
     ranked: list[Candidate] = field(default_factory=list)  # best first, one per layout
     smallest: dict = field(default_factory=dict)  # (dimension, value) -> least memory seen (bytes)
 
@@ -168,6 +179,8 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
                    f"(it offers {', '.join(caps.shardings)})")
     if c.sequence_parallel and caps.sequence_parallel == "no":
         out.append(f"sequence_parallel: framework {caps.name} has no sequence parallelism ({_with('sp')})")
+    if c.nodes is not None and c.nodes > t.nodes:
+        out.append(f"resources.nodes={c.nodes}: {t.cluster}/{t.partition} has {t.nodes} node{'s' if t.nodes != 1 else ''}")
     dims = [c.tp, c.pp, c.dp, c.cp]
     if all(d is not None for d in dims):
         world = c.tp * c.pp * c.dp * c.cp
@@ -212,7 +225,7 @@ def layouts(w: Workload, t: Target, c: Constraints):
             for cp in cps:
                 for dp in dps:
                     world = tp * pp * cp * dp
-                    if world > max_gpus:
+                    if world > max_gpus or (c.nodes is not None and world != c.nodes * t.gpus_per_node):
                         continue
                     if world <= t.gpus_per_node:
                         if t.gpus_per_node % world and world != 1:
@@ -260,7 +273,7 @@ def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn:
     return [x[1:] for x in out]
 
 
-def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput", steps: int | None = None,
+def search(w: Workload, t: Target, c: Constraints, objective: str = DEFAULT_OBJECTIVE, steps: int | None = None,
            keep_all: bool = False) -> SearchResult:
     """Find the plans that fit on `t`, estimate their step time, rank them by `objective`."""
     result = SearchResult(target=t, best=None, objective=objective)
@@ -293,7 +306,7 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
 
     def timed(plan: Plan, mem: MemoryBreakdown) -> Candidate:
         est = estimate_step(w, plan, links, t.gpus_per_node, steps) if links else None
-        return Candidate(plan, mem, est)
+        return Candidate(plan, mem, est, plan.gpus_per_node == t.gpus_per_node)
 
     # Each layout gets an optimistic bound first: its step time with no recomputation, no
     # offload and the cheapest sharding is a lower bound on what any knob setting gives
@@ -313,15 +326,23 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
         if not knobs:
             result.rejected["hsdp group does not divide dp·cp"] += 1
             continue
-        bound = _bound(w, t, c, steps, objective, (tp, pp, cp, dp, nodes, gpn), mbss, vs, knobs[0], sp)
+        bound = _bound(w, t, c, steps, objective, (tp, pp, cp, dp, nodes, gpn), mbss, vs, knobs, sp)
         prepared.append((bound, tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, layers_max, vs, knobs))
     prepared.sort(key=lambda x: -x[0])
     best_metric = None
     tolerance = THROUGHPUT_TOLERANCE if objective == "throughput" else 0.0
 
     group_best: dict = {}  # (tp, pp, cp) -> (metric, nodes) of the best plan found for that group
+    # "balanced" runs two races (see _rank_balanced): among all plans, and among whole-node plans
+    races = (_Race(), _Race())
     for bound, tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, layers_max, vs, knobs in prepared:
-        if best_metric is not None and not keep_all and bound < best_metric * (1 - tolerance):
+        if objective == "balanced":
+            whole = gpn == t.gpus_per_node
+            world = tp * pp * cp * dp
+            if not keep_all and not races[0].can_win(bound, world) and not (whole and races[1].can_win(bound, world)):
+                result.rejected["slower than the best (bound)"] += 1
+                continue
+        elif best_metric is not None and not keep_all and bound < best_metric * (1 - tolerance):
             result.rejected["slower than the best (bound)"] += 1
             continue
         seen = group_best.get((tp, pp, cp))
@@ -364,6 +385,10 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
                         per_layout.append(cand)
         if best is not None and not keep_all:
             per_layout.append(best)
+            if objective == "balanced" and best.estimate is not None:
+                races[0].add(best)
+                if best.whole_nodes:
+                    races[1].add(best)
             metric = _metric(best, objective)
             if best_metric is None or metric > best_metric:
                 best_metric = metric
@@ -380,34 +405,38 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = "throughput"
         result.ranked = ranked
         result.feasible = ranked
         top = ranked[0]
-        result.best = Candidate(top.plan, estimate(w, t.gpu_memory_bytes, top.plan, t.host_mem_bytes), top.estimate)
+        result.best = Candidate(top.plan, estimate(w, t.gpu_memory_bytes, top.plan, t.host_mem_bytes), top.estimate,
+                                top.whole_nodes)
     else:
         result.reasons = no_fit_reasons(w, t, c, closest, result)
     return result
 
 
 def _metric(cand: Candidate, objective: str) -> float:
-    """Bigger is better: tokens/s per GPU (throughput), tokens/s (time), −GPUs (gpus)."""
+    """Bigger is better: tokens/s per GPU (throughput, and balanced's bound), tokens/s (time),
+    −GPUs (gpus)."""
     if objective == "gpus":
         return -float(cand.plan.world_size)
     if cand.estimate is None:
         return 0.0
-    return cand.tokens_per_s_per_gpu if objective == "throughput" else cand.tokens_per_s
+    return cand.tokens_per_s_per_gpu if objective in ("throughput", "balanced") else cand.tokens_per_s
 
 
-def _bound(w, t, c, steps, objective, layout, mbss, vs, cheapest_knob, sp) -> float:
-    """An upper bound of a layout's metric (see search): no recompute, no offload."""
+def _bound(w, t, c, steps, objective, layout, mbss, vs, knobs, sp) -> float:
+    """An optimistic estimate of a layout's metric (see search): no recompute, no offload, each
+    sharding on offer (the model can overlap ZeRO-3's traffic better than DDP's all-reduce)."""
     tp, pp, cp, dp, nodes, gpn = layout
     if objective == "gpus" or t.links is None:
         return -float(tp * pp * cp * dp)
-    sh, _, _, hs = cheapest_knob
     best = 0.0
     per_dp = w.global_batch_size // dp
-    for v in {vs[0], vs[-1]}:
-        for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
-            plan = Plan(nodes, gpn, tp, pp, dp, cp, sh, mbs, per_dp // mbs, w.global_batch_size, "none", "none", sp, v, hs)
-            est = estimate_step(w, plan, t.links, t.gpus_per_node, steps)
-            best = max(best, est.tokens_per_s_per_gpu if objective == "throughput" else est.tokens_per_s)
+    for sh, hs in {(k[0], k[3]) for k in knobs}:
+        for v in {vs[0], vs[-1]}:
+            for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
+                plan = Plan(nodes, gpn, tp, pp, dp, cp, sh, mbs, per_dp // mbs, w.global_batch_size, "none", "none",
+                            sp, v, hs)
+                est = estimate_step(w, plan, t.links, t.gpus_per_node, steps)
+                best = max(best, est.tokens_per_s if objective == "time" else est.tokens_per_s_per_gpu)
     return best
 
 
@@ -500,6 +529,8 @@ def rank(cands: list[Candidate], objective: str) -> list[Candidate]:
         return sorted(cands, key=lambda x: (x.plan.world_size, -x.tokens_per_s, knob_cost(x.plan)))
     if objective == "time":
         return sorted(cands, key=lambda x: (-x.tokens_per_s, x.plan.world_size, knob_cost(x.plan)))
+    if objective == "balanced":
+        return _rank_balanced(cands)
     # throughput: the best tokens/s per GPU, then prefer fewer nodes among near-equals
     top = max(x.tokens_per_s_per_gpu for x in cands)
     near = [x for x in cands if x.tokens_per_s_per_gpu >= top * (1 - THROUGHPUT_TOLERANCE)]
@@ -507,6 +538,59 @@ def rank(cands: list[Candidate], objective: str) -> list[Candidate]:
     near.sort(key=lambda x: (x.plan.nodes, -x.tokens_per_s_per_gpu, knob_cost(x.plan)))
     rest.sort(key=lambda x: -x.tokens_per_s_per_gpu)
     return near + rest
+
+
+class _Race:
+    """The best tokens/s per GPU seen (the reference) and the most tokens/s among the plans
+    within SCALING_EFFICIENCY of it; which layouts can still win."""
+
+    def __init__(self):
+        self.plans: list[Candidate] = []
+        self.ref: float | None = None
+        self.best_tokens = 0.0
+
+    def add(self, c: Candidate) -> None:
+        self.plans.append(c)
+        if self.ref is None or c.tokens_per_s_per_gpu > self.ref:
+            self.ref = c.tokens_per_s_per_gpu
+            self.best_tokens = max(x.tokens_per_s for x in self.plans
+                                   if x.tokens_per_s_per_gpu >= self.ref * SCALING_EFFICIENCY)
+        elif c.tokens_per_s_per_gpu >= self.ref * SCALING_EFFICIENCY:
+            self.best_tokens = max(self.best_tokens, c.tokens_per_s)
+
+    def can_win(self, bound: float, world: int) -> bool:
+        # layouts come best bound first: once the bound is below the reference nothing left can
+        # raise it, so a layout that cannot reach SCALING_EFFICIENCY of it, or cannot beat the
+        # fastest plan that does, cannot win
+        return self.ref is None or bound > self.ref or (
+            bound >= self.ref * SCALING_EFFICIENCY and bound * world > self.best_tokens)
+
+
+# "balanced" takes part of a node only when the best plan on the whole node is not faster by this.
+WHOLE_NODE_GAIN = 0.01
+
+
+def _fastest_efficient(cands: list[Candidate]) -> list[Candidate]:
+    top = max(x.tokens_per_s_per_gpu for x in cands)
+    good = [x for x in cands if x.tokens_per_s_per_gpu >= top * SCALING_EFFICIENCY * (1 - 1e-12)]
+    return sorted(good, key=lambda x: (-x.tokens_per_s, x.plan.world_size, knob_cost(x.plan)))
+
+
+def _rank_balanced(cands: list[Candidate]) -> list[Candidate]:
+    """The fastest of the plans that keep SCALING_EFFICIENCY of the best tokens/s per GPU (ties:
+    fewer GPUs, cheaper knobs). When that takes part of a node and the same rule among the
+    whole-node plans gives a faster one, that one: a user who has the node gets all of it; part
+    of a node only when filling it would not be faster at all. Then the others, fastest first."""
+    good = _fastest_efficient(cands)
+    if not good[0].whole_nodes:
+        whole = [x for x in cands if x.whole_nodes]
+        if whole:
+            top_whole = _fastest_efficient(whole)[0]
+            if top_whole.tokens_per_s > good[0].tokens_per_s * (1 + WHOLE_NODE_GAIN):
+                good = [top_whole] + [x for x in good if x is not top_whole]
+    chosen = {id(x) for x in good}
+    rest = sorted((x for x in cands if id(x) not in chosen), key=lambda x: (-x.tokens_per_s, x.plan.world_size))
+    return good + rest
 
 
 def no_fit_reasons(w: Workload, t: Target, c: Constraints, closest: Candidate | None, r: SearchResult) -> list[str]:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from jobctl.config import loader as config
 from jobctl.config.workspace import EMBEDDED_LOCAL, find_cluster, find_recipe
 from jobctl.errors import ConfigError, ConfigIssue, UsageError
+from jobctl.frameworks import NAMES
 from jobctl.planner import inputs
 from jobctl.planner.advice import suggestions
 from jobctl.planner.catalog import GIB, gpu_names, unknown_message
 from jobctl.planner.explain import explain as explain_search
-from jobctl.planner.explain import why_lost
+from jobctl.planner.explain import objective_summary, why_lost
 from jobctl.planner.ladder import (
     Calibration,
     CalibrationPoint,
@@ -28,7 +29,7 @@ from jobctl.planner.memory import estimate
 from jobctl.planner.models import PRESETS
 from jobctl.planner.perf import estimate_step
 from jobctl.planner.plan import Plan
-from jobctl.planner.search import Candidate, rank, search
+from jobctl.planner.search import DEFAULT_OBJECTIVE, OBJECTIVES, Candidate, rank, search
 from jobctl.planning.learn import learned_calibration
 
 
@@ -123,8 +124,8 @@ def train_steps(recipe) -> int | None:
     return None
 
 
-def plan_on(recipe_loaded, inv_loaded, objective: str = "throughput", explain: bool = False,
-            alternatives: int = 5, learn: bool = True) -> ClusterPlan:
+def plan_on(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJECTIVE, explain: bool = False,
+            alternatives: int = 5, learn: bool = True, summary: bool = True) -> ClusterPlan:
     """Search every partition of one inventory (or the pinned resources.partition) and keep
     the best plan by `objective`. With `learn`, the memory model of a partition where this
     workload (model, sequence length) ran out of GPU memory before is calibrated by what that
@@ -161,12 +162,69 @@ def plan_on(recipe_loaded, inv_loaded, objective: str = "throughput", explain: b
         order = rank([f[0] for f in found], objective)
         best, w, tgt, res = next(f for f in found if f[0] is order[0])
         data = _report(recipe_loaded, w, res, cons, objective, explain, alternatives)
+        if summary:
+            data["objective_choice"] = objective_summary(w, tgt, cons, res, steps)
         if tgt.partition in learned_points:  # the evidence itself, so a chain that OOMs again builds on it
             data["learned"]["calibration"] = {k: v for k, v in learned_points[tgt.partition].items() if k != "from"}
         return ClusterPlan(data, res, w, True)
     w, tgt, res = first
     tips = suggestions(w, tgt, cons, res) if not res.reasons or res.considered else []
     return ClusterPlan(_no_fit(recipe_loaded, inv, res, res.reasons, tips, w), res, w, False)
+
+
+# A recipe's framework is "far slower" than another on the same GPUs beyond this step-time ratio.
+FRAMEWORK_GAP = 1.2
+
+
+def framework_names() -> list[str]:
+    """The frameworks `--framework all` compares (`generic` is custom's old name)."""
+    return [n for n in NAMES if n != "generic"]
+
+
+def compare_frameworks(recipe: str, overrides: list[str], inv_loaded, objective: str = DEFAULT_OBJECTIVE,
+                       learn: bool = True) -> list[dict]:
+    """The recipe planned with each framework on one inventory, as rows: {framework, feasible,
+    gpus, layout, step_time_s, tokens_per_s_per_gpu, memory_bytes, reason}. A framework the
+    recipe cannot be switched to (e.g. custom `supports` under another name) says why; `plan` is
+    the plan's dict."""
+    rows = []
+    for name in framework_names():
+        row = {"framework": name, "feasible": False, "gpus": None, "layout": None, "plan": None, "step_time_s": None,
+               "tokens_per_s_per_gpu": None, "memory_bytes": None, "reason": None}
+        try:
+            rec = load_recipe(recipe, list(overrides) + [f"framework={name}"])
+        except ConfigError as e:
+            row["reason"] = e.issues[0].problem if e.issues else str(e)
+            rows.append(row)
+            continue
+        data = plan_on(rec, inv_loaded, objective=objective, alternatives=0, learn=learn, summary=False).data
+        if data["feasible"]:
+            est = data.get("estimate") or {}
+            row.update(feasible=True, gpus=data["plan"]["world_size"], layout=Plan.from_dict(data["plan"]).summary(),
+                       plan=data["plan"],
+                       step_time_s=est.get("step_time_s"), tokens_per_s_per_gpu=est.get("tokens_per_s_per_gpu"),
+                       memory_bytes=data["memory"]["total_bytes"])
+        else:
+            row["reason"] = (data.get("reasons") or ["does not fit"])[0]
+        rows.append(row)
+    return rows
+
+
+def framework_advice(current: str, rows: list[dict], feasible: bool, step_time_s: float | None) -> list[str]:
+    """What to say when the recipe's framework does not fit, or is far slower than another here."""
+    others = [r for r in rows if r["framework"] != current and r["feasible"] and r["step_time_s"]]
+    if not others:
+        return []
+    best = min(others, key=lambda r: r["step_time_s"])
+    how = (f"plan it with `--framework {best['framework']}` (or `framework: {best['framework']}` in the recipe, "
+           "with a launch command for it); `--framework all` compares them")
+    if not feasible:
+        return [f"framework {current} does not fit here; {best['framework']} does ({best['gpus']} GPUs, step "
+                f"{best['step_time_s']:.3g} s): {how}"]
+    if step_time_s and step_time_s > FRAMEWORK_GAP * best["step_time_s"]:
+        return [f"framework {best['framework']} is {step_time_s / best['step_time_s']:.1f}x faster here "
+                f"({best['gpus']} GPUs, step {best['step_time_s']:.3g} s vs {step_time_s:.3g} s with {current}): {how}"]
+    return []
 
 
 def _model_info(w) -> dict:
@@ -307,7 +365,7 @@ def _ladder_report(recipe_loaded, w, t, step, failed: Plan) -> ClusterPlan:
     res.best = Candidate(step.plan, step.memory, est)
     res.target, res.ranked, res.considered, res.feasible_count, res.rejected = t, [], 0, 1, {}
     res.smallest = {}
-    data = _report(recipe_loaded, w, res, inputs.constraints(recipe), "throughput", False, 0)
+    data = _report(recipe_loaded, w, res, inputs.constraints(recipe), DEFAULT_OBJECTIVE, False, 0)
     data["why_not"] = []
     data["ladder"] = {"rung": step.rung, "reason": step.reason, "usable_bytes": step.usable_bytes,
                       "calibrated_bytes": step.calibrated_bytes, "expected_to_fit": step.expected_to_fit,

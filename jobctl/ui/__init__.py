@@ -13,6 +13,7 @@ from jobctl.ui.plans import (
     render_dry_run,
     render_explain,
     render_framework,
+    render_framework_table,
     render_history,
     render_memory_calc,
     render_plan,
@@ -41,10 +42,11 @@ from jobctl.ui.watch import live_watch, render_watch, watch_view
 # log lines and reasons come from users and jobs (print_json needs nothing: JSON escapes
 # them; raw cleans what goes to a terminal itself).
 (alternatives_table, attempts_table, error, render_doctor, estimate_line, info, jobs_table, line, memory_table, render_drift,
- render_dry_run, render_explain, render_framework, render_history, render_jobs, render_memory_calc, render_plan,
- render_plan_overview, render_report, render_watch, report_gpu_table, report_rank_table, watch_view) = map(
+ render_dry_run, render_explain, render_framework, render_framework_table, render_history, render_jobs,
+ render_memory_calc, render_plan, render_plan_overview, render_report, render_watch, report_gpu_table, report_rank_table, watch_view) = map(
     sanitized, (alternatives_table, attempts_table, error, render_doctor, estimate_line, info, jobs_table, line, memory_table,
-                render_drift, render_dry_run, render_explain, render_framework, render_history, render_jobs,
+                render_drift, render_dry_run, render_explain, render_framework, render_framework_table,
+                render_history, render_jobs,
                 render_memory_calc, render_plan, render_plan_overview, render_report, render_watch, report_gpu_table,
                 report_rank_table, watch_view))
 
@@ -68,6 +70,7 @@ __all__ = [
     "render_dry_run",
     "render_explain",
     "render_framework",
+    "render_framework_table",
     "render_history",
     "render_jobs",
     "render_memory_calc",

@@ -77,10 +77,22 @@ def render_plan(report: dict) -> None:
         alts = report.get("alternatives") or []
         if alts:
             con.print(alternatives_table(alts))
+        choice = report.get("objective_choice")
+        if choice:
+            con.print(Text(f"objective {choice['name']}: {choice['rule']}", style="bold"))
+            for note in choice.get("notes", []):
+                con.print(Text("  " + note))
+            others = ", ".join(f"{k} → {v['gpus']} GPU{'s' if v['gpus'] != 1 else ''}, step "
+                               f"{duration(v['step_time_s'])}"
+                               for k, v in choice.get("others", {}).items() if v.get("step_time_s"))
+            if others:
+                con.print(Text(f"  other objectives (--objective): {others}", style="dim"))
+        for line in report.get("framework_advice") or []:
+            con.print(Text(line, style="yellow"))
         s = report.get("search") or {}
         if s:
             con.print(Text(f"{s['considered']} layouts evaluated, {s['feasible']} fit, objective: "
-                           f"{report.get('objective', 'throughput')}", style="dim"))
+                           f"{report.get('objective', 'balanced')}", style="dim"))
         if report.get("explain"):
             render_explain(report["explain"])
     else:
@@ -94,6 +106,8 @@ def render_plan(report: dict) -> None:
             con.print(Text("What would fit:", style="bold"))
             for s in report["suggestions"]:
                 con.print(Text("  - " + s), soft_wrap=True)
+        for line in report.get("framework_advice") or []:
+            con.print(Text(line, style="yellow"))
 
 
 def estimate_line(est: dict) -> str:
@@ -177,7 +191,7 @@ def render_plan_overview(reports: list[dict], recipe: str, wide: bool = False) -
     from rich.text import Text
 
     table = Table(title=f"{recipe} on every cluster, best first", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+                  pad_edge=False, padding=(0, 0, 0, 1))
     table.add_column("cluster", no_wrap=True, overflow="ellipsis")
     table.add_column("GPUs", justify="right", no_wrap=True)
     table.add_column("layout" if not wide else "layout (micro-batch x accumulation)", no_wrap=not wide,
@@ -267,3 +281,37 @@ def render_framework(block: dict) -> None:
     for note in block.get("notes") or []:
         out.append(f"# note: {note}")
     sys.stdout.write(sanitize("\n".join(out)) + "\n")
+
+
+def render_framework_table(rows: list[dict], recipe: str, cluster: str, current: str, objective: str) -> None:
+    """`plan --framework all`: each framework's plan on the same GPUs, fastest first."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    con = console()
+    table = Table(title=f"{recipe} on {cluster}, each framework (objective {objective})", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    table.add_column("framework", no_wrap=True, min_width=10)
+    table.add_column("GPUs", justify="right", no_wrap=True, min_width=4)
+    table.add_column("layout", no_wrap=True, overflow="ellipsis")
+    table.add_column("mbs", no_wrap=True, min_width=6)
+    table.add_column("GiB/GPU", justify="right", no_wrap=True, min_width=7)
+    table.add_column("step", justify="right", no_wrap=True, min_width=6)
+    table.add_column("tok/s/GPU", justify="right", no_wrap=True, min_width=9)
+    order = sorted(rows, key=lambda r: (not r["feasible"], r["step_time_s"] or 0.0))
+    for r in order:
+        name = r["framework"] + (" *" if r["framework"] == current else "")
+        if r["feasible"]:
+            p = r["plan"]
+            table.add_row(name, str(r["gpus"]), short_layout(p), f"{p['micro_batch_size']}x{p['grad_accum_steps']}",
+                          gib(r["memory_bytes"]), duration(r["step_time_s"]), f"{r['tokens_per_s_per_gpu'] or 0:,.0f}")
+        else:
+            table.add_row(name, "-", "does not fit", "", "", "", "")
+    con.print(table)
+    for r in order:
+        if not r["feasible"] and r.get("reason"):
+            con.print(Text(f"{r['framework']}: {r['reason']}"))
+    con.print(Text("* the recipe's framework. layout: tp/pp/dp/cp sizes, z1-z3 = ZeRO stage, rc = full "
+                   "recompute, sel = selective, +off = offload; mbs = micro-batch x accumulation", style="dim"))
+    con.print(Text(f"plan one: jobctl plan {recipe} --cluster {cluster} --framework NAME", style="dim"))
