@@ -216,7 +216,7 @@ def oom_chain(capsys, tmp_path):
     """#1 (mbs 4) CUDA OOM -> #2 (mbs 2) CUDA OOM -> #3 (mbs 1) COMPLETED, Llama 2 7B LoRA on one
     H100, each plan from `jobctl plan` (--after-oom for the next rung), as recovery leaves them."""
     recipe = ["recipes/llama2-7b-24gb.yaml", "--cluster", "h100"]
-    p1 = plan_report(capsys, tmp_path, "p1", *recipe)
+    p1 = plan_report(capsys, tmp_path, "p1", *recipe, "--objective", "gpus")  # one GPU
     p2 = plan_report(capsys, tmp_path, "p2", *recipe, "--after-oom", tmp_path / "p1.json")
     p3 = plan_report(capsys, tmp_path, "p3", *recipe, "--after-oom", tmp_path / "p2.json")
     assert [p["plan"]["micro_batch_size"] for p in (p1, p2, p3)] == [4, 2, 1]

@@ -8,7 +8,7 @@ from jobctl import frameworks
 from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
-from jobctl.planner.perf import Links
+from jobctl.planner.perf import Links, gemm_ceiling
 from jobctl.planner.search import Constraints, Target
 
 
@@ -75,7 +75,7 @@ def links(partition, gpu, precision: str) -> Links:
     return Links(
         intra_node_gbs=partition.intra_node_gbs or gpu.intra_node_gbs, inter_node_gbs=inter,
         pcie_gbs=partition.pcie_gbs or gpu.pcie_gbs, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs,
-        peak_tflops=gpu.peak_tflops(precision),
+        peak_tflops=gpu.peak_tflops(precision), gemm_efficiency=gemm_ceiling(gpu.key),
     )
 
 

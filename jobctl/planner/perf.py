@@ -17,26 +17,30 @@ from jobctl.planner.plan import Plan
 
 # --- efficiency constants -----------------------------------------------------------------------
 # Fraction of the dense peak that a training step's matrix multiplications reach when they
-# are large. Calibrated once on Megatron-Core's published GPT-3 175B run (H100, TP 4, PP 8,
-# 47% MFU, "Performance Benchmarks" in the Megatron-LM docs); Llama 3 405B (Llama 3 paper,
-# Table 4) is then a check, not a fit (tests/test_perf.py). A large bf16 GEMM alone reaches
-# ~0.8 of peak on an H200 here; training GEMMs are smaller, have epilogues and wait on
-# layer-boundary kernels.
+# are large, for GPUs without a fitted value below (first calibrated on Megatron-Core's GPT-3
+# 175B run on H100, 47% MFU). A large bf16 GEMM alone reaches ~0.8 of peak on an H200 here;
+# training GEMMs are smaller, have epilogues and wait on layer-boundary kernels.
 GEMM_EFFICIENCY = 0.67
+# ... per GPU generation, where published runs pin it (fitted on the "fit" half of
+# benchmarks/data/published_throughput.yaml by benchmarks/step_time_accuracy.py --fit; the
+# "check" half and docs/step-time-accuracy.md show how it holds). Hopper's dense peak is
+# harder to approach than Ampere's: the same training code reaches a lower fraction of it.
+GEMM_EFFICIENCY_BY_GPU = {"a100": 0.80, "h100": 0.55, "h200": 0.55}
 # Small GEMMs cannot fill the GPU: efficiency x/(x + x0) with x = tokens·hidden/tp of the
-# activation tile (one saturation constant; 2^20 elements halves efficiency at ~1M).
-GEMM_SATURATION_ELEMS = 1 << 20
-# FlashAttention-2 forward+backward reaches 35-50% of H100 peak (Dao 2023, FlashAttention-2
-# paper, Fig. 7: ~330-340 TFLOP/s fwd+bwd at head dim 128 on H100 = ~0.35).
-ATTENTION_EFFICIENCY = 0.35
+# activation tile (one saturation constant, fitted: 2^18 elements halves efficiency at ~256k).
+GEMM_SATURATION_ELEMS = 1 << 18
+# FlashAttention-2 forward+backward reaches 35-50% of H100 peak in isolation (Dao 2023,
+# FlashAttention-2 paper, Fig. 7: ~330-340 TFLOP/s fwd+bwd at head dim 128 on H100 = ~0.35);
+# in training steps the fit (docs/step-time-accuracy.md) puts it at 0.25.
+ATTENTION_EFFICIENCY = 0.25
 # ... at long sequences: its tiles need long query and key blocks. With context parallelism
 # the causal load balancing splits each sequence into 2·cp chunks and every step of the ring
 # works on one chunk pair, so efficiency falls as chunks shorten: L/(L + L0) with L the chunk
 # length (FlashAttention-2 paper, Fig. 6-7: throughput at 512-1k tokens is about half of 16k).
 ATTENTION_SATURATION_TOKENS = 1024
 # Memory-bound kernels (norms, SwiGLU, RoPE, residual adds, optimizer step) reach this
-# fraction of the HBM bandwidth.
-MEMORY_EFFICIENCY = 0.80
+# fraction of the HBM bandwidth (fitted; small kernels rarely stream at full bandwidth).
+MEMORY_EFFICIENCY = 0.60
 # NCCL collectives reach this fraction of the nominal per-direction link bandwidth as "bus
 # bandwidth" (nccl-tests all-reduce on 8x H100 NVLink: ~360-480 GB/s of 450 nominal).
 INTRA_NODE_EFFICIENCY = 0.80
@@ -54,6 +58,13 @@ CPU_ADAM_BYTES_PER_PARAM = 28
 # tensors; backward moves about twice the forward.
 MEMBOUND_BYTES_H = 72
 MEMBOUND_BYTES_F = 18
+# Attention without a fused kernel (attention="eager": Megatron before FlashAttention, HF
+# eager) materialises the a·s² scores: forward writes them (2 B), softmax reads and writes
+# (4 B), dropout reads, writes and keeps a mask (5 B), the second matmul reads them (2 B):
+# ~13 B per score element; backward moves about twice that (Korthikanti et al. 2022 §4.1 lists
+# the same tensors as activations: 5·a·s²·b bytes per layer).
+EAGER_SCORE_BYTES_FWD = 13
+EAGER_SCORE_BYTES = 3 * EAGER_SCORE_BYTES_FWD
 # Fixed costs that decide small models, where bandwidth terms vanish. A layer's forward and
 # backward launch about 40 kernels (GEMMs, attention, norms, activations, their backward and
 # gradient accumulation), each taking at least a launch (~4 us without CUDA graphs); every
@@ -77,6 +88,7 @@ class Links:
     pcie_gbs: float
     mem_bandwidth_gbs: float
     peak_tflops: float
+    gemm_efficiency: float = 0.0  # 0: GEMM_EFFICIENCY; else the GPU's own (GEMM_EFFICIENCY_BY_GPU)
 
 
 @dataclass(frozen=True)
@@ -120,8 +132,13 @@ def model_flops_per_token(w: Workload) -> float:
     return 6 * matmul_params + 6 * m.layers * m.hidden * w.seq_len
 
 
-def gemm_efficiency(tile_elems: float) -> float:
-    return GEMM_EFFICIENCY * tile_elems / (tile_elems + GEMM_SATURATION_ELEMS)
+def gemm_efficiency(tile_elems: float, ceiling: float = 0.0) -> float:
+    return (ceiling or GEMM_EFFICIENCY) * tile_elems / (tile_elems + GEMM_SATURATION_ELEMS)
+
+
+def gemm_ceiling(gpu_key: str) -> float:
+    """The large-GEMM efficiency of a GPU: its own where fitted, else GEMM_EFFICIENCY."""
+    return GEMM_EFFICIENCY_BY_GPU.get(gpu_key.split("-")[0], GEMM_EFFICIENCY)
 
 
 def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float, latency: float = 0.0) -> float:
@@ -171,11 +188,17 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
         rerun = h * h * g / a + h * h + h * f
         passes_gemm = 3 + rerun / matrix_params
         passes_attn = 3
-    eff = gemm_efficiency(tokens_rank * h / t)
+    eff = gemm_efficiency(tokens_rank * h / t, links.gemm_efficiency)
     chunk = s / (2 * c) if c > 1 else s
     att_eff = ATTENTION_EFFICIENCY * chunk / (chunk + ATTENTION_SATURATION_TOKENS)
     layer_compute = fwd_gemm * passes_gemm / (peak * eff) + fwd_attn * passes_attn / (peak * att_eff)
-    membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank
+    # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
+    membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank * (1 + rc / 3)
+    if w.attention == "eager":
+        # the a·s² score matrix is written, soft-maxed, dropped out and read back (causal: half
+        # of it counts); selective and full recompute rerun that forward
+        scores = b * m.heads / t * (s / c) * s / 2
+        membound += scores * (EAGER_SCORE_BYTES + (EAGER_SCORE_BYTES_FWD if passes_attn > 3 else 0))
     layer_compute += membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
     layer_compute = max(layer_compute, KERNELS_PER_LAYER * (1 + rc / 3) * KERNEL_LAUNCH_S)
     # Tensor parallelism: 2 collectives forward, 2 backward (+2 when the forward is recomputed),
@@ -195,7 +218,7 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     stage_mb = layers_max * (layer_compute + layer_tp + layer_cp)
     # The last stage also runs the output layer and the loss (vocabulary-parallel over t).
     out_flops = 2 * tokens_rank * h * m.vocab / t * 3
-    head = out_flops / (peak * gemm_efficiency(tokens_rank * h / t)) + \
+    head = out_flops / (peak * gemm_efficiency(tokens_rank * h / t, links.gemm_efficiency)) + \
         14 * tokens_rank * m.vocab / t / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
     if p == 1:
         stage_mb += head
