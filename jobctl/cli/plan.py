@@ -34,9 +34,10 @@ def add_arguments(p) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, e.g. train.seq_len=4096")
     p.add_argument("--cluster", "-c", help="inventory name from clusters/ or a path to one (default: all)")
     p.add_argument("--objective", choices=OBJECTIVES, default=DEFAULT_OBJECTIVE,
-                   help="balanced (default): the fastest plan on the partition (or resources.max_nodes) whose "
-                        "tokens/s per GPU stays within 90%% of the best, on whole nodes; time: the fastest, whatever "
-                        "it costs; throughput: the best tokens/s per GPU (cheapest GPU-hours); gpus: fewest GPUs")
+                   help="balanced (default): the fastest plan on the partition (or resources.max_nodes/nodes) "
+                        "whose tokens/s per GPU stays within 90%% of the best, filling a node whenever the whole node "
+                        "is faster; time: the fastest, whatever it costs; throughput: the best tokens/s per GPU "
+                        "(cheapest GPU-hours); gpus: fewest GPUs")
     p.add_argument("--framework", metavar="NAME|all",
                    help="plan with this framework instead of the recipe's (" + ", ".join(framework_names())
                         + "); all: every framework side by side on the same GPUs (needs --cluster)")

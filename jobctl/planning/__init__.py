@@ -15,7 +15,7 @@ from jobctl.planner import inputs
 from jobctl.planner.advice import suggestions
 from jobctl.planner.catalog import GIB, gpu_names, unknown_message
 from jobctl.planner.explain import explain as explain_search
-from jobctl.planner.explain import objective_summary, why_lost
+from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_summary, why_lost
 from jobctl.planner.ladder import (
     Calibration,
     CalibrationPoint,
@@ -29,7 +29,8 @@ from jobctl.planner.memory import estimate
 from jobctl.planner.models import PRESETS
 from jobctl.planner.perf import estimate_step
 from jobctl.planner.plan import Plan
-from jobctl.planner.search import DEFAULT_OBJECTIVE, OBJECTIVES, Candidate, rank, search
+from jobctl.planner.search import DEFAULT_OBJECTIVE, Candidate, rank, search
+from jobctl.planner.search import OBJECTIVES as OBJECTIVES  # re-exported: the CLI's --objective choices
 from jobctl.planning.learn import learned_calibration
 
 
@@ -265,6 +266,8 @@ def _report(recipe_loaded, w, res, cons, objective, explain, alternatives) -> di
         out["learned"] = learned_block(w)
     if explain:
         out["explain"] = explain_search(res)
+        out["explain"]["memory_checks"] = memory_checks(w, best.plan, out["memory"]["terms"])
+        out["explain"]["memory_evidence"] = MEMORY_EVIDENCE
     return out
 
 

@@ -142,6 +142,13 @@ def render_explain(ex: dict) -> None:
     for i, wnr in enumerate(ex["winners"], 1):
         con.print(Text(f"  #{i} {wnr['plan']} on {wnr['world_size']} GPU{'s' if wnr['world_size'] != 1 else ''}: {wnr['memory_gib']} GiB, "
                        f"step {duration(wnr['step_time_s'])}, {wnr['tokens_per_s_per_gpu'] or 0:,.0f} tokens/s/GPU"))
+    checks = ex.get("memory_checks") or []
+    if checks:
+        con.print(Text("Memory terms, and what checks them:", style="bold"))
+        for c in checks:
+            con.print(Text(f"  {c['term'][:27]:27} {c['check']:8} {c['by']}"))
+        for key, what in (ex.get("memory_evidence") or {}).items():
+            con.print(Text(f"  {key}: {what}", style="dim"))
 
 
 def render_dry_run(items: list[dict]) -> None:

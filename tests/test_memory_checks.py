@@ -1,0 +1,38 @@
+"""`plan --explain` says, per memory term, what checks it (issue 14): exact byte counts, the
+trace of torchtitan's own code (docs/memory-accuracy.md, "Trace mode": torchtitan Llama 3 8B,
+FSDP2 over 8 ranks), small CPU models, or nothing yet (a named constant)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def checks(*args) -> dict:
+    r = subprocess.run([sys.executable, "-m", "jobctl", "plan", *args, "--explain", "--json"], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    return d["plan"], {c["term"]: c for c in d["explain"]["memory_checks"]}
+
+
+def test_a_layout_the_trace_covers_is_labelled_traced():
+    # recipes/llama8b.yaml is torchtitan's Llama 3.1 8B; on the h100 inventory the plan is FSDP
+    # only (tp = pp = cp = 1), the layout benchmarks/trace_memory.py traced.
+    plan, c = checks("recipes/llama8b.yaml", "--cluster", "h100")
+    assert (plan["tp"], plan["pp"], plan["cp"]) == (1, 1, 1)
+    assert c["weights"]["check"] == c["gradients"]["check"] == c["optimizer states"]["check"] == "exact"
+    assert c["layer activations"]["check"] == "traced"
+    assert c["cuda context"]["check"] == c["nccl buffers"]["check"] == "modelled"
+
+
+def test_a_layout_the_trace_does_not_cover_is_not_called_traced():
+    # Megatron with tensor parallelism: nothing traced it; the per-layer terms were only compared
+    # with small CPU models.
+    plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100")
+    assert plan["tp"] > 1
+    assert c["layer activations"]["check"] == "measured"
+    assert all(x["check"] != "traced" for x in c.values())
