@@ -239,6 +239,8 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
                 kind, by = "traced", "+25% vs trace (4.89 vs 3.91 GiB)"
             else:
                 kind, by = "modelled", "unsharded-layer rule; not traced"
+        elif name.startswith("unsharded stage"):
+            kind, by = "modelled", "from torchtitan's and torch's code; not traced"
         elif name.startswith("learned"):
             kind, by = "measured", "this workload's own CUDA OOM here"
         else:

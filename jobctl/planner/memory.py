@@ -570,7 +570,18 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
                      w.caps.offload_keeps_grads)
 
     # --- buffers that depend on the framework
-    if plan.sharding in ("zero3", "hsdp") or plan.offload == "optimizer+params":
+    if plan.sharding in ("zero3", "hsdp") and plan.pp > 1 and not w.caps.reshard_under_pp and w.method == "full" \
+            and plan.offload == "none":
+        # FSDP2 under pipeline parallelism (torchtitan): parameters stay unsharded from the first
+        # micro-batch's forward to the last one's backward (reshard_after_forward False under PP,
+        # torchtitan distributed/fsdp.py get_fsdp_reshard_after_forward_policy), and gradients
+        # accumulate unsharded, upcast to the fp32 reduce dtype, until the last backward
+        # (torch distributed/pipelining/stage.py backward_maybe_with_nosync:
+        # set_requires_gradient_sync(False); fsdp _fsdp_param.py to_accumulated_grad_if_needed)
+        acc_b = max(w.caps.reduce_bytes, compute_b)
+        add("unsharded stage (FSDP under PP)", rank_params * (compute_b + acc_b), "buffers", lambda:
+            f"{rank_params:.4g} stage params kept whole: {compute_b} B weights + {acc_b} B accumulated gradients")
+    elif plan.sharding in ("zero3", "hsdp") or plan.offload == "optimizer+params":
         unit = max(m.layer_params(), m.vocab * m.hidden) / plan.tp
         add("gathered weights", unit * (2 * compute_b + compute_b + sb.grad), "buffers", lambda:
             "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in 16-bit, "

@@ -248,6 +248,12 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
         per_mb = _ring(shard, trainable * param_b, gbs_shard, NETWORK_EFFICIENCY, 2) + \
             _ring(shard, trainable * grad_b, gbs_shard, NETWORK_EFFICIENCY, 1) + alpha
         dp = micro * max(0.0, per_mb - stage_mb)  # prefetching overlaps it with the layers' compute
+        if plan.pp > 1 and not w.caps.reshard_under_pp and plan.offload == "none":
+            # FSDP under PP keeps the stage unsharded across micro-batches (memory.py): one
+            # all-gather per step and one reduce-scatter after the last backward
+            once = _ring(shard, trainable * param_b, gbs_shard, NETWORK_EFFICIENCY, 1) + \
+                _ring(shard, trainable * grad_b, gbs_shard, NETWORK_EFFICIENCY, 1) + alpha * 2 / 3
+            dp = max(0.0, once - stage_mb)
         if plan.sharding == "hsdp" and n > shard:
             dp += (1 - DP_OVERLAP) * _ring(n // shard, trainable * grad_b / shard, dp_gbs, NETWORK_EFFICIENCY, 2)
     else:

@@ -1,0 +1,56 @@
+"""Published peak memory of real runs against the memory model (issue 14).
+
+Source: torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (commit of December 2024):
+Llama 3.1 on H100s with 96 GB HBM2e, bf16 (rows without torch.compile or Float8 where they
+exist), sequence length 8192 (torchtitan's llama3 train configs), "Memory" = max reserved GiB:
+- Table 1, 8B, 8 GPUs, FSDP, local batch 2, selective AC:                 82.4 GiB
+- Table 3, 70B, 256 GPUs, FSDP 32 x TP 8, local batch 16, full AC:         71.9 GiB
+- Table 4, 405B, 512 GPUs, FSDP 8 x TP 8 x PP 8, 1F1B, local batch 32, full AC: 82.5 GiB
+Reserved memory is the caching allocator's view: jobctl's total minus the CUDA context (which
+the allocator does not see). Within 10% each is the issue's target."""
+
+import pytest
+
+from jobctl.planning import load_inventory, load_recipe, plan_on
+
+GIB = 1 << 30
+INVENTORY = ["partitions.0.nodes=64", "partitions.0.gpu_memory_gib=96"]
+
+
+def predicted_reserved_gib(model: str, overrides: list[str]) -> float:
+    rec = load_recipe("recipes/llama8b.yaml", [f"model={model}", "framework=torchtitan", "train.seq_len=8192",
+                                               "parallelism.cp=1", "parallelism.sharding=zero3", *overrides])
+    inv = load_inventory("h100", INVENTORY)
+    d = plan_on(rec, inv, alternatives=0, summary=False, learn=False).data
+    assert d["feasible"], d["reasons"]
+    terms = {t["name"]: t["bytes"] for t in d["memory"]["terms"]}
+    return (d["memory"]["total_bytes"] - terms["cuda context"]) / GIB
+
+
+def test_llama31_8b_fsdp_selective_ac_within_10_percent():
+    got = predicted_reserved_gib("llama3.1-8b", ["train.global_batch_size=16", "parallelism.dp=8", "parallelism.tp=1",
+                                                 "parallelism.pp=1", "parallelism.micro_batch_size=2",
+                                                 "parallelism.recompute=selective"])
+    assert got == pytest.approx(82.4, rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured 2026-11-25: predicted 57.4 GiB (-20%): weights, logits (loss-parallel over TP 8) and the full-AC "
+    "layer inputs add up; the missing ~14 GiB is not yet explained (reserved vs allocated at this size is "
+    "the first suspect; the trace has not run TP yet)"))
+def test_llama31_70b_fsdp_tp_full_ac_within_10_percent():
+    got = predicted_reserved_gib("llama3.1-70b", ["train.global_batch_size=512", "parallelism.dp=32",
+                                                  "parallelism.tp=8", "parallelism.pp=1",
+                                                  "parallelism.micro_batch_size=16", "parallelism.recompute=full"])
+    assert got == pytest.approx(71.9, rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured 2026-11-25: predicted 54.7 GiB (-34%; 21.6 GiB before FSDP under PP was modelled: the stage kept "
+    "unsharded, 2 B weights + 4 B fp32 accumulated gradients per parameter, 35.6 GiB); the rest is not yet "
+    "explained (pipeline send/receive buffers, reserved vs allocated)"))
+def test_llama31_405b_fsdp_tp_pp_full_ac_within_10_percent():
+    got = predicted_reserved_gib("llama3.1-405b", ["train.global_batch_size=256", "parallelism.dp=8",
+                                                   "parallelism.tp=8", "parallelism.pp=8",
+                                                   "parallelism.micro_batch_size=1", "parallelism.recompute=full"])
+    assert got == pytest.approx(82.5, rel=0.10)
