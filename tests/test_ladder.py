@@ -304,10 +304,10 @@ def test_never_returns_a_plan_from_history():
 
 
 def test_combines_rungs_when_no_single_rung_fits():
-    # 150 GiB more than was there, with tp and pp pinned: neither micro-batch 1 alone nor full
-    # recompute alone is calibrated to fit; both together are.
+    # 170 GiB more than was there, with tp and pp pinned: neither micro-batch 1 alone nor full
+    # recompute alone is calibrated to fit; both together are (checked below, by the model).
     c = Constraints(tp=1, pp=1)
-    s = next_plan(W, T, c, START, OOMInfo(150 * GIB, H100.memory_bytes, 0))
+    s = next_plan(W, T, c, START, OOMInfo(170 * GIB, H100.memory_bytes, 0))
     assert s.expected_to_fit and s.calibrated_bytes <= USABLE
     assert "+" in s.rung and set(s.rung.split("+")) <= set(RUNGS)
     assert s.plan.global_batch_size == GBS

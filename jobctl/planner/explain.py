@@ -231,7 +231,7 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
                 kind, by = "measured", "within 10% of CPU; not traced here"
         elif name in ("logits and loss", "final norm and output input"):
             if traced:
-                kind, by = "traced", "0.0% vs trace; AC +9.2%, SAC +2.8%"
+                kind, by = "traced", "0.0% vs trace (op SAC -1.8%)"
             else:
                 kind, by = "measured", "= CPU; not traced here"
         elif name == "gathered weights":
