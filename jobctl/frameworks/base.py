@@ -72,6 +72,7 @@ class Capabilities:
     # the 16-bit logits live until the loss's backward (False: the training loop drops them
     # once the loss is computed, and only the fp32 log-probabilities and gradients remain)
     keeps_logits_through_loss: bool = True
+    fused_qkv: bool = False  # one wqkv matmul instead of wq, wk, wv (changes op-level SAC's saved set)
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def runs_sharding(self, sharding: str) -> bool:

@@ -225,13 +225,12 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
             kind, by = "exact", "byte counts; = CPU" + (", = trace" if traced else "")
         elif name == "layer activations":
             if traced:
-                diff = "-3.1% (op-level SAC)" if plan.recompute == "selective" else "0.0%"
-                kind, by = "traced", f"{diff} vs trace"
+                kind, by = "traced", "0.0% vs trace"
             else:
                 kind, by = "measured", "within 10% of CPU; not traced here"
         elif name in ("logits and loss", "final norm and output input"):
             if traced:
-                kind, by = "traced", "0.0% vs trace (op SAC -1.8%)"
+                kind, by = "traced", "0.0% vs trace"
             else:
                 kind, by = "measured", "= CPU; not traced here"
         elif name == "gathered weights":

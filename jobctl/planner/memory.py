@@ -372,9 +372,10 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
 def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str]]:
     """What torchtitan's op-level selective AC keeps of a Llama block (activation_checkpoint.py,
     the default save list and "recompute every second mm"): the block input (the checkpoint's
-    own input), the outputs of the 1st, 3rd, 5th and 7th matmul in forward order (wq, wv, w1, w2;
-    wk, wo and w3 are recomputed), the attention kernel's output and log-sum-exp, and under
-    TP + SP the two reduce-scatter outputs. Norms, RoPE, SiLU and products are recomputed."""
+    own input), the outputs of every odd matmul in forward order (fused wqkv, w1, w2 with
+    torchtitan's `wqkv`; wq, wv, w1, w2 with separate projections), the attention kernel's output
+    and log-sum-exp, and under TP + SP the two reduce-scatter outputs. Norms, RoPE, SiLU and
+    products are recomputed."""
     m = w.model
     t, c = plan.tp, plan.cp
     sp = plan.sequence_parallel and t > 1
@@ -383,14 +384,19 @@ def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str
     e = w.act_bytes
     sbh = s * b * h
     rep = t if sp else 1
-    out = [
-        ("block input", e * sbh / rep, "the checkpointed block's input: 2·sbh (/t with SP)"),
-        ("wq output", e * sbh / t, "1st mm (wq) saved: 2·sbh /t"),
-        ("wv output", e * sbh * g / a / t, "3rd mm (wv) saved: 2·sbh·g/a /t"),
+    out = [("block input", e * sbh / rep, "the checkpointed block's input: 2·sbh (/t with SP)")]
+    if w.caps.fused_qkv:  # wqkv(1) saved, wo(2) recomputed, w1(3) saved, w3(4) recomputed, w2(5) saved
+        out.append(("wqkv output", e * sbh * (a + 2 * g) / a / t, "1st mm (wqkv) saved: 2·sbh·(a+2g)/a /t"))
+    else:
+        out += [("wq output", e * sbh / t, "1st mm (wq) saved: 2·sbh /t"),
+                ("wv output", e * sbh * g / a / t, "3rd mm (wv) saved: 2·sbh·g/a /t")]
+    w1 = "3rd" if w.caps.fused_qkv else "5th"
+    w2 = "5th" if w.caps.fused_qkv else "7th"
+    out += [
         ("attention output", e * sbh / t, "attention kernel output saved: 2·sbh /t"),
         ("attention lse", 4 * a * s * b / t, "its fp32 log-sum-exp: 4·asb /t"),
-        ("w1 output", e * s * b * f / t, "5th mm (w1, the SiLU input) saved: 2·sbf /t"),
-        ("w2 output", e * sbh, "7th mm (w2) saved: 2·sbh (a partial sum before the TP reduction)"),
+        ("w1 output", e * s * b * f / t, f"{w1} mm (w1, the SiLU input) saved: 2·sbf /t"),
+        ("w2 output", e * sbh, f"{w2} mm (w2) saved: 2·sbh (a partial sum before the TP reduction)"),
     ]
     if sp:
         out.append(("reduce-scatter outputs", 2 * e * sbh / t, "wo and w2 reduce-scatter outputs (SP): 2 · 2·sbh /t"))

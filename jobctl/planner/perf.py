@@ -183,9 +183,10 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     passes_gemm = 3 + rc
     passes_attn = 3 + (1 if plan.recompute == "selective" else rc)
     if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC:
-        # torchtitan's op-level SAC reruns wk, wo and w3 (the 2nd, 4th, 6th matmuls), not attention
+        # torchtitan's op-level SAC reruns every second matmul, not attention: wo and w3 with a
+        # fused wqkv; wk, wo and w3 with separate projections
         a, g = m.heads, m.kv_heads
-        rerun = h * h * g / a + h * h + h * f
+        rerun = h * h + h * f + (0 if w.caps.fused_qkv else h * h * g / a)
         passes_gemm = 3 + rerun / matrix_params
         passes_attn = 3
     eff = gemm_efficiency(tokens_rank * h / t, links.gemm_efficiency)
