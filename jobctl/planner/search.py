@@ -308,11 +308,13 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = DEFAULT_OBJE
         est = estimate_step(w, plan, links, t.gpus_per_node, steps) if links else None
         return Candidate(plan, mem, est, plan.gpus_per_node == t.gpus_per_node)
 
-    # Each layout gets an optimistic bound first: its step time with no recomputation, no
-    # offload and the cheapest sharding is a lower bound on what any knob setting gives
-    # (recomputation, offload and ZeRO-3 only add work). Layouts are visited best bound
-    # first, and a layout whose bound cannot come within the objective's tolerance of the
-    # best plan found so far is skipped without a memory check.
+    # Each layout gets an optimistic bound first: its step time with no recomputation and no
+    # offload (they only add work), for each sharding on offer (the model can overlap ZeRO-3's
+    # traffic better than DDP's all-reduce) and a few micro-batch sizes. Layouts are visited
+    # best bound first, and a layout whose bound cannot come within the objective's tolerance
+    # of the best plan found so far (for "balanced": cannot win either race, see _Race) is
+    # skipped without a memory check. tests/test_search_properties.py checks the pruned
+    # search against an unpruned one.
     prepared = []
     for tp, pp, cp, dp, nodes, gpn in layouts(w, t, c):
         per_dp = gbs // dp
