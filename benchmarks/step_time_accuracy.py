@@ -47,6 +47,7 @@ class Row:
     id: str
     source: str
     framework: str
+    gpu: str  # catalog key
     gpus: int
     workload: Workload
     plan: Plan
@@ -158,10 +159,9 @@ def load_rows() -> tuple[list[Row], list[tuple[str, str]]]:
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, sharding, mbs, gb // (dp * mbs), gb,
                     RECOMPUTE[p.get("recompute")], "none", sp, vp, 0, 0)
         gpu = lookup_gpu(r["gpu"])
-        ROW_GPU[r["id"]] = r["gpu"]
         links = Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
                       gpu.peak_tflops("bf16-mixed"), gemm_ceiling(gpu.key))
-        row = Row(r["id"], r["source"], r["framework"], r["gpus"], w, plan, links, got[0], got[1], assumed)
+        row = Row(r["id"], r["source"], r["framework"], r["gpu"], r["gpus"], w, plan, links, got[0], got[1], assumed)
         if assumed:
             row.scored, row.why_not_scored = False, "configuration incomplete: " + ", ".join(assumed)
         elif r.get("gpu_variant"):
@@ -238,7 +238,7 @@ def versus_search(r: Row) -> dict:
     """The search on the row's GPUs (exactly its nodes), framework and batch: its choice, and the
     published layout's predicted speed relative to it (and whether the model fits it)."""
     gpn = min(8, r.gpus)
-    gpu = lookup_gpu(ROW_GPU[r.id])
+    gpu = lookup_gpu(r.gpu)
     t = Target("published", "gpus", gpu, gpn, r.gpus // gpn, HOST_GIB * GIB, gpu.memory_bytes, r.links)
     res = search(r.workload, t, Constraints(nodes=r.gpus // gpn, max_nodes=r.gpus // gpn))
     mem = estimate(r.workload, t.gpu_memory_bytes, r.plan, t.host_mem_bytes, detail=False)
@@ -248,8 +248,6 @@ def versus_search(r: Row) -> dict:
         out["ratio"] = res.best.estimate.step_time_s / r.predicted_s  # > 1: the published layout is faster
     return out
 
-
-ROW_GPU: dict[str, str] = {}
 
 
 def main(argv=None) -> int:

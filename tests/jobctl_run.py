@@ -1,6 +1,7 @@
 """Run the real `jobctl` entry point in a subprocess, from the repository, for end-to-end tests."""
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,3 +16,14 @@ def jobctl(*args, env=None, timeout=300):
     e["COLUMNS"] = "4000"  # no table wrapping in assertions
     return subprocess.run([sys.executable, "-m", "jobctl", *args], cwd=ROOT, env=e, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def history_rows(home) -> list[dict]:
+    """Every row of the jobs table in `home`'s history file, oldest first (read directly with
+    sqlite3, so a test sees what is on disk, not what jobctl reports)."""
+    con = sqlite3.connect(Path(home) / "history.sqlite")
+    con.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in con.execute("SELECT * FROM jobs ORDER BY id")]
+    finally:
+        con.close()

@@ -14,18 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from jobctl_run import history_rows as rows
 from jobctl_run import jobctl
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def rows(home):
-    con = sqlite3.connect(home / "history.sqlite")
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute("SELECT * FROM jobs ORDER BY id")]
-    finally:
-        con.close()
 
 
 def fake_sbatch(tmp_path, after: str) -> dict:

@@ -3,11 +3,11 @@ on CUDA OOM above a micro-batch budget. Nobody watches: the test submits without
 only polls the history afterwards."""
 
 import json
-import sqlite3
 import time
 from pathlib import Path
 
 import pytest
+from jobctl_run import history_rows as history
 from jobctl_run import jobctl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,15 +34,6 @@ def recipe(tmp_path, budget: int) -> Path:
     path = tmp_path / "oom.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def history(home):
-    con = sqlite3.connect(home / "history.sqlite")
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute("SELECT * FROM jobs ORDER BY id")]
-    finally:
-        con.close()
 
 
 def poll_until(home, done, timeout_s=240):

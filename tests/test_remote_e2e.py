@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
+from jobctl_run import history_rows as _rows  # noqa: E402
 from jobctl_run import jobctl  # noqa: E402
 from slurm_fixture import slurm_cluster  # noqa: E402,F401  (pytest fixture)
 from ssh_fixture import SSHCluster, ssh_cluster  # noqa: E402,F401  (pytest fixture)
@@ -68,15 +68,6 @@ def _sacct_settled(c: SSHCluster, expect, *args: str, timeout_s: float = 60) -> 
         if expect(rows) or time.monotonic() > deadline:
             return rows
         time.sleep(1)
-
-
-def _rows(home: Path) -> list[dict]:
-    con = sqlite3.connect(home / "history.sqlite")
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute("SELECT * FROM jobs ORDER BY id")]
-    finally:
-        con.close()
 
 
 def _wait_state(env: dict, job: str, states: set[str], timeout_s: float = 120) -> dict:

@@ -79,7 +79,8 @@ def run(args) -> int:
             current = result.data["train"]["framework"] if result.feasible else (
                 args.framework or _recipe_framework(rec))
             est = result.data.get("estimate") or {}
-            rows = compare_frameworks(args.recipe, list(args.overrides), invs[0], args.objective, not args.no_learn)
+            rows = compare_frameworks(args.recipe, list(args.overrides), invs[0], args.objective, not args.no_learn,
+                                      known={current: result.data})
             result.data["frameworks"] = rows
             result.data["framework_advice"] = framework_advice(current, rows, result.feasible, est.get("step_time_s"))
         if args.as_json:

@@ -110,7 +110,7 @@ def run(args) -> int:
     for combo in combos:
         overrides = list(args.overrides) + combo
         rec = load_recipe(args.recipe, overrides)
-        result = plan_on(rec, inv, objective=args.objective, alternatives=0)
+        result = plan_on(rec, inv, objective=args.objective, alternatives=0, summary=False)
         if not result.feasible:
             if args.as_json:
                 ui.print_json(result.data)

@@ -183,22 +183,24 @@ def framework_names() -> list[str]:
 
 
 def compare_frameworks(recipe: str, overrides: list[str], inv_loaded, objective: str = DEFAULT_OBJECTIVE,
-                       learn: bool = True) -> list[dict]:
+                       learn: bool = True, known: dict | None = None) -> list[dict]:
     """The recipe planned with each framework on one inventory, as rows: {framework, feasible,
     gpus, layout, step_time_s, tokens_per_s_per_gpu, memory_bytes, reason}. A framework the
     recipe cannot be switched to (e.g. custom `supports` under another name) says why; `plan` is
-    the plan's dict."""
+    the plan's dict. `known`: {framework: plan report} already computed (not planned again)."""
     rows = []
     for name in framework_names():
         row = {"framework": name, "feasible": False, "gpus": None, "layout": None, "plan": None, "step_time_s": None,
                "tokens_per_s_per_gpu": None, "memory_bytes": None, "reason": None}
-        try:
-            rec = load_recipe(recipe, list(overrides) + [f"framework={name}"])
-        except ConfigError as e:
-            row["reason"] = e.issues[0].problem if e.issues else str(e)
-            rows.append(row)
-            continue
-        data = plan_on(rec, inv_loaded, objective=objective, alternatives=0, learn=learn, summary=False).data
+        data = (known or {}).get(name)
+        if data is None:
+            try:
+                rec = load_recipe(recipe, list(overrides) + [f"framework={name}"])
+            except ConfigError as e:
+                row["reason"] = e.issues[0].problem if e.issues else str(e)
+                rows.append(row)
+                continue
+            data = plan_on(rec, inv_loaded, objective=objective, alternatives=0, learn=learn, summary=False).data
         if data["feasible"]:
             est = data.get("estimate") or {}
             row.update(feasible=True, gpus=data["plan"]["world_size"], layout=Plan.from_dict(data["plan"]).summary(),
