@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Traced (FakeTensorMode + FSDPMemTracker) vs modelled (jobctl.planner.memory) GPU memory
-of torchtitan's own Llama 3 8B, FSDP2 over N fake ranks, one training step, no GPU.
+of torchtitan's own Llama 3 8B / 70B / 405B, FSDP2 (x TP) over N fake ranks, one training
+step, no GPU.
 
 What it does, per layout:
   1. builds torchtitan's Llama3Model from its own "8B" config
@@ -37,8 +38,13 @@ Run (from the repository root):
   python benchmarks/trace_memory.py --layouts b1-none b2-sac
   python benchmarks/trace_memory.py --layers 2 --seq-len 2048   # quick; jobctl gets the
                                                            #   same layer count
+  python benchmarks/trace_memory.py --model 70B --tp 8 --ranks 256 --layouts b16-full
   python benchmarks/trace_memory.py --json                 # raw numbers (bytes)
-Layouts are b<local batch>-<none|full|sac>; --ranks (default 8) sets the FSDP degree.
+Layouts are b<local batch>-<none|full|sac>; --ranks (default 8) is the world size, FSDP
+degree x --tp.  With --tp > 1 torchtitan's own TP plan is applied (its models' parallelize:
+column/row-wise linears, sequence parallel norms, loss parallel); see _patch_for_tp for the
+two stand-ins it needs.  Pipeline parallelism is not traced: its stages exchange activations
+between ranks, which one process on a fake process group cannot run.
 Needs torch (a CPU build is enough) and torchtitan; both are imported only here.
 
 What it cannot see, and the workarounds it needs:
@@ -96,6 +102,8 @@ sys.path.insert(0, ROOT)
 GIB = 1 << 30
 TOL = 0.05
 DEFAULT_LAYOUTS = ("b1-none", "b1-full", "b1-sac")
+MODELS = ("8B", "70B", "405B")  # torchtitan's llama3_configs keys
+PRESET_OF = {"8B": "llama3.1-8b", "70B": "llama3.1-70b", "405B": "llama3.1-405b"}
 AC_NAMES = {"none": "none", "full": "full", "sac": "selective"}
 
 # tracker category -> comparison group (jobctl's group names)
@@ -132,7 +140,7 @@ def parse_layout(name: str) -> tuple[int, str]:
 class _Env:
     """Process-wide set-up, once: fake process group, torchtitan mesh, patches."""
 
-    def __init__(self, ranks: int, backend: str, cuda_rmsnorm: bool = True):
+    def __init__(self, ranks: int, backend: str, cuda_rmsnorm: bool = True, tp: int = 1):
         import torch
         import torch.distributed as dist
         import torch.distributed.tensor._sharding_prop as sharding_prop
@@ -157,6 +165,8 @@ class _Env:
             return ops
 
         tt_ac._get_default_save_ops = save_ops
+        if tp > 1:
+            _patch_for_tp()
         if cuda_rmsnorm:
             from torchtitan.models.common.nn_modules import RMSNorm
             RMSNorm.forward = _cuda_like_rms_norm()
@@ -165,10 +175,44 @@ class _Env:
             dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
         tt_dist_utils.set_spmd_backend(backend)
         self.parallel_dims = tt_pd.ParallelDims(
-            dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, world_size=ranks, spmd_backend=backend)
+            dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=1, ep=1, world_size=ranks, spmd_backend=backend)
         self.parallel_dims.build_mesh()  # outside any fake mode
         self.backend = backend
         self.ranks = ranks
+        self.tp = tp
+
+
+def _patch_for_tp():
+    """Two stand-ins that tensor parallelism needs under fake tensors on the CPU.
+
+    * FSDP2 over a TP-sharded parameter concatenates the dp and tp meshes
+      (_fsdp_param.py _init_sharding_spec_tp -> DeviceMesh._concatenate), which builds the
+      rank tensor under the ambient fake mode and fails; it is built outside it here.
+    * DTensor has a sharding rule for CUDA's flash-attention op but none for the CPU one
+      that stands in for it; q, k, v arrive head-sharded (torchtitan's TP plan), so the
+      attention runs on the local shards and its output is wrapped back with the same
+      placements: the kernel keeps for backward what it keeps on one TP rank on CUDA."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    concatenate = DeviceMesh._concatenate
+
+    def concatenate_outside_fake(meshes):
+        with unset_fake_temporarily():
+            return concatenate(meshes)
+
+    DeviceMesh._concatenate = staticmethod(concatenate_outside_fake)
+    attend = ScaledDotProductAttention.forward
+
+    def attend_locally(self, q, k, v, **kw):
+        if isinstance(q, DTensor):
+            out = attend(self, q.to_local(), k.to_local(), v.to_local(), **kw)
+            return DTensor.from_local(out, q.device_mesh, q.placements, run_check=False)
+        return attend(self, q, k, v, **kw)
+
+    ScaledDotProductAttention.forward = attend_locally
 
 
 def _cuda_like_rms_norm():
@@ -284,7 +328,7 @@ def _state(name):
     return getattr(_FSDPModState, name)
 
 
-def trace(env: _Env, batch: int, ac: str, seq_len: int, layers: int) -> dict:
+def trace(env: _Env, model_name: str, batch: int, ac: str, seq_len: int, layers: int) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torchtitan.components.loss import CrossEntropyLoss
@@ -295,7 +339,7 @@ def trace(env: _Env, batch: int, ac: str, seq_len: int, layers: int) -> dict:
 
     t0 = time.perf_counter()
     parallelism = ParallelismConfig(spmd_backend=env.backend)
-    cfg = llama3_configs["8B"](attn_backend="flex")
+    cfg = llama3_configs[model_name](attn_backend="flex")
     cfg.layers = cfg.layers[:layers]
     # Trainer: model_config.update_from_config(config=...) sets the sharding configs
     # (and the RoPE cache length to training.seq_len, done by hand below).
@@ -378,19 +422,22 @@ def trace(env: _Env, batch: int, ac: str, seq_len: int, layers: int) -> dict:
 # jobctl's side
 
 
-def modelled(batch: int, ac: str, seq_len: int, layers: int, ranks: int) -> dict:
+def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1) -> dict:
     from jobctl.planner.memory import Workload, estimate, stored_layer_bytes
     from jobctl.planner.models import PRESETS
     from jobctl.planner.plan import Plan
 
-    spec = PRESETS["llama3.1-8b"]
+    spec = PRESETS[PRESET_OF[model_name]]
     if layers != spec.layers:
         spec = dataclasses.replace(spec, layers=layers)
     gpn = min(ranks, 8)
-    w = Workload(spec, seq_len, batch * ranks, framework="torchtitan", attention="flash")
-    p = Plan(nodes=ranks // gpn, gpus_per_node=gpn, tp=1, pp=1, dp=ranks, cp=1, sharding="zero3",
-             micro_batch_size=batch, grad_accum_steps=1, global_batch_size=batch * ranks,
-             recompute=AC_NAMES[ac], offload="none", sequence_parallel=False)
+    dp = ranks // tp
+    w = Workload(spec, seq_len, batch * dp, framework="torchtitan", attention="flash")
+    # torchtitan's TP plan always shards the norms and the block boundaries by sequence
+    # (SequenceParallel in models/llama3/model.py's parallelize plan)
+    p = Plan(nodes=ranks // gpn, gpus_per_node=gpn, tp=tp, pp=1, dp=dp, cp=1, sharding="zero3",
+             micro_batch_size=batch, grad_accum_steps=1, global_batch_size=batch * dp,
+             recompute=AC_NAMES[ac], offload="none", sequence_parallel=tp > 1)
     terms = estimate(w, 80 << 30, p).to_dict()["terms"]
     return {"terms": [{"name": t["name"], "group": t["group"], "bytes": t["bytes"]} for t in terms],
             "per_block_activation": stored_layer_bytes(w, p, batch)}
@@ -412,6 +459,7 @@ def compare(tr: dict, mo: dict) -> list[dict]:
             model[g] += t["bytes"]
         elif g == "overhead":
             overhead += t["bytes"]
+
     rows = []
     for g in GROUP_ORDER:
         m = model[g] if g != "module buffers" else None
@@ -446,7 +494,8 @@ def _g(x):
 
 def print_layout(name, batch, ac, args, tr, mo, rows):
     s = tr["seconds"]
-    print(f"\n== {name}: llama3 8B ({args.layers} layers), FSDP2 x{args.ranks}, local batch {batch}, "
+    par = f"FSDP2 x{args.ranks // args.tp}" + (f" x TP {args.tp}" if args.tp > 1 else "")
+    print(f"\n== {name}: llama3 {args.model} ({args.layers} layers), {par}, local batch {batch}, "
           f"seq {args.seq_len}, AC {ac}"[:99])
     where = (tr["peak_where"] or "?").replace("FSDPLlama3Model.", "").replace("FSDPLlama3Model", "model")
     print(f"   trace {s['total']:.1f} s (build {s['build']:.1f}, warm-up step {s['warmup_step']:.1f}, "
@@ -476,7 +525,10 @@ def main() -> int:
     ap.add_argument("--layouts", nargs="+", default=list(DEFAULT_LAYOUTS),
                     help="b<local batch>-<none|full|sac>, e.g. b1-none b2-sac (default: %(default)s)")
     ap.add_argument("--seq-len", type=int, default=8192)
-    ap.add_argument("--layers", type=int, default=32, help="trace only the first N blocks (default 32)")
+    ap.add_argument("--model", default="8B", choices=MODELS, help="torchtitan's Llama 3 config (default 8B)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="trace only the first N blocks (default: all; 32, 80, 126)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1); ranks = FSDP x TP")
     ap.add_argument("--ranks", type=int, default=8, help="FSDP degree (fake ranks)")
     ap.add_argument("--spmd-backend", default="partial_dtensor",
                     choices=("partial_dtensor", "spmd_types", "full_dtensor"))
@@ -484,6 +536,11 @@ def main() -> int:
                     help="keep CPU's composite RMSNorm (saves fp32 copies) instead of CUDA's fused set")
     ap.add_argument("--json", action="store_true", help="raw numbers (bytes) as JSON")
     args = ap.parse_args()
+    if args.layers is None:
+        from jobctl.planner.models import PRESETS
+        args.layers = PRESETS[PRESET_OF[args.model]].layers
+    if args.tp < 1 or args.ranks % args.tp:
+        raise SystemExit(f"--ranks {args.ranks} must be a multiple of --tp {args.tp}")
     layouts = [(n, *parse_layout(n)) for n in args.layouts]
     if args.ranks > 8 and args.ranks % 8:
         raise SystemExit("--ranks above 8 must be a multiple of 8")
@@ -494,19 +551,20 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm)
-    out = {"meta": {"torch": torch.__version__, "layers": args.layers, "seq_len": args.seq_len,
-                    "ranks": args.ranks, "spmd_backend": args.spmd_backend,
+    env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm, tp=args.tp)
+    out = {"meta": {"torch": torch.__version__, "model": args.model, "layers": args.layers,
+                    "seq_len": args.seq_len, "ranks": args.ranks, "tp": args.tp, "spmd_backend": args.spmd_backend,
                     "rmsnorm": "cpu composite" if args.cpu_rmsnorm else "cuda-like saved set", "device": "cpu (fake)"},
            "layouts": []}
     if not args.json:
-        print(f"torch {torch.__version__}; torchtitan llama3 8B under FakeTensorMode (CPU), FSDP2 over "
-              f"{args.ranks} fake ranks.\nGiB per rank. 'at peak': the tracker's breakdown when the "
+        tp = f" x TP {args.tp}" if args.tp > 1 else ""
+        print(f"torch {torch.__version__}; torchtitan llama3 {args.model} under FakeTensorMode (CPU), FSDP2 "
+              f"x{args.ranks // args.tp}{tp} ({args.ranks} fake ranks).\nGiB per rank. 'at peak': the tracker's breakdown when the "
               f"total peaked; 'own max': the\ngroup's own maximum over the step. diff = (modelled - "
               f"own max) / own max (total: vs the\npeak). ! = off by more than {TOL:.0%}.")
     for name, batch, ac in layouts:
-        tr = trace(env, batch, ac, args.seq_len, args.layers)
-        mo = modelled(batch, ac, args.seq_len, args.layers, args.ranks)
+        tr = trace(env, args.model, batch, ac, args.seq_len, args.layers)
+        mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp)
         rows = compare(tr, mo)
         out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "traced": tr,
                                "modelled": mo, "rows": rows})

@@ -1,6 +1,6 @@
 """`plan --explain` says, per memory term, what checks it (issue 14): exact byte counts, the
-trace of torchtitan's own code (docs/memory-accuracy.md, "Trace mode": torchtitan Llama 3 8B,
-FSDP2 over 8 ranks), small CPU models, or nothing yet (a named constant)."""
+trace of torchtitan's own code (docs/memory-accuracy.md, "Trace mode": torchtitan Llama 3
+8B/70B/405B, FSDP2 with and without TP), small CPU models, or nothing yet (a named constant)."""
 
 import json
 import os
@@ -30,9 +30,19 @@ def test_a_layout_the_trace_covers_is_labelled_traced():
 
 
 def test_a_layout_the_trace_does_not_cover_is_not_called_traced():
-    # Megatron with tensor parallelism: nothing traced it; the per-layer terms were only compared
-    # with small CPU models.
+    # Megatron with tensor parallelism: the trace runs torchtitan's code only; the per-layer terms
+    # were only compared with small CPU models.
     plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100")
     assert plan["tp"] > 1
     assert c["layer activations"]["check"] == "measured"
     assert all(x["check"] != "traced" for x in c.values())
+
+
+def test_torchtitan_with_tensor_parallelism_is_traced_but_not_with_pipelining():
+    # The trace covers torchtitan's TP plan (70B, TP 8 x FSDP 32) but no pipeline stages.
+    _, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
+                  "parallelism.tp=8", "parallelism.pp=1", "parallelism.cp=1")
+    assert c["layer activations"]["check"] == "traced"
+    _, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
+                  "parallelism.tp=8", "parallelism.pp=4", "parallelism.cp=1")
+    assert c["layer activations"]["check"] == "measured"

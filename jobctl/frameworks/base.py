@@ -73,6 +73,13 @@ class Capabilities:
     # once the loss is computed, and only the fp32 log-probabilities and gradients remain)
     keeps_logits_through_loss: bool = True
     fused_qkv: bool = False  # one wqkv matmul instead of wq, wk, wv (changes op-level SAC's saved set)
+    # under sequence parallelism the column-parallel matmuls keep their all-gathered (whole
+    # sequence) input for backward; False: they keep the sequence shard and gather it again
+    # in backward (Megatron)
+    sp_keeps_gathered_input: bool = False
+    # bytes per local logit element at the peak of a vocabulary-parallel loss (tp > 1); 0: as
+    # without tensor parallelism
+    loss_parallel_logit_bytes: float = 0.0
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def runs_sharding(self, sharding: str) -> bool:

@@ -51,7 +51,16 @@ CAPS = Capabilities(
     reshard_under_pp=False,
     keeps_logits_through_loss=False,
     fused_qkv=True,
+    sp_keeps_gathered_input=True,
+    loss_parallel_logit_bytes=16.0,
     sources=(
+        ("under TP the norms run on sequence shards and their outputs are redistributed to whole "
+         "sequences (Shard(1) -> Replicate) before the column-parallel wqkv / w1, w3 and output "
+         "matmuls, which keep that gathered tensor for backward; traced (70B, TP 8): per block -41% -> "
+         "exact without AC", f"{TT} models/llama3/model.py (TP plan), torch distributed/tensor/parallel/style.py"),
+        ("loss parallel (TP > 1) runs _LossParallelCrossEntropy: it keeps the fp32 local log-probabilities "
+         "and its backward allocates zeros_like(log_probs), exp(log_probs) and their sum before the cast: "
+         "16 B per local logit at the peak (12 B without TP)", f"{TT} components/loss.py"),
         ("attention projects q, k and v with one fused `wqkv` linear, so op-level SAC's \"every second "
          "mm\" saves wqkv (q, k, v), w1 and w2 and recomputes wo and w3; traced: the per-block saved set "
          "moved from -3.1% to exact", f"{TT} models/common/attention.py (wqkv), distributed/activation_checkpoint.py"),

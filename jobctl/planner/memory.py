@@ -313,6 +313,9 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     e = w.act_bytes
     sbh = s * b * h
     rep = t if sp else 1  # divisor of the parts that TP alone leaves replicated
+    # what the column-parallel matmuls keep: the shard (Megatron gathers it again in backward)
+    # or the all-gathered whole sequence (torchtitan's DTensor plan; caps.sp_keeps_gathered_input)
+    mm_rep = 1 if w.caps.sp_keeps_gathered_input else rep
     eager_attn = w.attention == "eager"
     core_recomputed = plan.recompute == "selective"  # Korthikanti: recompute the attention core
     dropout = m.dropout > 0
@@ -325,7 +328,7 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
         return _op_sac_terms(w, plan, b)
     if m.family == "gpt":
         add("layernorm inputs", 2 * e * sbh / rep + 2 * 8 * s * b / rep, "2 LayerNorms: 2·sbh (16-bit) + fp32 mean/rstd 8·sb each")
-        add("qkv input", e * sbh / rep, "LayerNorm output kept by the QKV matmul: 2·sbh")
+        add("qkv input", e * sbh / mm_rep, "LayerNorm output kept by the QKV matmul: 2·sbh")
         add("q, k, v", e * sbh * (a + 2 * g) / a / t, "Q, K, V: 2·sbh·(a+2g)/a /t")
         if eager_attn and not core_recomputed:
             probs = e * a * s * s * b / t
@@ -336,7 +339,7 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
         add("attention output", e * sbh / t, "context kept by the output projection: 2·sbh /t")
         if dropout:
             add("dropout masks", 2 * sbh / rep, "masks after attention and MLP: 1 byte each, 2·sbh")
-        add("mlp input", e * sbh / rep, "LayerNorm output kept by fc1: 2·sbh")
+        add("mlp input", e * sbh / mm_rep, "LayerNorm output kept by fc1: 2·sbh")
         add("mlp intermediates", 2 * e * s * b * f / t, "GELU input and output: 2 · 2·sbf /t (f=4h: 16·sbh)")
         return terms
 
@@ -346,7 +349,8 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     else:
         add("rmsnorm inputs", 2 * (4 * sbh + e * sbh) / rep + 2 * 4 * s * b / rep,
             "eager (HF-style) RMSNorm keeps an fp32 copy (4·sbh), the normalised 16-bit tensor (2·sbh) and rstd (4·sb), twice")
-    add("qkv input", e * sbh / rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh")
+    add("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh"
+        + (" (all-gathered: not /t under SP)" if mm_rep != rep else ""))
     kv = (2 * g / a) if fused else 2.0  # eager repeat_kv copies K and V up to a heads
     add("q, k, v", e * sbh * (1 + kv) / t,
         "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if fused else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t")
@@ -359,7 +363,8 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     # SDPA/flash return a transposed view of a [b, s, a, d] buffer, so o_proj keeps the same
     # storage (measured: no copy even after .contiguous() on the transposed view).
     add("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t")
-    add("mlp input", e * sbh / rep, "RMSNorm output kept by gate/up: 2·sbh")
+    add("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh"
+        + (" (all-gathered: not /t under SP)" if mm_rep != rep else ""))
     if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
         # SwiGLU output (2·sbf), recomputing SiLU in backward (layernorm_mlp.py, save_for_backward).
@@ -433,7 +438,7 @@ def recomputed_layers(plan: Plan, layers: float) -> float:
     return layers
 
 
-def logits_bytes_per_elem(w: Workload) -> float:
+def logits_bytes_per_elem(w: Workload, tp: int = 1) -> float:
     """Peak bytes per logit element around the loss (docs/memory-model.md §3).
 
     Unfused: the 16-bit logits (2), their fp32 log-softmax kept for backward (4), and in
@@ -441,10 +446,14 @@ def logits_bytes_per_elem(w: Workload) -> float:
     Fused/chunked cross-entropy computes the gradient in place: the 16-bit logits only.
     fp32 training: 4 + 4 + 4 + 4. A training loop that drops the logits once the loss is
     computed (torchtitan's `del pred`; caps.keeps_logits_through_loss) keeps only the 12
-    fp32 bytes: what benchmarks/trace_memory.py traces at the loss backward.
+    fp32 bytes: what benchmarks/trace_memory.py traces at the loss backward. Under tensor
+    parallelism a framework's vocabulary-parallel loss may hold more per local logit
+    (caps.loss_parallel_logit_bytes: torchtitan's 16, traced at 70B with TP 8).
     """
     if w.fused_cross_entropy:
         return float(w.act_bytes)
+    if tp > 1 and w.caps.loss_parallel_logit_bytes:
+        return w.caps.loss_parallel_logit_bytes
     return (w.act_bytes if w.caps.keeps_logits_through_loss else 0) + 12.0
 
 
@@ -647,7 +656,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
     if stage in ("last", "only"):
         vocab = framework_vocab(w, plan.tp)
         elems = (w.seq_len / plan.cp) * b * vocab / plan.tp
-        per = logits_bytes_per_elem(w)
+        per = logits_bytes_per_elem(w, plan.tp)
         # The final norm keeps what a layer's norm keeps and the output layer its input:
         # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (tests/torch_reference.py).
         # Measured: the norm's input and output (2·e·sbh); eager RMSNorm also keeps an fp32
@@ -655,8 +664,12 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         rep = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
         e_ = w.act_bytes
         per_token = 2 * e_ if (m.family == "gpt" or w.caps.fused_kernels) else 4 + 2 * e_
-        head_in = (w.seq_len / plan.cp) * b * m.hidden * per_token
-        add("final norm and output input", head_in / rep, "activations",
+        sbh_head = (w.seq_len / plan.cp) * b * m.hidden
+        head_in = sbh_head * per_token / rep
+        if w.caps.sp_keeps_gathered_input and rep > 1:
+            # the output layer keeps its all-gathered input (e·sbh) instead of the shard
+            head_in += e_ * sbh_head * (1 - 1 / rep)
+        add("final norm and output input", head_in, "activations",
             lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")
         add("logits and loss", elems * per, "logits", lambda:
             f"s·b·V/t = {elems:.4g} logits x {per:g} B (16-bit logits, fp32 log-probs and gradients)"
