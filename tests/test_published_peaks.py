@@ -56,3 +56,46 @@ PUBLISHED = [
 @pytest.mark.parametrize(("model", "published_gib", "layout"), PUBLISHED)
 def test_published_peak_within_10_percent(model, published_gib, layout):
     assert predicted_reserved_gib(model, layout) == pytest.approx(published_gib, rel=0.10)
+
+
+# --- Megatron-LM's functional tests (issue 14: "Megatron-LM's functional-test memory figures") ---
+# Source: benchmarks/data/megatron_functional_memory.yaml, read from NVIDIA/Megatron-LM
+# tests/functional_tests/test_cases/gpt/<case>/ (model_config.yaml and golden_values_*.json; each
+# entry names the file and the commit it was read at). "mem-max-allocated-bytes" is
+# torch.cuda.memory_stats' peak allocated bytes on the last global rank; the comparison is with
+# jobctl's tensor terms on the last pipeline stage (benchmarks/megatron_memory.py builds both).
+MEGATRON_XFAIL = {
+    ("gpt3_mcore_te_tp2_pp2_cp2", "h100"):
+        "measured 2026-11-26: -13%; the A100 golden file of the same configuration is 9% lower than this "
+        "H100 one and is predicted within 5%: the two goldens disagree by nearly the tolerance",
+    ("gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion", "h100"):
+        "measured 2026-11-26: -29%; --cross-entropy-loss-fusion runs Megatron's fused vocab-parallel loss, "
+        "whose buffers the model does not count, and the attention backend is left to 'auto'",
+    ("gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion", "a100"):
+        "measured 2026-11-26: -26%; same as the H100 file of this case",
+}
+
+
+def _megatron_rows():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import megatron_memory
+    rows = []
+    for e in megatron_memory.load():
+        key = (e["case"], e["gpu"])
+        marks = [pytest.mark.xfail(strict=True, reason=MEGATRON_XFAIL[key])] if key in MEGATRON_XFAIL else []
+        rows.append(pytest.param(e, id=f"{e['case'].replace('gpt3_mcore_', '').replace('gpt3_', '')}-{e['gpu']}",
+                                 marks=marks))
+    return rows, megatron_memory
+
+
+MEGATRON_ROWS, _MM = _megatron_rows()
+
+
+@pytest.mark.parametrize("entry", MEGATRON_ROWS)
+def test_megatron_functional_test_peak_within_10_percent(entry):
+    row = _MM.compare(entry)
+    assert "skipped" not in row, row.get("skipped")
+    published = _MM._last(entry["mem_max_allocated_bytes"])  # the golden file's last logged step
+    assert row["peak_modelled"] == pytest.approx(published, rel=0.10), row["layout"]

@@ -80,6 +80,10 @@ class Capabilities:
     # bytes per local logit element at the peak of a vocabulary-parallel loss (tp > 1); 0: as
     # without tensor parallelism
     loss_parallel_logit_bytes: float = 0.0
+    # the framework's own cross-entropy works in place on one fp32 copy of the logits (Megatron's
+    # vocab-parallel loss, at any tp): 16-bit logits + that copy at the peak, instead of
+    # PyTorch's log-softmax and two fp32 gradients
+    in_place_cross_entropy: bool = False
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def runs_sharding(self, sharding: str) -> bool:

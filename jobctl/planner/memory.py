@@ -428,6 +428,25 @@ def stored_layer_bytes(w: Workload, plan: Plan, b: int) -> float:
     return layer_activation_bytes(w, plan, b)
 
 
+def pipeline_in_flight(plan: Plan, stage: str) -> float:
+    """Micro-batches of a stage's activations held at once (in units of the whole stage).
+
+    1F1B: stage r holds min(m, p − r) micro-batches (the first p, the second p − 1, the last 1).
+    Interleaved (v chunks of L/(p·v) layers): Megatron's rank r runs (p − r − 1)·2 + (v − 1)·p
+    chunk forwards before its first backward and holds one more, of m·v in all
+    (pipeline_parallel/schedules.py); in stages that is ((p − r − 1)·2 + (v − 1)·p + 1)/v:
+    p·(1 + (p − 1)/(p·v)) on the first (Korthikanti et al. 2022 §4.2.3) and ((v − 1)·p + 1)/v
+    on the last, where 1F1B holds one."""
+    p, v, m = plan.pp, plan.virtual_stages, plan.grad_accum_steps
+    if p == 1:
+        return 1.0
+    r = {"first": 0, "middle": 1, "last": p - 1}.get(stage, 0)
+    if v <= 1:
+        return float(min(m, p - r))
+    chunks = min((p - r - 1) * 2 + (v - 1) * p + 1, m * v)
+    return chunks / v
+
+
 def recomputed_layers(plan: Plan, layers: float) -> float:
     """Layers of a stage whose forward is recomputed: all under full recompute unless
     plan.recompute_layers limits it (block recompute); none otherwise."""
@@ -452,6 +471,8 @@ def logits_bytes_per_elem(w: Workload, tp: int = 1) -> float:
     """
     if w.fused_cross_entropy:
         return float(w.act_bytes)
+    if w.caps.in_place_cross_entropy:  # Megatron: the 16-bit logits and one fp32 copy
+        return (w.act_bytes if w.act_bytes < 4 else 0) + 4.0
     if tp > 1 and w.caps.loss_parallel_logit_bytes:
         return w.caps.loss_parallel_logit_bytes
     return (w.act_bytes if w.caps.keeps_logits_through_loss else 0) + 12.0
@@ -611,14 +632,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
 
     # --- activations
     b = plan.micro_batch_size
-    in_flight = 1.0
-    if plan.pp > 1 and stage in ("first", "middle"):
-        # 1F1B: stage i holds min(m, p − i) micro-batches (the first p, the second p − 1);
-        # interleaving (v chunks) multiplies by 1 + (p−1)/(p·v) (Narayanan et al. 2021;
-        # Korthikanti et al. 2022 §4.2.3).
-        in_flight = min(plan.grad_accum_steps, plan.pp - (0 if stage == "first" else 1))
-        if plan.virtual_stages > 1:
-            in_flight *= 1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages)
+    in_flight = pipeline_in_flight(plan, stage)
     # Megatron-LM --recompute-method block --recompute-num-layers N: only N layers of each
     # stage are recomputed (plan.recompute_layers; 0 = all of them).
     per_layer = stored_layer_bytes(w, plan, b)
