@@ -450,7 +450,7 @@ def compare(tr: dict, mo: dict) -> list[dict]:
             traced[GROUP_OF[k]] += v
     tmax = {g: tr["group_max"].get(g, 0) for g in GROUP_ORDER}
     model = dict.fromkeys(GROUP_ORDER, 0.0)
-    overhead = 0.0
+    overhead = overlap = 0.0
     for t in mo["terms"]:
         g = t["group"]
         if g in ("activations", "logits"):
@@ -459,14 +459,15 @@ def compare(tr: dict, mo: dict) -> list[dict]:
             model[g] += t["bytes"]
         elif g == "overhead":
             overhead += t["bytes"]
-
+        elif g == "overlap":  # terms never held together (negative): the total only
+            overlap += t["bytes"]
     rows = []
     for g in GROUP_ORDER:
         m = model[g] if g != "module buffers" else None
         rows.append({"group": g, "traced": traced[g], "traced_max": tmax[g], "modelled": m})
     total = tr["peak"].get("Total", sum(traced.values()))
     rows.append({"group": "total (tensors)", "traced": total, "traced_max": total,
-                 "modelled": sum(model.values())})
+                 "modelled": sum(model.values()) + overlap})
     pb = tr["per_block_activation"]
     if pb:
         mean = sum(pb) / len(pb)

@@ -84,6 +84,9 @@ class Capabilities:
     # vocab-parallel loss, at any tp): 16-bit logits + that copy at the peak, instead of
     # PyTorch's log-softmax and two fp32 gradients
     in_place_cross_entropy: bool = False
+    # the training loop frees the (sharded) gradients every step (zero_grad(set_to_none=True)),
+    # so under FSDP they do not exist at the activation peak of a one-micro-batch step
+    frees_grads_each_step: bool = False
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def runs_sharding(self, sharding: str) -> bool:

@@ -44,7 +44,12 @@ CAPS = Capabilities(
     state_recipe=StateRecipe.FP32_PARAMS,
     reduce_bytes=2,
     grad_buffer=GradBuffer.DDP_BUCKETS,
+    frees_grads_each_step=True,
     sources=(
+        ("the loop frees gradients every step: HF Trainer calls model.zero_grad() and a torchrun script "
+         "optimizer.zero_grad(), both set_to_none=True by default, so FSDP's sharded gradients are rebuilt "
+         "in each backward (the torchtitan traces show what that does to the peak)",
+         "torch optim/optimizer.py zero_grad, nn/modules/module.py zero_grad; transformers trainer.py"),
         ("FSDP2 reshard_after_forward True = full shard (ZeRO-3); HSDP = parallelism_config dp_replicate x dp_shard; "
          "no pipeline parallelism", f"{AC} utils/dataclasses.py FullyShardedDataParallelPlugin, parallelism_config.py"),
         ("SHARD_GRAD_OP (reshard_after_forward False) keeps whole parameters between forward and backward: not offered",

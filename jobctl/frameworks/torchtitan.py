@@ -52,8 +52,12 @@ CAPS = Capabilities(
     keeps_logits_through_loss=False,
     fused_qkv=True,
     sp_keeps_gathered_input=True,
+    frees_grads_each_step=True,
     loss_parallel_logit_bytes=16.0,
     sources=(
+        ("the trainer zeroes gradients with set_to_none (optimizers.zero_grad()), so FSDP2's sharded "
+         "gradients are allocated block by block in backward: traced, none exist at the activation peak "
+         "of a one-micro-batch step", f"{TT} trainer.py, components/optimizer.py; torch optim/optimizer.py"),
         ("under TP the norms run on sequence shards and their outputs are redistributed to whole "
          "sequences (Shard(1) -> Replicate) before the column-parallel wqkv / w1, w3 and output "
          "matmuls, which keep that gathered tensor for backward; traced (70B, TP 8): per block -41% -> "

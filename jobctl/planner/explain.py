@@ -241,6 +241,11 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
                                       else "+25% vs trace (4.89 vs 3.91 GiB, 8B)")
             else:
                 kind, by = "modelled", "unsharded-layer rule; not traced"
+        elif name == "never held together":
+            if traced:
+                kind, by = "traced", "totals -0.5% to +5% vs trace"
+            else:
+                kind, by = "modelled", "FSDP2's phases as traced for torchtitan; not traced here"
         elif name.startswith("unsharded stage"):
             kind, by = "modelled", "from torchtitan's and torch's code; not traced"
         elif name.startswith("learned"):

@@ -167,7 +167,7 @@ def _drop_groups(mem: dict, groups: tuple) -> dict:
 
 
 def _retotal(mem: dict) -> dict:
-    groups = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
+    groups = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overlap", "overhead")
     trans = sum(t["bytes"] for t in mem["terms"] if t["group"] in ("activations", "logits", "buffers"))
 
     for t in mem["terms"]:
