@@ -78,6 +78,13 @@ What it cannot see, and the workarounds it needs:
     "cpu" instead.  Weight init is skipped (values do not exist under fake tensors).
     Gradient clipping, the data loader and the loss all-reduce are not run.
 
+--impl hf traces transformers' LlamaForCausalLM (built from Llama 3.1's config.json dimensions,
+no weights) wrapped as HF accelerate's FSDP2 plugin wraps it (_build_hf says from where), against
+jobctl's `fsdp` framework: FSDP only, AC none or full.  One stand-in: under fake tensors
+transformers cannot read position ids, keeps a packed-sequence mask and so materialises an
+[s, s] mask and repeat_kv copies per layer; find_packed_sequence_indices is made to answer
+what it answers on real data (one sequence per row: no mask, SDPA's is_causal with GQA).
+
 Mirrors: torchtitan/trainer.py (Trainer.__init__: update_from_config, parallelize_fn,
 to_empty; _forward_backward_body), torchtitan/models/llama3/{__init__,parallelize}.py,
 torchtitan/distributed/{parallel_dims,fsdp,activation_checkpoint}.py,
@@ -328,16 +335,15 @@ def _state(name):
     return getattr(_FSDPModState, name)
 
 
-def trace(env: _Env, model_name: str, batch: int, ac: str, seq_len: int, layers: int) -> dict:
+def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int):
+    """torchtitan's Llama3Model parallelised by its own parallelize_llama; its loss; AdamW."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torchtitan.components.loss import CrossEntropyLoss
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import llama3_configs, parallelize_llama
 
-    t0 = time.perf_counter()
     parallelism = ParallelismConfig(spmd_backend=env.backend)
     cfg = llama3_configs[model_name](attn_backend="flex")
     cfg.layers = cfg.layers[:layers]
@@ -348,40 +354,122 @@ def trace(env: _Env, model_name: str, batch: int, ac: str, seq_len: int, layers:
         lc.attention.inner_attention = ScaledDotProductAttention.Config()
         lc.attention.rope = dataclasses.replace(lc.attention.rope, max_seq_len=seq_len)
     ac_config = {"none": None, "full": FullAC.Config(), "sac": SelectiveAC.Config()}[ac]
+    with torch.device("meta"):
+        model = cfg.build()
+    model = parallelize_llama(
+        model, parallel_dims=env.parallel_dims, training=TrainingConfig(), parallelism=parallelism,
+        compile_config=CompileConfig(), ac_config=ac_config, dump_folder="/tmp")
+    model.to_empty(device="cpu")
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1, fused=True)
+    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+    labels = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+    n_tokens = torch.tensor(float(batch * seq_len))
 
+    def step(probe=None):  # torchtitan/trainer.py _forward_backward_body + optimizer step
+        if probe is not None:
+            with probe:
+                pred = model(tokens)
+        else:
+            pred = model(tokens)
+        loss, _ = loss_fn(pred, labels, n_tokens)
+        del pred
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, opt, step, (tokens, labels)
+
+
+# meta-llama/Llama-3.1-{8B,70B,405B} config.json (the dimensions that size tensors)
+HF_CONFIGS = {
+    "8B": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8),
+    "70B": dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8),
+    "405B": dict(hidden_size=16384, intermediate_size=53248, num_attention_heads=128, num_key_value_heads=8),
+}
+
+
+def _build_hf(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int):
+    """A transformers LlamaForCausalLM from its config (no weights), wrapped as HF accelerate's
+    FSDP2 plugin wraps it (accelerate utils/fsdp_utils.py fsdp2_prepare_model: fully_shard per
+    decoder layer, then the root; parameters upcast to fp32; bf16 mixed precision is
+    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16), utils/dataclasses.py; activation
+    checkpointing is checkpoint_wrapper, non-reentrant, on the decoder layers, fsdp2_apply_ac).
+    The loop is a plain accelerate script's: outputs = model(input_ids, labels=labels);
+    outputs.loss.backward() (the logits stay referenced by `outputs`); AdamW step; zero_grad."""
+    import functools
+
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    import transformers.masking_utils as masking_utils
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    # On real tensors, position ids 0..s-1 in every row are "one sequence per row" and the
+    # causal mask is skipped (SDPA's is_causal, GQA inside the kernel). Under fake tensors
+    # find_packed_sequence_indices cannot read the values (is_tracing) and keeps a packed-
+    # sequence mask, which materialises an [s, s] mask per layer and repeat_kv copies: a
+    # trace artefact, so it answers what it answers on real data.
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+
+    if env.tp > 1 or ac == "sac":
+        raise SystemExit("--impl hf traces FSDP only, with AC none or full (accelerate has no TP plan "
+                         "or selective AC)")
+    cfg = LlamaConfig(**HF_CONFIGS[model_name], num_hidden_layers=layers, vocab_size=128256,
+                      max_position_embeddings=seq_len, rope_theta=500000.0, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False, use_cache=False, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    if ac == "full":
+        apply_activation_checkpointing(
+            model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            check_fn=lambda m: isinstance(m, LlamaDecoderLayer))
+    mesh = env.parallel_dims.get_mesh("fsdp")
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, output_dtype=torch.bfloat16)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
+    model.to_empty(device="cpu")
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+    labels = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+
+    def step(probe=None):
+        if probe is not None:
+            with probe:
+                outputs = model(input_ids=tokens, labels=labels)
+        else:
+            outputs = model(input_ids=tokens, labels=labels)
+        outputs.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, opt, step, (tokens, labels)
+
+
+BUILDERS = {"torchtitan": _build_torchtitan, "hf": _build_hf}
+
+
+def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, impl: str = "torchtitan") -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t0 = time.perf_counter()
     fake = FakeTensorMode()
     with fake:
-        with torch.device("meta"):
-            model = cfg.build()
-        model = parallelize_llama(
-            model, parallel_dims=env.parallel_dims, training=TrainingConfig(), parallelism=parallelism,
-            compile_config=CompileConfig(), ac_config=ac_config, dump_folder="/tmp")
-        model.to_empty(device="cpu")
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
-                                weight_decay=0.1, fused=True)
-        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
-        tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len))
-        labels = torch.randint(0, cfg.vocab_size, (batch, seq_len))
-        n_tokens = torch.tensor(float(batch * seq_len))
-
-        def step(probe=None):
-            if probe is not None:
-                with probe:
-                    pred = model(tokens)
-            else:
-                pred = model(tokens)
-            loss, _ = loss_fn(pred, labels, n_tokens)
-            del pred
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
+        model, opt, step, inputs = BUILDERS[impl](env, model_name, batch, ac, seq_len, layers)
         t_build = time.perf_counter() - t0
         step()  # warm-up: creates the optimizer states (steady state from step 2 on)
         t_warm = time.perf_counter() - t0 - t_build
         tracker = _tracker_class()(model, opt)
-        tracker.track_inputs((tokens, labels))
+        tracker.track_inputs(inputs)
         probe = _attn_probe_class()()
         t1 = time.perf_counter()
         with tracker:
@@ -413,7 +501,7 @@ def trace(env: _Env, model_name: str, batch: int, ac: str, seq_len: int, layers:
         "seconds": {"build": t_build, "warmup_step": t_warm, "traced_step": t_step,
                     "total": time.perf_counter() - t0},
     }
-    del model, opt, tracker, fake
+    del model, opt, step, inputs, tracker, fake
     gc.collect()
     return res
 
@@ -422,7 +510,8 @@ def trace(env: _Env, model_name: str, batch: int, ac: str, seq_len: int, layers:
 # jobctl's side
 
 
-def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1) -> dict:
+def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1,
+             impl: str = "torchtitan") -> dict:
     from jobctl.planner.memory import Workload, estimate, stored_layer_bytes
     from jobctl.planner.models import PRESETS
     from jobctl.planner.plan import Plan
@@ -432,7 +521,10 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
         spec = dataclasses.replace(spec, layers=layers)
     gpn = min(ranks, 8)
     dp = ranks // tp
-    w = Workload(spec, seq_len, batch * dp, framework="torchtitan", attention="flash")
+    # the same layout under the framework jobctl would plan it for: torchtitan, or fsdp (HF
+    # accelerate: eager HF layers, SDPA attention)
+    w = Workload(spec, seq_len, batch * dp, framework="fsdp" if impl == "hf" else "torchtitan",
+                 attention="sdpa" if impl == "hf" else "flash")
     # torchtitan's TP plan always shards the norms and the block boundaries by sequence
     # (SequenceParallel in models/llama3/model.py's parallelize plan)
     p = Plan(nodes=ranks // gpn, gpus_per_node=gpn, tp=tp, pp=1, dp=dp, cp=1, sharding="zero3",
@@ -496,7 +588,8 @@ def _g(x):
 def print_layout(name, batch, ac, args, tr, mo, rows):
     s = tr["seconds"]
     par = f"FSDP2 x{args.ranks // args.tp}" + (f" x TP {args.tp}" if args.tp > 1 else "")
-    print(f"\n== {name}: llama3 {args.model} ({args.layers} layers), {par}, local batch {batch}, "
+    who = "llama3" if args.impl == "torchtitan" else "HF llama"
+    print(f"\n== {name}: {who} {args.model} ({args.layers} layers), {par}, local batch {batch}, "
           f"seq {args.seq_len}, AC {ac}"[:99])
     where = (tr["peak_where"] or "?").replace("FSDPLlama3Model.", "").replace("FSDPLlama3Model", "model")
     print(f"   trace {s['total']:.1f} s (build {s['build']:.1f}, warm-up step {s['warmup_step']:.1f}, "
@@ -530,6 +623,9 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=None,
                     help="trace only the first N blocks (default: all; 32, 80, 126)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1); ranks = FSDP x TP")
+    ap.add_argument("--impl", default="torchtitan", choices=tuple(BUILDERS),
+                    help="whose model code: torchtitan's Llama3Model and parallelize functions (default), or "
+                         "transformers' LlamaForCausalLM wrapped as HF accelerate's FSDP2 plugin does (hf)")
     ap.add_argument("--ranks", type=int, default=8, help="FSDP degree (fake ranks)")
     ap.add_argument("--spmd-backend", default="partial_dtensor",
                     choices=("partial_dtensor", "spmd_types", "full_dtensor"))
@@ -554,18 +650,20 @@ def main() -> int:
 
     env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm, tp=args.tp)
     out = {"meta": {"torch": torch.__version__, "model": args.model, "layers": args.layers,
-                    "seq_len": args.seq_len, "ranks": args.ranks, "tp": args.tp, "spmd_backend": args.spmd_backend,
+                    "seq_len": args.seq_len, "ranks": args.ranks, "tp": args.tp, "impl": args.impl,
+                    "spmd_backend": args.spmd_backend,
                     "rmsnorm": "cpu composite" if args.cpu_rmsnorm else "cuda-like saved set", "device": "cpu (fake)"},
            "layouts": []}
     if not args.json:
         tp = f" x TP {args.tp}" if args.tp > 1 else ""
-        print(f"torch {torch.__version__}; torchtitan llama3 {args.model} under FakeTensorMode (CPU), FSDP2 "
+        who = "torchtitan llama3" if args.impl == "torchtitan" else "transformers LlamaForCausalLM (accelerate FSDP2)"
+        print(f"torch {torch.__version__}; {who} {args.model} under FakeTensorMode (CPU), FSDP2 "
               f"x{args.ranks // args.tp}{tp} ({args.ranks} fake ranks).\nGiB per rank. 'at peak': the tracker's breakdown when the "
               f"total peaked; 'own max': the\ngroup's own maximum over the step. diff = (modelled - "
               f"own max) / own max (total: vs the\npeak). ! = off by more than {TOL:.0%}.")
     for name, batch, ac in layouts:
-        tr = trace(env, args.model, batch, ac, args.seq_len, args.layers)
-        mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp)
+        tr = trace(env, args.model, batch, ac, args.seq_len, args.layers, args.impl)
+        mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl)
         rows = compare(tr, mo)
         out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "traced": tr,
                                "modelled": mo, "rows": rows})

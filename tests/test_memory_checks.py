@@ -46,3 +46,12 @@ def test_torchtitan_with_tensor_parallelism_is_traced_but_not_with_pipelining():
     _, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
                   "parallelism.tp=8", "parallelism.pp=4", "parallelism.cp=1")
     assert c["layer activations"]["check"] == "measured"
+
+
+def test_hf_llama_under_accelerate_fsdp_is_traced():
+    # benchmarks/trace_memory.py --impl hf traces transformers' Llama under accelerate's FSDP2:
+    # the `fsdp` framework's FSDP layouts are covered by it
+    plan, c = checks("recipes/llama8b.yaml", "--cluster", "h100", "--framework", "fsdp")
+    assert (plan["tp"], plan["pp"], plan["cp"]) == (1, 1, 1)
+    assert c["layer activations"]["check"] == "traced"
+    assert c["logits and loss"]["check"] == "traced"

@@ -63,3 +63,23 @@ def test_torchtitan_70b_tp8_fsdp4(layout):
     # the loss-parallel cross-entropy
     (out,) = trace("--model", "70B", "--tp", "8", "--ranks", "32", "--layouts", layout)
     check(out)
+
+
+@pytest.mark.parametrize("layout", ["b1-none", "b1-full"])
+def test_hf_llama_8b_accelerate_fsdp2(layout):
+    # transformers' LlamaForCausalLM wrapped as accelerate's FSDP2 plugin wraps it, against the
+    # `fsdp` framework's model (eager HF layers, SDPA with grouped K/V, root unit with both
+    # embedding matrices)
+    if importlib.util.find_spec("transformers") is None:
+        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
+            pytest.fail("transformers is not installed (pip install -e '.[test]')")
+        pytest.skip("transformers is not installed")
+    (out,) = trace("--impl", "hf", "--layouts", layout)
+    # "per block" is what a block holds right after its forward, its output included; HF's next
+    # block does not keep that output (its RMSNorm saves an fp32 copy instead, counted there), so
+    # the saved bytes are the traced figure less one 2·s·b·h output (b = 1, s = 8192, h = 4096)
+    if layout == "b1-none":
+        for r in out["rows"]:
+            if r["group"].startswith("per block"):
+                r["traced_max"] -= 2 * 8192 * 4096
+    check(out)

@@ -87,6 +87,12 @@ class Capabilities:
     # the training loop frees the (sharded) gradients every step (zero_grad(set_to_none=True)),
     # so under FSDP they do not exist at the activation peak of a one-micro-batch step
     frees_grads_each_step: bool = False
+    # FSDP's root unit holds the embedding with the output layer (HF accelerate wraps the decoder
+    # layers, then the root): at the loss both are gathered, and the last layer is prefetched
+    fsdp_root_holds_embeddings: bool = False
+    # HF's SDPA attention hands grouped K/V to the kernel (enable_gqa) when there is no mask,
+    # instead of repeat_kv copies up to the query heads (eager attention still copies)
+    sdpa_gqa: bool = False
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def runs_sharding(self, sharding: str) -> bool:

@@ -45,7 +45,16 @@ CAPS = Capabilities(
     reduce_bytes=2,
     grad_buffer=GradBuffer.DDP_BUCKETS,
     frees_grads_each_step=True,
+    fsdp_root_holds_embeddings=True,
+    sdpa_gqa=True,
     sources=(
+        ("transformers' SDPA attention passes grouped K and V to the kernel (enable_gqa) when no mask is needed "
+         "(one causal sequence per row), so no repeat_kv copies are kept: traced, per block -96 MiB at 8B, seq 8192",
+         "transformers 5.24.0 integrations/sdpa_attention.py use_gqa_in_sdpa, masking_utils.py"),
+        ("accelerate's FSDP2 wraps each decoder layer (the model's _no_split_modules), then the root, which keeps "
+         "the embedding, the final norm and the output layer: at the loss both matrices are gathered and the last "
+         "layer is prefetched for backward (traced with transformers' Llama: 2.36 GiB at 8B)",
+         f"{AC} utils/fsdp_utils.py fsdp2_prepare_model"),
         ("the loop frees gradients every step: HF Trainer calls model.zero_grad() and a torchrun script "
          "optimizer.zero_grad(), both set_to_none=True by default, so FSDP's sharded gradients are rebuilt "
          "in each backward (the torchtitan traces show what that does to the peak)",

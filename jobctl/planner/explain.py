@@ -210,16 +210,18 @@ def explain(result: SearchResult, top: int = 5) -> dict:
 # The evidence names below are keyed in MEMORY_EVIDENCE (printed once under the list).
 MEMORY_EVIDENCE = {
     "CPU": "benchmarks/memory_accuracy.py: small Llama/GPT models in PyTorch on CPU",
-    "trace": "benchmarks/trace_memory.py: torchtitan's own Llama 3 8B/70B/405B, FSDP2 (x TP), fake "
-             "tensors (docs/memory-accuracy.md, Trace mode)",
+    "trace": "benchmarks/trace_memory.py: torchtitan's own Llama 3 8B/70B/405B, FSDP2 (x TP), and HF "
+             "transformers' Llama under accelerate's FSDP2, on fake tensors (docs/memory-accuracy.md, Trace mode)",
 }
 
 
 def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
     """Per memory term: how it is checked (exact, traced, measured, modelled) and by what."""
     # the layouts benchmarks/trace_memory.py traces: torchtitan's Llama, FSDP2 with or without
-    # TP (torchtitan always adds SP), no pipeline or context parallelism
-    traced = (w.caps.name == "torchtitan" and w.model.family == "llama" and plan.pp == plan.cp == 1)
+    # TP (torchtitan always adds SP), and HF's Llama under accelerate's FSDP2; no pipeline or
+    # context parallelism
+    traced = w.model.family == "llama" and plan.pp == plan.cp == 1 and (
+        w.caps.name == "torchtitan" or (w.caps.name == "fsdp" and plan.tp == 1))
     out = []
     for term in terms:
         name = term["name"]
@@ -237,13 +239,14 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
                 kind, by = "measured", "= CPU; not traced here"
         elif name == "gathered weights":
             if traced and plan.sharding in ("zero3", "hsdp"):
-                kind, by = "traced", ("+17% vs trace (1.22 vs 1.04 GiB, 70B TP 8)" if plan.tp > 1
+                kind, by = "traced", ("+13% (8B) / -4.9% (70B) vs trace" if w.caps.name == "fsdp"
+                                      else "+17% vs trace (1.22 vs 1.04 GiB, 70B TP 8)" if plan.tp > 1
                                       else "+25% vs trace (4.89 vs 3.91 GiB, 8B)")
             else:
                 kind, by = "modelled", "unsharded-layer rule; not traced"
         elif name == "never held together":
             if traced:
-                kind, by = "traced", "totals -0.5% to +5% vs trace"
+                kind, by = "traced", "totals within 1.5% of the trace"
             else:
                 kind, by = "modelled", "FSDP2's phases as traced for torchtitan; not traced here"
         elif name.startswith("unsharded stage"):

@@ -353,9 +353,12 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
             "eager (HF-style) RMSNorm keeps an fp32 copy (4·sbh), the normalised 16-bit tensor (2·sbh) and rstd (4·sb), twice")
     add("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh"
         + (" (all-gathered: not /t under SP)" if mm_rep != rep else ""))
-    kv = (2 * g / a) if fused else 2.0  # eager repeat_kv copies K and V up to a heads
+    # eager repeat_kv copies K and V up to a heads; fused kernels (and HF's SDPA path, which
+    # hands grouped K/V to the kernel: caps.sdpa_gqa) keep them at g heads
+    grouped = fused or (w.caps.sdpa_gqa and not eager_attn)
+    kv = (2 * g / a) if grouped else 2.0
     add("q, k, v", e * sbh * (1 + kv) / t,
-        "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if fused else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t")
+        "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if grouped else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t")
     if eager_attn and not core_recomputed:
         # softmax(dtype=float32).to(q.dtype): a copy only when training in 16-bit
         add("attention scores", (4 + (e if e != 4 else 0)) * a * s * s * b / t,
@@ -436,7 +439,9 @@ def pipeline_in_flight(plan: Plan, stage: str) -> float:
     1F1B: stage r holds min(m, p − r) micro-batches (the first p, the second p − 1, the last 1).
     Interleaved (v chunks of L/(p·v) layers): Megatron's rank r runs (p − r − 1)·2 + (v − 1)·p
     chunk forwards before its first backward and holds one more, of m·v in all
-    (pipeline_parallel/schedules.py); in stages that is ((p − r − 1)·2 + (v − 1)·p + 1)/v:
+    (Megatron-Core pipeline_parallel/schedules.py; torchtitan's Interleaved1F1B is the same:
+    torch distributed/pipelining/schedules.py _get_warmup_ops, p micro-batches per round); in
+    stages that is ((p − r − 1)·2 + (v − 1)·p + 1)/v:
     p·(1 + (p − 1)/(p·v)) on the first (Korthikanti et al. 2022 §4.2.3) and ((v − 1)·p + 1)/v
     on the last, where 1F1B holds one."""
     p, v, m = plan.pp, plan.virtual_stages, plan.grad_accum_steps
@@ -706,7 +711,10 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
     # with accumulation the gradients of the earlier micro-batches are held.
     if (w.caps.frees_grads_each_step and plan.sharding in ("zero3", "hsdp") and plan.pp == 1
             and plan.grad_accum_steps == 1 and w.method == "full" and plan.offload == "none"):
-        head_unit = min(groups["buffers"], framework_vocab(w, plan.tp) * m.hidden / plan.tp * compute_b)
+        head_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp * compute_b  # the output layer, gathered
+        if w.caps.fsdp_root_holds_embeddings:  # + the embedding in the same unit, + the next layer prefetched
+            head_unit = head_unit * (1 if m.tied_embeddings else 2) + m.layer_params() / plan.tp * compute_b
+        head_unit = min(groups["buffers"], head_unit)
         at_acts = groups["activations"] + groups["logits"] + head_unit
         at_end = groups["grads"] + groups["buffers"]
         summed = groups["activations"] + groups["logits"] + groups["grads"] + groups["buffers"]
