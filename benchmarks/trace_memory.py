@@ -43,8 +43,9 @@ Run (from the repository root):
 Layouts are b<local batch>-<none|full|sac>; --ranks (default 8) is the world size, FSDP
 degree x --tp.  With --tp > 1 torchtitan's own TP plan is applied (its models' parallelize:
 column/row-wise linears, sequence parallel norms, loss parallel); see _patch_for_tp for the
-two stand-ins it needs.  Pipeline parallelism is not traced: its stages exchange activations
-between ranks, which one process on a fake process group cannot run.
+two stand-ins it needs.  Pipeline parallelism is not traced (not attempted): torchtitan's
+pipeline_llm runs PipelineStage schedules that send activations to and receive gradients from
+the other ranks, which one process on a fake process group would have to stand in for.
 Needs torch (a CPU build is enough) and torchtitan; both are imported only here.
 
 What it cannot see, and the workarounds it needs:

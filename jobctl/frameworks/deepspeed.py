@@ -59,6 +59,10 @@ CAPS = Capabilities(
         ("mixed precision: 16-bit weights and gradients, fp32 master weights and states in the ZeRO optimizer",
          f"{DS} runtime/precision_config.py; Rajbhandari et al. 2020"),
         ("reduce_bucket_size default 5e8 elements", f"{DS} runtime/zero/config.py"),
+        ("ZeRO allocates its gradient bucket at reduce_bucket_size elements whatever the model's size: each "
+         "backward for stages 1-2, once for stage 3 (contiguous_gradients); measured on CPU with the engine "
+         "(benchmarks/deepspeed_memory.py, 1.0 GB for a 1.9M-parameter model)",
+         f"{DS} runtime/zero/stage_1_and_2.py setup_buckets, runtime/zero/stage3.py"),
         ("tensor parallelism (AutoTP) and Ulysses sequence parallelism need model code; jobctl does not plan them",
          f"{DS} runtime/tensor_parallel/config.py, runtime/sequence_parallel/ulysses_sp.py"),
     ),

@@ -251,6 +251,8 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
                 kind, by = "modelled", "FSDP2's phases as traced for torchtitan; not traced here"
         elif name.startswith("unsharded stage"):
             kind, by = "modelled", "from torchtitan's and torch's code; not traced"
+        elif name == "reduce bucket" and w.caps.name == "deepspeed" and plan.sharding != "none":
+            kind, by = "measured", "DeepSpeed's engine on CPU: 5e8 x 2 B whatever the model"
         elif name.startswith("learned"):
             kind, by = "measured", "this workload's own CUDA OOM here"
         else:

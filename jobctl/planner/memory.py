@@ -634,9 +634,18 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         if w.caps.grad_buffer is GradBuffer.DDP_BUCKETS and plan.sharding == "none":
             add("ddp buckets", trainable * sb.grad, "buffers", lambda:
                 "DDP copies gradients into flat buckets (gradient_as_bucket_view=False, the default)")
-        elif w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET:
+        elif w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET and plan.sharding == "none":
             add("reduce bucket", min(trainable, DEEPSPEED_REDUCE_BUCKET_ELEMS) * sb.grad, "buffers", lambda:
-                "DeepSpeed reduce_bucket_size: min(params, 5e8 elements) x grad bytes")
+                "DeepSpeed without ZeRO: gradients flattened into all-reduce buckets of up to 5e8 elements")
+    if (w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET and w.method == "full" and plan.offload == "none"
+            and plan.sharding != "none"):
+        # DeepSpeed's ZeRO (contiguous_gradients, the default) allocates its gradient bucket at
+        # reduce_bucket_size elements whatever the model's size: at every backward for stages 1
+        # and 2 (stage_1_and_2.py setup_buckets), once at start for stage 3 (stage3.py); measured
+        # on CPU with DeepSpeed's own engine (benchmarks/deepspeed_memory.py): 1.0e9 bytes in bf16
+        # for a 1.9M-parameter model, at 1 and 2 ranks
+        add("reduce bucket", DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b, "buffers", lambda:
+            f"DeepSpeed reduce_bucket_size: 5e8 elements x {compute_b} B, allocated whatever the model's size")
 
     # --- activations
     b = plan.micro_batch_size
