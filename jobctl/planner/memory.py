@@ -721,10 +721,18 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
     if (w.caps.frees_grads_each_step and plan.sharding in ("zero3", "hsdp") and plan.pp == 1
             and plan.grad_accum_steps == 1 and w.method == "full" and plan.offload == "none"):
         head_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp * compute_b  # the output layer, gathered
-        if w.caps.fsdp_root_holds_embeddings:  # + the embedding in the same unit, + the next layer prefetched
-            head_unit = head_unit * (1 if m.tied_embeddings else 2) + m.layer_params() / plan.tp * compute_b
-        head_unit = min(groups["buffers"], head_unit)
-        at_acts = groups["activations"] + groups["logits"] + head_unit
+        at_acts = groups["activations"] + groups["logits"] + min(groups["buffers"], head_unit)
+        if w.caps.fsdp_root_holds_embeddings:
+            # accelerate's root unit (embedding + output layer) stays gathered from forward to the
+            # end of backward (FSDP2 does not reshard the root after forward). At the loss one
+            # decoder layer is prefetched; in the last block's backward that block is gathered,
+            # the next one prefetched, the block rematerialised and its unsharded gradient built
+            # before the reduce-scatter (traced at 405B: root + 2 layers + a layer's gradient)
+            root = head_unit * (1 if m.tied_embeddings else 2)
+            layer_unit = m.layer_params() / plan.tp * compute_b
+            at_loss = groups["activations"] + groups["logits"] + root + layer_unit
+            at_block = acts + working_set + root + 3 * layer_unit
+            at_acts = max(at_loss, at_block)
         at_end = groups["grads"] + groups["buffers"]
         summed = groups["activations"] + groups["logits"] + groups["grads"] + groups["buffers"]
         overlap = max(at_acts, at_end) - summed
