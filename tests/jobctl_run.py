@@ -1,10 +1,13 @@
 """Run the real `jobctl` entry point in a subprocess, from the repository, for end-to-end tests."""
 
+import importlib.util
 import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,3 +30,20 @@ def history_rows(home) -> list[dict]:
         return [dict(r) for r in con.execute("SELECT * FROM jobs ORDER BY id")]
     finally:
         con.close()
+
+
+def need_package(name: str) -> None:
+    """Skip a test whose framework package is not installed; under JOBCTL_REQUIRE_FRAMEWORKS (the
+    README's test command) fail instead, so that CI cannot pass by skipping."""
+    if importlib.util.find_spec(name) is None:
+        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
+            pytest.fail(f"{name} is not installed (pip install -e '.[test]')")
+        pytest.skip(f"{name} is not installed")
+
+
+def benchmark(script: str, *args, timeout=900) -> str:
+    """Run benchmarks/<script> from the repository and return its standard output."""
+    r = subprocess.run([sys.executable, f"benchmarks/{script}", *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout

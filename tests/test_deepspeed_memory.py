@@ -4,27 +4,16 @@ benchmarks/deepspeed_memory.py trains a small Llama for two steps per stage and 
 bytes of live tensor storages (resident after a step, and the step's peak); the expected
 values are those measurements, not the model's numbers."""
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from jobctl_run import benchmark, need_package
 
 
 def run(*args) -> list[dict]:
-    if importlib.util.find_spec("deepspeed") is None:
-        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
-            pytest.fail("deepspeed is not installed (pip install -e '.[test]')")
-        pytest.skip("deepspeed is not installed")
-    r = subprocess.run([sys.executable, "benchmarks/deepspeed_memory.py", "--json", *args], capture_output=True,
-                       text=True, timeout=900, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])  # the last line (DeepSpeed logs to stdout)
+    need_package("deepspeed")
+    out = benchmark("deepspeed_memory.py", "--json", *args)
+    return json.loads(out.strip().splitlines()[-1])  # the last line (DeepSpeed logs to stdout)
 
 
 def test_zero_stages_peak_within_5_percent_of_deepspeed_itself():

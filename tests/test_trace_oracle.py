@@ -7,28 +7,15 @@ logits and activations dominate as they do at full size (the full-size tables ar
 docs/memory-accuracy.md). The expected values are the trace's own measurements: nothing here
 is copied from the model."""
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from jobctl_run import benchmark, need_package
 
 
 def trace(*args) -> list[dict]:
-    if importlib.util.find_spec("torchtitan") is None:
-        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
-            pytest.fail("torchtitan is not installed (pip install -e '.[test]')")
-        pytest.skip("torchtitan is not installed")
-    r = subprocess.run([sys.executable, "benchmarks/trace_memory.py", "--layers", "2", "--json", *args],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)["layouts"]
+    need_package("torchtitan")
+    return json.loads(benchmark("trace_memory.py", "--layers", "2", "--json", *args, timeout=600))["layouts"]
 
 
 def rows(layout: dict) -> dict:
@@ -70,10 +57,7 @@ def test_hf_llama_8b_accelerate_fsdp2(layout):
     # transformers' LlamaForCausalLM wrapped as accelerate's FSDP2 plugin wraps it, against the
     # `fsdp` framework's model (eager HF layers, SDPA with grouped K/V, root unit with both
     # embedding matrices)
-    if importlib.util.find_spec("transformers") is None:
-        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
-            pytest.fail("transformers is not installed (pip install -e '.[test]')")
-        pytest.skip("transformers is not installed")
+    need_package("transformers")
     (out,) = trace("--impl", "hf", "--layouts", layout)
     # "per block" is what a block holds right after its forward, its output included; HF's next
     # block does not keep that output (its RMSNorm saves an fp32 copy instead, counted there), so
