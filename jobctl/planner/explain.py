@@ -210,6 +210,10 @@ def explain(result: SearchResult, top: int = 5) -> dict:
 # The evidence names below are keyed in MEMORY_EVIDENCE (printed once under the list).
 MEMORY_EVIDENCE = {
     "CPU": "benchmarks/memory_accuracy.py: small Llama/GPT models in PyTorch on CPU",
+    "DeepSpeed on CPU": "benchmarks/deepspeed_memory.py: DeepSpeed's own ZeRO engine on its CPU accelerator, "
+                        "live tensor storages measured (docs/memory-accuracy.md)",
+    "Megatron-LM CI": "benchmarks/megatron_memory.py: peak allocated bytes of Megatron-LM's functional tests "
+                      "(docs/memory-accuracy.md)",
     "trace": "benchmarks/trace_memory.py: torchtitan's own Llama 3 8B/70B/405B, FSDP2 (x TP), and HF "
              "transformers' Llama under accelerate's FSDP2, on fake tensors (docs/memory-accuracy.md, Trace mode)",
 }
@@ -227,14 +231,13 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
         name = term["name"]
         if name in ("weights", "gradients", "optimizer states"):
             kind, by = "exact", "byte counts; = CPU" + (", = trace" if traced else "")
-        elif name == "layer activations":
+        elif name in ("layer activations", "logits and loss", "final norm and output input"):
             if traced:
                 kind, by = "traced", "0.0% vs trace"
-            else:
+            elif w.caps.name == "megatron":
+                kind, by = "measured", "Megatron-LM CI: 28 of 31 within 10%"
+            elif name == "layer activations":
                 kind, by = "measured", "within 10% of CPU; not traced here"
-        elif name in ("logits and loss", "final norm and output input"):
-            if traced:
-                kind, by = "traced", "0.0% vs trace"
             else:
                 kind, by = "measured", "= CPU; not traced here"
         elif name == "gathered weights":
@@ -252,7 +255,7 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
         elif name.startswith("unsharded stage"):
             kind, by = "modelled", "from torchtitan's and torch's code; not traced"
         elif name == "reduce bucket" and w.caps.name == "deepspeed" and plan.sharding != "none":
-            kind, by = "measured", "DeepSpeed's engine on CPU: 5e8 x 2 B whatever the model"
+            kind, by = "measured", "DeepSpeed on CPU: 5e8 x 2 B, any model"
         elif name.startswith("learned"):
             kind, by = "measured", "this workload's own CUDA OOM here"
         else:

@@ -485,6 +485,19 @@ def logits_bytes_per_elem(w: Workload, tp: int = 1) -> float:
     return (w.act_bytes if w.caps.keeps_logits_through_loss else 0) + 12.0
 
 
+def _loss_label(w: Workload, tp: int) -> str:
+    """What the bytes per logit of logits_bytes_per_elem are made of."""
+    if w.fused_cross_entropy:
+        return "fused cross-entropy"
+    if w.caps.in_place_cross_entropy:
+        return "16-bit logits + one fp32 copy, worked in place"
+    if tp > 1 and w.caps.loss_parallel_logit_bytes:
+        return "loss parallel: fp32 log-probs, and in backward zeros, exp and their sum"
+    if not w.caps.keeps_logits_through_loss:
+        return "fp32 log-probs and two fp32 gradients; the loop drops the 16-bit logits"
+    return "16-bit logits, fp32 log-probs and two fp32 gradients"
+
+
 # --- the breakdown ------------------------------------------------------------------------------
 
 def stage_layers(layers: int, pp: int) -> tuple[int, int, int] | None:
@@ -703,8 +716,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         add("final norm and output input", head_in, "activations",
             lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")
         add("logits and loss", elems * per, "logits", lambda:
-            f"s·b·V/t = {elems:.4g} logits x {per:g} B (16-bit logits, fp32 log-probs and gradients)"
-            if not w.fused_cross_entropy else f"s·b·V/t = {elems:.4g} logits x {per:g} B (fused cross-entropy)")
+            f"s·b·V/t = {elems:.4g} logits x {per:g} B ({_loss_label(w, plan.tp)})")
         excess = max(0.0, working_set - elems * per)
         if working_set:
             add("recompute working set", excess, "activations", lambda:
