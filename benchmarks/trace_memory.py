@@ -403,13 +403,13 @@ def _build_hf(env, model_name: str, batch: int, ac: str, seq_len: int, layers: i
     import functools
 
     import torch
+    import transformers.masking_utils as masking_utils
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,
         checkpoint_wrapper,
     )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    import transformers.masking_utils as masking_utils
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
