@@ -370,3 +370,31 @@ def test_memory_rejects_non_positive_sequence_and_batch(capsys, argv):
 def test_memory_absurd_sizes_do_not_crash(capsys):
     code, _, err = run(capsys, "memory", "--model", "gpt3-175b", "--seq-len", "16777216", "--micro-batch-size", "1000000")
     assert code == 3 and "Traceback" not in err  # valid sizes (within the schema's bounds) that cannot fit
+
+
+def test_ctrl_c_wrapped_by_a_library_is_an_interrupt_not_an_internal_error(monkeypatch, capsys):
+    # A library can turn the KeyboardInterrupt it receives into an error of its own (raised while
+    # handling it); the user pressed Ctrl-C, so jobctl exits 130 ("interrupted"), not 70 with a
+    # traceback (seen once in the Ctrl-C-at-any-moment test, tests/test_submit_interrupt.py).
+    import jobctl.cli as cli
+
+    def wrapped():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("initializer failed") from None  # context kept, cause suppressed
+
+    monkeypatch.setattr(cli, "main", wrapped)
+    with pytest.raises(SystemExit) as e:
+        cli.run()
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+    def bug():
+        raise ValueError("a real bug")
+
+    monkeypatch.setattr(cli, "main", bug)
+    with pytest.raises(SystemExit) as e:
+        cli.run()
+    assert e.value.code == 70
+    assert "internal error" in capsys.readouterr().err

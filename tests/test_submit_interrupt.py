@@ -50,7 +50,7 @@ def test_ctrl_c_at_any_moment_keeps_history_and_slurm_in_step(slurm_cluster, tmp
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
         # finished, interrupted cleanly, or killed by the signal before Python handled signals
-        assert p.returncode in (0, 130, -signal.SIGINT), (p.returncode, err)
+        assert p.returncode in (0, 130, -signal.SIGINT), (p.returncode, err.decode(errors="replace"))
         assert b"Traceback" not in err
     rows = []
     if (home / "history.sqlite").exists():

@@ -98,16 +98,32 @@ def main(argv: list[str] | None = None) -> int:
             sys.modules["jobctl.remote.client"].close_all()
 
 
+def _interrupted(e: BaseException | None) -> bool:
+    """Whether Ctrl-C is behind e: a library may turn the KeyboardInterrupt it received into an
+    error of its own (raised while handling it, or from it)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def run() -> None:
     try:
         code = main()
     except KeyboardInterrupt:  # between the command's own handlers (e.g. while importing)
         sys.stderr.write("interrupted\n")
         code = EXIT_INTERRUPTED
-    except Exception:
-        import traceback
+    except Exception as e:
+        if _interrupted(e):  # the user's Ctrl-C, wrapped by a library: not a bug in jobctl
+            sys.stderr.write("interrupted\n")
+            code = EXIT_INTERRUPTED
+        else:
+            import traceback
 
-        traceback.print_exc()
-        sys.stderr.write("internal error: this is a bug in jobctl; please report it with the traceback above\n")
-        code = EXIT_INTERNAL
+            traceback.print_exc()
+            sys.stderr.write("internal error: this is a bug in jobctl; please report it with the traceback above\n")
+            code = EXIT_INTERNAL
     sys.exit(code)
