@@ -476,26 +476,22 @@ def logits_bytes_per_elem(w: Workload, tp: int = 1) -> float:
     parallelism a framework's vocabulary-parallel loss may hold more per local logit
     (caps.loss_parallel_logit_bytes: torchtitan's 16, traced at 70B with TP 8).
     """
+    return _loss_bytes(w, tp)[0]
+
+
+def _loss_bytes(w: Workload, tp: int) -> tuple[float, str]:
+    """Bytes per logit element at the loss's peak, and what they are made of (one decision for
+    both, so the --explain label cannot drift from the number)."""
     if w.fused_cross_entropy:
-        return float(w.act_bytes)
+        return float(w.act_bytes), "fused cross-entropy"
     if w.caps.in_place_cross_entropy:  # Megatron: the 16-bit logits and one fp32 copy
-        return (w.act_bytes if w.act_bytes < 4 else 0) + 4.0
+        return (w.act_bytes if w.act_bytes < 4 else 0) + 4.0, "16-bit logits + one fp32 copy, worked in place"
     if tp > 1 and w.caps.loss_parallel_logit_bytes:
-        return w.caps.loss_parallel_logit_bytes
-    return (w.act_bytes if w.caps.keeps_logits_through_loss else 0) + 12.0
-
-
-def _loss_label(w: Workload, tp: int) -> str:
-    """What the bytes per logit of logits_bytes_per_elem are made of."""
-    if w.fused_cross_entropy:
-        return "fused cross-entropy"
-    if w.caps.in_place_cross_entropy:
-        return "16-bit logits + one fp32 copy, worked in place"
-    if tp > 1 and w.caps.loss_parallel_logit_bytes:
-        return "loss parallel: fp32 log-probs, and in backward zeros, exp and their sum"
+        return (w.caps.loss_parallel_logit_bytes,
+                "loss parallel: fp32 log-probs, and in backward zeros, exp and their sum")
     if not w.caps.keeps_logits_through_loss:
-        return "fp32 log-probs and two fp32 gradients; the loop drops the 16-bit logits"
-    return "16-bit logits, fp32 log-probs and two fp32 gradients"
+        return 12.0, "fp32 log-probs and two fp32 gradients; the loop drops the 16-bit logits"
+    return w.act_bytes + 12.0, "16-bit logits, fp32 log-probs and two fp32 gradients"
 
 
 # --- the breakdown ------------------------------------------------------------------------------
@@ -700,7 +696,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
     if stage in ("last", "only"):
         vocab = framework_vocab(w, plan.tp)
         elems = (w.seq_len / plan.cp) * b * vocab / plan.tp
-        per = logits_bytes_per_elem(w, plan.tp)
+        per, loss_label = _loss_bytes(w, plan.tp)
         # The final norm keeps what a layer's norm keeps and the output layer its input:
         # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (tests/torch_reference.py).
         # Measured: the norm's input and output (2·e·sbh); eager RMSNorm also keeps an fp32
@@ -716,7 +712,7 @@ def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, 
         add("final norm and output input", head_in, "activations",
             lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")
         add("logits and loss", elems * per, "logits", lambda:
-            f"s·b·V/t = {elems:.4g} logits x {per:g} B ({_loss_label(w, plan.tp)})")
+            f"s·b·V/t = {elems:.4g} logits x {per:g} B ({loss_label})")
         excess = max(0.0, working_set - elems * per)
         if working_set:
             add("recompute working set", excess, "activations", lambda:
