@@ -36,7 +36,6 @@ sys.path.insert(0, ROOT)
 
 MODEL = dict(family="llama", layers=2, hidden=256, ffn_hidden=688, heads=8, kv_heads=2, vocab=1000, impl="eager")
 SEQ, MICRO = 128, 2
-NOT_TENSORS = ("cuda context", "nccl buffers", "allocator reserve")
 
 
 def _storages(ptrs: dict) -> int:
@@ -136,7 +135,7 @@ def measure(ranks: int, stage: int) -> dict:
 
 
 def modelled(ranks: int, stage: int) -> dict:
-    from jobctl.planner.memory import Workload, _estimate_stage
+    from jobctl.planner.memory import Workload, estimate_stage
     from jobctl.planner.models import ModelSpec
     from jobctl.planner.plan import Plan
 
@@ -147,9 +146,8 @@ def modelled(ranks: int, stage: int) -> dict:
     plan = Plan(nodes=1, gpus_per_node=ranks, tp=1, pp=1, dp=ranks, cp=1, sharding=f"zero{stage}",
                 micro_batch_size=MICRO, grad_accum_steps=1, global_batch_size=MICRO * ranks, recompute="none",
                 offload="none", sequence_parallel=False)
-    bd = _estimate_stage(w, 80 << 30, plan, "only", None, True)
-    terms = {t.name: t.bytes for t in bd.terms}
-    return {"peak": bd.total_bytes - sum(terms.get(n, 0) for n in NOT_TENSORS), "terms": terms}
+    bd = estimate_stage(w, 80 << 30, plan, "only")
+    return {"peak": bd.tensor_bytes, "terms": {t.name: t.bytes for t in bd.terms}}
 
 
 def main() -> int:

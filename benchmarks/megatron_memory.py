@@ -31,7 +31,6 @@ sys.path.insert(0, ROOT)
 DATA = os.path.join(ROOT, "benchmarks", "data", "megatron_functional_memory.yaml")
 GIB = 1 << 30
 GPUS = 8
-NOT_TENSORS = ("cuda context", "nccl buffers", "allocator reserve")
 
 
 class Unsupported(Exception):
@@ -117,7 +116,7 @@ def workload_and_plan(entry: dict):
 
 
 def compare(entry: dict) -> dict:
-    from jobctl.planner.memory import _estimate_stage
+    from jobctl.planner.memory import estimate_stage
 
     row = {"case": entry["case"], "gpu": entry["gpu"], "golden": entry["golden_path"].rsplit("/", 1)[1],
            "peak_published": _last(entry["mem_max_allocated_bytes"]),
@@ -128,9 +127,8 @@ def compare(entry: dict) -> dict:
         row["skipped"] = f"not modelled: {e}"
         return row
     stage = "only" if plan.pp == 1 else "last"  # Megatron logs from the last global rank
-    bd = _estimate_stage(w, 80 * GIB, plan, stage, None, True)
-    terms = {t.name: t.bytes for t in bd.terms}
-    tensors = bd.total_bytes - sum(terms.get(n, 0) for n in NOT_TENSORS)
+    bd = estimate_stage(w, 80 * GIB, plan, stage)
+    tensors = bd.tensor_bytes
     resident = bd.weights_bytes + bd.grads_bytes + bd.optimizer_bytes
     row.update({
         "layout": f"tp{plan.tp} pp{plan.pp}" + (f" v{plan.virtual_stages}" if plan.virtual_stages > 1 else "")
@@ -140,7 +138,7 @@ def compare(entry: dict) -> dict:
         "peak_modelled": tensors, "resident_modelled": resident,
         "peak_diff": (tensors - row["peak_published"]) / row["peak_published"],
         "resident_diff": (resident - row["resident_published"]) / row["resident_published"],
-        "terms": {k: v for k, v in terms.items()},
+        "terms": {t.name: t.bytes for t in bd.terms},
     })
     return row
 

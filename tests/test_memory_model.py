@@ -6,8 +6,8 @@ from jobctl.planner.memory import (
     GIB,
     Overheads,
     Workload,
-    _estimate_stage,
     estimate,
+    estimate_stage,
     layer_activation_bytes,
     model_state_terms,
     optimizer_state_elements,
@@ -154,16 +154,16 @@ def test_pipeline_first_stage_holds_p_microbatches():
     w = Workload(m, 4096, 64, framework="megatron")
     per_layer = stored_layer_bytes(w, plan(pp=4, recompute="full"), 1)
     p4 = plan(pp=4, nodes=1, gpus_per_node=4, grad_accum_steps=64, global_batch_size=64, recompute="full")
-    first = _estimate_stage(w, 80 * GIB, p4, "first", None)
+    first = estimate_stage(w, 80 * GIB, p4, "first", None)
     acts = next(t.bytes for t in first.terms if t.name == "layer activations")
     assert acts == pytest.approx(per_layer * 20 * 4)
-    last = _estimate_stage(w, 80 * GIB, p4, "last", None)
+    last = estimate_stage(w, 80 * GIB, p4, "last", None)
     assert next(t.bytes for t in last.terms if t.name == "layer activations") == pytest.approx(per_layer * 20)
     assert estimate(w, 80 * GIB, p4).total_bytes == max(first.total_bytes, last.total_bytes)
     # few micro-batches: only m are in flight
     p2 = plan(pp=4, nodes=1, gpus_per_node=4, grad_accum_steps=2, global_batch_size=2, recompute="full")
     w2 = Workload(m, 4096, 2, framework="megatron")
-    first = _estimate_stage(w2, 80 * GIB, p2, "first", None)
+    first = estimate_stage(w2, 80 * GIB, p2, "first", None)
     acts2 = next(t.bytes for t in first.terms if t.name == "layer activations")
     assert acts2 == pytest.approx(per_layer * 20 * 2)
 
@@ -203,3 +203,4 @@ def test_offload_moves_states_to_host_ram():
     per_process = Overheads().host_per_process_gib * GIB
     assert mem.host_bytes_per_node == pytest.approx(16 * m.params() + per_process, rel=1e-9)
     assert mem.optimizer_bytes == 0
+

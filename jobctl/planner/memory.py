@@ -130,6 +130,13 @@ class MemoryBreakdown:
     overlap_bytes: int = 0  # (<= 0) terms that are never held together (FSDP2's phases)
 
     @property
+    def tensor_bytes(self) -> int:
+        """The tensors' bytes: the total less the overheads (CUDA context, NCCL buffers, the
+        allocator's reserve, what was learned from an OOM), which no tensor holds; what
+        torch.cuda.max_memory_allocated or a trace of live tensors measures."""
+        return self.total_bytes - self.overhead_bytes
+
+    @property
     def fits_gpu(self) -> bool:
         return self.total_bytes <= self.gpu_usable_bytes
 
@@ -582,13 +589,18 @@ def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int
     stages = ("only",) if plan.pp == 1 else ("first", "middle", "last") if plan.pp > 2 else ("first", "last")
     best = None
     for st in stages:
-        bd = _estimate_stage(w, gpu_memory_bytes, plan, st, host_mem_bytes, detail)
+        bd = estimate_stage(w, gpu_memory_bytes, plan, st, host_mem_bytes, detail)
         if best is None or bd.total_bytes > best.total_bytes:
             best = bd
     return best
 
 
-def _estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, host_mem_bytes, detail: bool = True) -> MemoryBreakdown:
+def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, host_mem_bytes: int | None = None,
+                   detail: bool = True) -> MemoryBreakdown:
+    """Memory of one rank of one pipeline stage: "only" (no PP), "first", "middle" or "last".
+
+    estimate() takes the most loaded of them; a measurement of one stage (Megatron-LM logs the
+    last one, a trace follows one rank) is compared with this."""
     m, o = w.model, w.overheads
     sb = state_bytes(w.framework, w.precision, w.optimizer)
     layer_p, extra_p, layers = _stage_params(w, plan, stage)
