@@ -39,13 +39,20 @@ Run (from the repository root):
   python benchmarks/trace_memory.py --layers 2 --seq-len 2048   # quick; jobctl gets the
                                                            #   same layer count
   python benchmarks/trace_memory.py --model 70B --tp 8 --ranks 256 --layouts b16-full
+  python benchmarks/trace_memory.py --model 405B --tp 8 --pp 8 --ranks 512 --layouts b32-full
+  python benchmarks/trace_memory.py --pp 4 --stage last --layouts b8-none   # 8B, last stage
   python benchmarks/trace_memory.py --json                 # raw numbers (bytes)
 Layouts are b<local batch>-<none|full|sac>; --ranks (default 8) is the world size, FSDP
-degree x --tp.  With --tp > 1 torchtitan's own TP plan is applied (its models' parallelize:
+degree x --tp x --pp.  With --tp > 1 torchtitan's own TP plan is applied (its models' parallelize:
 column/row-wise linears, sequence parallel norms, loss parallel); see _patch_for_tp for the
-two stand-ins it needs.  Pipeline parallelism is not traced (not attempted): torchtitan's
-pipeline_llm runs PipelineStage schedules that send activations to and receive gradients from
-the other ranks, which one process on a fake process group would have to stand in for.
+two stand-ins it needs.  With --pp > 1 it traces one rank of one pipeline stage (--stage first,
+the default, or last) as torchtitan's Trainer builds it: pipeline_llm splits the model with
+torchtitan's default split, parallelize_llama wraps the stage (FSDP2 with reshard_after_forward
+False under PP), and torch's 1F1B schedule runs the local batch as micro-batches of one sample.
+The other stages exist only through the fake process group's send/recv (shaped buffers, no
+data); _patch_for_pp stands in for the metadata they would exchange at the first step.  The
+tracker then also files FSDP2's fp32 accumulated unsharded gradients as unsharded grads and the
+post-schedule reduction's tensors as reduce-scatter buffers (see _tracker_class).
 Needs torch (a CPU build is enough) and torchtitan; both are imported only here.
 
 What it cannot see, and the workarounds it needs:
@@ -148,7 +155,8 @@ def parse_layout(name: str) -> tuple[int, str]:
 class _Env:
     """Process-wide set-up, once: fake process group, torchtitan mesh, patches."""
 
-    def __init__(self, ranks: int, backend: str, cuda_rmsnorm: bool = True, tp: int = 1):
+    def __init__(self, ranks: int, backend: str, cuda_rmsnorm: bool = True, tp: int = 1, pp: int = 1,
+                 stage: str = "first"):
         import torch
         import torch.distributed as dist
         import torch.distributed.tensor._sharding_prop as sharding_prop
@@ -175,19 +183,26 @@ class _Env:
         tt_ac._get_default_save_ops = save_ops
         if tp > 1:
             _patch_for_tp()
+        if pp > 1:
+            _patch_for_pp()
         if cuda_rmsnorm:
             from torchtitan.models.common.nn_modules import RMSNorm
             RMSNorm.forward = _cuda_like_rms_norm()
 
+        # torchtitan's meshes put "pp" outermost (parallel_dims.py), so global rank
+        # (pp - 1) * ranks / pp is the first rank of the last stage
+        rank = 0 if stage == "first" else (pp - 1) * (ranks // pp)
         if not dist.is_initialized():
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=ranks)
         tt_dist_utils.set_spmd_backend(backend)
         self.parallel_dims = tt_pd.ParallelDims(
-            dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=1, ep=1, world_size=ranks, spmd_backend=backend)
+            dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=pp, ep=1, world_size=ranks, spmd_backend=backend)
         self.parallel_dims.build_mesh()  # outside any fake mode
         self.backend = backend
         self.ranks = ranks
         self.tp = tp
+        self.pp = pp
+        self.stage = stage
 
 
 def _patch_for_tp():
@@ -221,6 +236,43 @@ def _patch_for_tp():
         return attend(self, q, k, v, **kw)
 
     ScaledDotProductAttention.forward = attend_locally
+
+
+def _patch_for_pp():
+    """Stand-ins for the other pipeline ranks, which one process on a fake process group has not.
+
+    torch's PipelineStage (distributed/pipelining/stage.py) learns its neighbours' tensors at
+    the first step: a vote over the stages (``_warmup_p2p``, which reads the received result
+    with ``.item()``) and then the stages' input/output metadata sent as pickled objects
+    (``_send_meta`` / ``_recv_meta``).  Over the fake process group nothing is received, so
+    * the vote's outcome is set to what the real vote gives for torchtitan's stages, which
+      are built without example inputs: DYNAMIC (metadata inferred at the first step);
+    * metadata sent is dropped, and metadata received is what the neighbour would send: from
+      the next stage, the gradients of this stage's outputs (same shapes and dtypes as the
+      outputs); from the previous stage, its output, the hidden state [micro-batch, seq, dim]
+      in the activation dtype (only with tp = 1: under TP it would be a DTensor).
+    The activations and gradients themselves go through the fake process group's send/recv:
+    the receive buffers are allocated as on a GPU and hold nothing."""
+    import torch
+    from torch.distributed.pipelining import schedules, stage
+
+    def warmup_p2p(self, stages, has_backward, p2p_done):
+        for st in stages:
+            st._inference_mode = stage.InferenceMode.DYNAMIC
+
+    def send_meta(self, meta, dst_stage):
+        pass
+
+    def recv_meta(self, src_stage):
+        if src_stage == self.stage_index + 1:
+            return stage._StageBackwardMeta(backward_metas=self._stage_meta.outputs)
+        hidden = self._trace_hidden_meta  # set by _build_torchtitan_pp
+        return stage._StageForwardMeta(forward_metas=(stage.extract_tensor_meta(
+            torch.empty(hidden[0], dtype=hidden[1], device="meta")),))
+
+    schedules._PipelineSchedule._warmup_p2p = warmup_p2p
+    stage.PipelineStage._send_meta = send_meta
+    stage.PipelineStage._recv_meta = recv_meta
 
 
 def _cuda_like_rms_norm():
@@ -274,6 +326,52 @@ def _tracker_class():
             self.group_max_where: dict[str, str] = {}
             self.cat_max_where: dict[str, str] = {}
             self.peak_where = ""
+            self._pp_reducing = False
+
+        def __enter__(self):
+            # Under PP, FSDP2 accumulates unsharded gradients between micro-batches, upcast
+            # to the reduce dtype (_fsdp_param.py to_accumulated_grad_if_needed); the tracker
+            # does not know that tensor and would count it as Temp: it is an unsharded grad.
+            from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+            from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+            tracker, orig = self, FSDPParam.to_accumulated_grad_if_needed
+            self._orig_to_accumulated = orig
+
+            def to_accumulated(param):
+                orig(param)
+                if param.unsharded_accumulated_grad is not None:
+                    tracker._update_and_maybe_create_winfos(param.unsharded_accumulated_grad,
+                                                            _FSDPRefType.UNSHARDED_GRAD)
+
+            FSDPParam.to_accumulated_grad_if_needed = to_accumulated
+            # ... and reduces them after the schedule (PipelineStage.perform_reduce_grad),
+            # outside backward, where the tracker would call the reduce-scatter's input and
+            # output Activation: they are FSDP's reduce-scatter buffers.
+            from torch.distributed.pipelining.stage import _PipelineStageBase
+            orig_reduce = self._orig_reduce = _PipelineStageBase.perform_reduce_grad
+            def perform_reduce_grad(stage, *a, **k):
+                tracker._pp_reducing = True
+                try:
+                    return orig_reduce(stage, *a, **k)
+                finally:
+                    tracker._pp_reducing = False
+
+            _PipelineStageBase.perform_reduce_grad = perform_reduce_grad
+            return super().__enter__()
+
+        def __exit__(self, *args):
+            from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+            from torch.distributed.pipelining.stage import _PipelineStageBase
+            FSDPParam.to_accumulated_grad_if_needed = self._orig_to_accumulated
+            _PipelineStageBase.perform_reduce_grad = self._orig_reduce
+            return super().__exit__(*args)
+
+        def _track(self, reftype, t):
+            if self._pp_reducing:  # tensors created by the post-schedule reduction
+                from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+                reftype = _FSDPRefType.REDUCE_SCATTER
+            return super()._track(reftype, t)
 
         def _where(self):
             mods = [p for p in self._mod_tracker.parents if p != "Global"]
@@ -384,6 +482,75 @@ def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, l
     return model, opt, step, (tokens, labels)
 
 
+def _build_torchtitan_pp(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int):
+    """One pipeline rank of torchtitan's Llama3Model: split and scheduled by torchtitan's own
+    pipeline_llm (distributed/pipeline_parallel.py: its default layer split, which counts the
+    embedding and the output layer as one layer each; PipelineStage; the 1F1B schedule; one
+    micro-batch per sample, pipeline_parallel_microbatch_size 1), each stage parallelised by
+    parallelize_llama (FSDP2 with reshard_after_forward False under PP, fsdp.py), as
+    torchtitan's Trainer does.  The step is pp_forward_backward_step's schedule.step (torch
+    2.13's API: the whole local batch, split into micro-batches by the schedule) and the
+    optimizer step.  The model and its split are built on the meta device outside the fake
+    mode (pipeline_llm deep-copies the model per stage, which fake tensors do not survive);
+    to_empty then makes fake tensors of the stage's parameters."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import llama3_configs, parallelize_llama
+
+    parallelism = ParallelismConfig(spmd_backend=env.backend, pipeline_parallel_degree=env.pp,
+                                    pipeline_parallel_schedule="1F1B")
+    cfg = llama3_configs[model_name](attn_backend="flex")
+    cfg.layers = cfg.layers[:layers]
+    cfg.update_from_config(config=argparse.Namespace(parallelism=parallelism))
+    for lc in cfg.layers:
+        lc.attention.inner_attention = ScaledDotProductAttention.Config()
+        lc.attention.rope = dataclasses.replace(lc.attention.rope, max_seq_len=seq_len)
+    ac_config = {"none": None, "full": FullAC.Config(), "sac": SelectiveAC.Config()}[ac]
+    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+    with unset_fake_temporarily():
+        with torch.device("meta"):
+            model = cfg.build()
+        try:
+            schedule, parts, first, last = pipeline_llm(
+                model, parallel_dims=env.parallel_dims, training=TrainingConfig(local_batch_size=batch),
+                parallelism=parallelism, compile_config=CompileConfig(), ac_config=ac_config,
+                dump_folder="/tmp", device=torch.device("cpu"), model_config=cfg,
+                parallelize_fn=parallelize_llama, loss_fn=loss_fn)
+        except ValueError as e:  # torchtitan's own checks of the split
+            raise SystemExit(f"torchtitan cannot pipeline this layout: {e}") from None
+    if len(parts) != 1 or first == last:
+        raise SystemExit(f"expected one stage, first or last, on the traced rank; got {len(parts)} "
+                         f"(first {first}, last {last})")
+    part = parts[0]
+    schedule._stage._trace_hidden_meta = ((1, seq_len, cfg.dim), torch.bfloat16)
+    part.to_empty(device="cpu")
+    part.train()
+    opt = torch.optim.AdamW(part.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1, fused=True)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+    labels = torch.randint(0, cfg.vocab_size, (batch, seq_len))
+    n_tokens = torch.tensor(float(batch * seq_len))
+
+    def step(probe=None):
+        import contextlib
+        with probe if probe is not None else contextlib.nullcontext():
+            if first:
+                schedule.step(tokens, return_outputs=False)
+            else:
+                losses = []
+                schedule.step(target=labels, losses=losses, return_outputs=False,
+                              loss_kwargs={"global_valid_tokens": n_tokens})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return part, opt, step, (tokens, labels)
+
+
 # meta-llama/Llama-3.1-{8B,70B,405B} config.json (the dimensions that size tensors)
 HF_CONFIGS = {
     "8B": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8),
@@ -463,9 +630,12 @@ def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     t0 = time.perf_counter()
-    fake = FakeTensorMode()
+    pp = getattr(env, "pp", 1) > 1
+    # under PP the stage is split on the meta device outside the fake mode (_build_torchtitan_pp)
+    fake = FakeTensorMode(allow_non_fake_inputs=pp)
     with fake:
-        model, opt, step, inputs = BUILDERS[impl](env, model_name, batch, ac, seq_len, layers)
+        build = _build_torchtitan_pp if pp else BUILDERS[impl]
+        model, opt, step, inputs = build(env, model_name, batch, ac, seq_len, layers)
         t_build = time.perf_counter() - t0
         step()  # warm-up: creates the optimizer states (steady state from step 2 on)
         t_warm = time.perf_counter() - t0 - t_build
@@ -512,8 +682,8 @@ def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, 
 
 
 def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1,
-             impl: str = "torchtitan") -> dict:
-    from jobctl.planner.memory import Workload, estimate, stored_layer_bytes
+             impl: str = "torchtitan", pp: int = 1, stage: str = "first") -> dict:
+    from jobctl.planner.memory import Workload, estimate_stage, stored_layer_bytes
     from jobctl.planner.models import PRESETS
     from jobctl.planner.plan import Plan
 
@@ -521,19 +691,22 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
     if layers != spec.layers:
         spec = dataclasses.replace(spec, layers=layers)
     gpn = min(ranks, 8)
-    dp = ranks // tp
+    dp = ranks // (tp * pp)
     # the same layout under the framework jobctl would plan it for: torchtitan, or fsdp (HF
     # accelerate: eager HF layers, SDPA attention)
     w = Workload(spec, seq_len, batch * dp, framework="fsdp" if impl == "hf" else "torchtitan",
                  attention="sdpa" if impl == "hf" else "flash")
     # torchtitan's TP plan always shards the norms and the block boundaries by sequence
     # (SequenceParallel in models/llama3/model.py's parallelize plan)
-    p = Plan(nodes=ranks // gpn, gpus_per_node=gpn, tp=tp, pp=1, dp=dp, cp=1, sharding="zero3",
-             micro_batch_size=batch, grad_accum_steps=1, global_batch_size=batch * dp,
+    # under PP torchtitan's micro-batches are of one sample (pipeline_parallel_microbatch_size
+    # 1): the local batch is the number of micro-batches, the schedule's "accumulation"
+    mb, accum = (1, batch) if pp > 1 else (batch, 1)
+    p = Plan(nodes=ranks // gpn, gpus_per_node=gpn, tp=tp, pp=pp, dp=dp, cp=1, sharding="zero3",
+             micro_batch_size=mb, grad_accum_steps=accum, global_batch_size=batch * dp,
              recompute=AC_NAMES[ac], offload="none", sequence_parallel=tp > 1)
-    terms = estimate(w, 80 << 30, p).to_dict()["terms"]
+    terms = estimate_stage(w, 80 << 30, p, stage if pp > 1 else "only").to_dict()["terms"]
     return {"terms": [{"name": t["name"], "group": t["group"], "bytes": t["bytes"]} for t in terms],
-            "per_block_activation": stored_layer_bytes(w, p, batch)}
+            "per_block_activation": stored_layer_bytes(w, p, mb)}
 
 
 def compare(tr: dict, mo: dict) -> list[dict]:
@@ -588,10 +761,11 @@ def _g(x):
 
 def print_layout(name, batch, ac, args, tr, mo, rows):
     s = tr["seconds"]
-    par = f"FSDP2 x{args.ranks // args.tp}" + (f" x TP {args.tp}" if args.tp > 1 else "")
+    par = f"FSDP2 x{args.ranks // (args.tp * args.pp)}" + (f" x TP {args.tp}" if args.tp > 1 else "") + (
+        f" x PP {args.pp} 1F1B ({args.stage} stage)" if args.pp > 1 else "")
     who = "llama3" if args.impl == "torchtitan" else "HF llama"
     print(f"\n== {name}: {who} {args.model} ({args.layers} layers), {par}, local batch {batch}, "
-          f"seq {args.seq_len}, AC {ac}"[:99])
+          f"seq {args.seq_len}, AC {ac}"[:120])
     where = (tr["peak_where"] or "?").replace("FSDPLlama3Model.", "").replace("FSDPLlama3Model", "model")
     print(f"   trace {s['total']:.1f} s (build {s['build']:.1f}, warm-up step {s['warmup_step']:.1f}, "
           f"traced step {s['traced_step']:.1f}); peak during {where}"[:99])
@@ -624,6 +798,11 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=None,
                     help="trace only the first N blocks (default: all; 32, 80, 126)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1); ranks = FSDP x TP")
+    ap.add_argument("--pp", type=int, default=1,
+                    help="pipeline-parallel degree (default 1; torchtitan only): traces one rank of --stage "
+                         "under torchtitan's pipeline_llm, 1F1B, micro-batches of one sample; ranks = PP x FSDP x TP")
+    ap.add_argument("--stage", default="first", choices=("first", "last"),
+                    help="with --pp: the pipeline stage traced (default first; last needs --tp 1)")
     ap.add_argument("--impl", default="torchtitan", choices=tuple(BUILDERS),
                     help="whose model code: torchtitan's Llama3Model and parallelize functions (default), or "
                          "transformers' LlamaForCausalLM wrapped as HF accelerate's FSDP2 plugin does (hf)")
@@ -637,8 +816,10 @@ def main() -> int:
     if args.layers is None:
         from jobctl.planner.models import PRESETS
         args.layers = PRESETS[PRESET_OF[args.model]].layers
-    if args.tp < 1 or args.ranks % args.tp:
-        raise SystemExit(f"--ranks {args.ranks} must be a multiple of --tp {args.tp}")
+    if args.tp < 1 or args.pp < 1 or args.ranks % (args.tp * args.pp):
+        raise SystemExit(f"--ranks {args.ranks} must be a multiple of --tp {args.tp} x --pp {args.pp}")
+    if args.pp > 1 and (args.impl != "torchtitan" or (args.stage == "last" and args.tp > 1)):
+        raise SystemExit("--pp traces torchtitan only, and its last stage with --tp 1 only")
     layouts = [(n, *parse_layout(n)) for n in args.layouts]
     if args.ranks > 8 and args.ranks % 8:
         raise SystemExit("--ranks above 8 must be a multiple of 8")
@@ -649,22 +830,25 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm, tp=args.tp)
+    env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm, tp=args.tp, pp=args.pp,
+               stage=args.stage)
     out = {"meta": {"torch": torch.__version__, "model": args.model, "layers": args.layers,
-                    "seq_len": args.seq_len, "ranks": args.ranks, "tp": args.tp, "impl": args.impl,
+                    "seq_len": args.seq_len, "ranks": args.ranks, "tp": args.tp, "pp": args.pp,
+                    "stage": args.stage if args.pp > 1 else "only", "impl": args.impl,
                     "spmd_backend": args.spmd_backend,
                     "rmsnorm": "cpu composite" if args.cpu_rmsnorm else "cuda-like saved set", "device": "cpu (fake)"},
            "layouts": []}
     if not args.json:
-        tp = f" x TP {args.tp}" if args.tp > 1 else ""
+        tp = (f" x TP {args.tp}" if args.tp > 1 else "") + (f" x PP {args.pp}" if args.pp > 1 else "")
         who = "torchtitan llama3" if args.impl == "torchtitan" else "transformers LlamaForCausalLM (accelerate FSDP2)"
         print(f"torch {torch.__version__}; {who} {args.model} under FakeTensorMode (CPU), FSDP2 "
-              f"x{args.ranks // args.tp}{tp} ({args.ranks} fake ranks).\nGiB per rank. 'at peak': the tracker's breakdown when the "
+              f"x{args.ranks // (args.tp * args.pp)}{tp} ({args.ranks} fake ranks).\nGiB per rank. 'at peak': the tracker's breakdown when the "
               f"total peaked; 'own max': the\ngroup's own maximum over the step. diff = (modelled - "
               f"own max) / own max (total: vs the\npeak). ! = off by more than {TOL:.0%}.")
     for name, batch, ac in layouts:
         tr = trace(env, args.model, batch, ac, args.seq_len, args.layers, args.impl)
-        mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl)
+        mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
+                      args.pp, args.stage)
         rows = compare(tr, mo)
         out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "traced": tr,
                                "modelled": mo, "rows": rows})
