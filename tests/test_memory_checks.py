@@ -1,6 +1,6 @@
 """`plan --explain` says, per memory term, what checks it (issue 14): exact byte counts, the
 trace of torchtitan's own code (docs/memory-accuracy.md, "Trace mode": torchtitan Llama 3
-8B/70B/405B, FSDP2 with and without TP), small CPU models, or nothing yet (a named constant)."""
+8B/70B/405B, FSDP2 with and without TP and 1F1B PP), small CPU models, or nothing yet (a named constant)."""
 
 import json
 import os
@@ -38,14 +38,31 @@ def test_a_layout_the_trace_does_not_cover_is_not_called_traced():
     assert all(x["check"] != "traced" for x in c.values())
 
 
-def test_torchtitan_with_tensor_parallelism_is_traced_but_not_with_pipelining():
-    # The trace covers torchtitan's TP plan (70B, TP 8 x FSDP 32) but no pipeline stages.
+def test_torchtitan_with_tensor_and_1f1b_pipeline_parallelism_is_traced():
+    # The trace covers torchtitan's TP plan (70B, TP 8 x FSDP 32) and its 1F1B pipeline stages
+    # (pipeline_llm: the first stage at TP 8, the last one without TP), not interleaved schedules.
     _, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
                   "parallelism.tp=8", "parallelism.pp=1", "parallelism.cp=1")
     assert c["layer activations"]["check"] == "traced"
-    _, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
-                  "parallelism.tp=8", "parallelism.pp=4", "parallelism.cp=1")
-    assert c["layer activations"]["check"] == "measured"
+    plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
+                     "parallelism.tp=8", "parallelism.pp=4", "parallelism.cp=1", "parallelism.virtual_stages=1")
+    assert (plan["pp"], plan["virtual_stages"]) == (4, 1)
+    assert c["layer activations"]["check"] == "traced"
+    assert c["unsharded stage (FSDP under PP)"]["check"] == "traced"
+    # an interleaved schedule is not what the trace ran
+    from dataclasses import replace
+
+    from jobctl.planner.explain import memory_checks
+    from jobctl.planner.memory import Workload
+    from jobctl.planner.models import PRESETS
+    from jobctl.planner.plan import Plan
+    w = Workload(PRESETS["llama3.1-70b"], 8192, 1024, framework="torchtitan")
+    p = Plan(nodes=16, gpus_per_node=8, tp=8, pp=4, dp=4, cp=1, sharding="zero3", micro_batch_size=1,
+             grad_accum_steps=256, global_batch_size=1024, recompute="full", offload="none", sequence_parallel=True)
+    terms = [{"name": "layer activations"}, {"name": "unsharded stage (FSDP under PP)"}]
+    assert [c["check"] for c in memory_checks(w, p, terms)] == ["traced", "traced"]
+    p2 = replace(p, virtual_stages=2)
+    assert [c["check"] for c in memory_checks(w, p2, terms)] == ["measured", "modelled"]
 
 
 def test_hf_llama_under_accelerate_fsdp_is_traced():

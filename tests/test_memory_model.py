@@ -11,6 +11,7 @@ from jobctl.planner.memory import (
     layer_activation_bytes,
     model_state_terms,
     optimizer_state_elements,
+    stage_layers,
     state_bytes,
     stored_layer_bytes,
 )
@@ -204,3 +205,20 @@ def test_offload_moves_states_to_host_ram():
     assert mem.host_bytes_per_node == pytest.approx(16 * m.params() + per_process, rel=1e-9)
     assert mem.optimizer_bytes == 0
 
+
+def test_torchtitan_pipeline_split_is_torchtitans_own():
+    # the oracle is torchtitan's own split (distributed/pipeline_parallel.py): module names per
+    # stage, with the embedding on the first and the norm + output layer on the last
+    from jobctl_run import need_package
+    need_package("torchtitan")
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+    )
+
+    for layers in (4, 16, 32, 80, 126):
+        for pp in (2, 3, 4, 8, 16):
+            if pp > layers // 2:
+                continue
+            names = _generate_llm_fqn_per_model_part(pp, layers)
+            blocks = [sum(n.startswith("layers.") for n in stage) for stage in names]
+            assert stage_layers(layers, pp, counts_ends=True) == (blocks[0], blocks[1], blocks[-1]), (layers, pp)

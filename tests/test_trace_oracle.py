@@ -67,3 +67,51 @@ def test_hf_llama_8b_accelerate_fsdp2(layout):
             if r["group"].startswith("per block"):
                 r["traced_max"] -= 2 * 8192 * 4096
     check(out)
+
+
+def pp_trace(stage: str, *args) -> list[dict]:
+    # four blocks over two stages: torchtitan's split counts the embedding and the output layer
+    # as one layer each, so each stage holds two blocks, as jobctl's split does
+    return trace("--layers", "4", "--pp", "2", "--ranks", "4", "--stage", stage, *args)
+
+
+def check_states_and_blocks(layout: dict):
+    r = rows(layout)
+    for g in ("weights", "grads", "optimizer"):
+        assert r[g]["modelled"] == pytest.approx(r[g]["traced_max"], rel=1e-3), g
+    assert r["per block"]["modelled"] == pytest.approx(r["per block"]["traced_max"], rel=0.01)
+
+
+@pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
+def test_torchtitan_8b_pp2_last_stage(layout):
+    # torchtitan's pipeline_llm, 1F1B over 4 micro-batches, FSDP2 x2 under PP (the stage kept
+    # unsharded, gradients accumulated unsharded in fp32). The last stage peaks at the loss: the
+    # PipelineStage keeps the 16-bit logits for its backward (no `del pred` as without PP), and
+    # the sharded gradients do not exist yet (they are made after the last backward)
+    (out,) = pp_trace("last", "--layouts", layout)
+    check_states_and_blocks(out)
+    r = rows(out)
+    assert r["activations+logits"]["modelled"] == pytest.approx(r["activations+logits"]["traced_max"], rel=0.01)
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
+
+
+@pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
+def test_torchtitan_8b_pp2_first_stage(layout):
+    # The first stage holds two micro-batches in flight (1F1B, p = 2) and peaks in a block's
+    # backward; what the model leaves out there is that block's backward temporaries (gradients
+    # of the MLP's two 14336-wide intermediates, 2 x 0.22 GiB at s = 8192), ~3% of this total
+    (out,) = pp_trace("first", "--layouts", layout)
+    check_states_and_blocks(out)
+    r = rows(out)
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.04)
+
+
+def test_torchtitan_8b_pp2_first_stage_gradient_reduction():
+    # At s = 2048 the first stage peaks after the schedule, when FSDP2 reduces the accumulated
+    # gradients unit by unit: the root unit (the embedding) frees its 16-bit weights, copies its
+    # fp32 gradient into the reduce-scatter input and receives its shard
+    (out,) = pp_trace("first", "--seq-len", "2048", "--layouts", "b4-full")
+    check_states_and_blocks(out)
+    r = rows(out)
+    assert "Reduce Scatter" in out["traced"]["peak"] and out["traced"]["peak"]["Reduce Scatter"] > 0
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)

@@ -93,6 +93,10 @@ class Capabilities:
     # HF's SDPA attention hands grouped K/V to the kernel (enable_gqa) when there is no mask,
     # instead of repeat_kv copies up to the query heads (eager attention still copies)
     sdpa_gqa: bool = False
+    # the default pipeline split counts the embedding and the output layer as one layer each and
+    # spreads the L + 2 over the stages, the first ones taking the remainder (torchtitan); False:
+    # even splits, or the first/last stage one layer short (Megatron-LM's uneven option)
+    pp_split_counts_ends: bool = False
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def runs_sharding(self, sharding: str) -> bool:

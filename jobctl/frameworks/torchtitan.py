@@ -54,7 +54,18 @@ CAPS = Capabilities(
     sp_keeps_gathered_input=True,
     frees_grads_each_step=True,
     loss_parallel_logit_bytes=16.0,
+    pp_split_counts_ends=True,
     sources=(
+        ("the default pipeline split gives each of the p stages (L + 2) // p 'layers', the first "
+         "(L + 2) % p stages one more, the embedding counting as one on the first stage and the norm "
+         "and output layer as one on the last (pipeline_parallel_first/last_stage_less_layers = 1); "
+         "Llama 3 8B on PP 4: 8, 9, 8, 7 blocks (the last stage's 7 traced)", f"{TT} distributed/pipeline_parallel.py "
+         "_generate_llm_fqn_per_model_part, config/configs.py"),
+        ("under PP with FSDP, the 1F1B schedule's stage keeps each micro-batch's output (on the last "
+         "stage: the logits) for its backward, and the sharded gradients are made only after the last "
+         "backward (PipelineStage.perform_reduce_grad), when the activations are gone; traced on the "
+         "first and last stages of 8B PP 2/4 and 405B TP 8 x PP 8 x FSDP 8",
+         "torch distributed/pipelining/stage.py (fwd_cache, perform_reduce_grad)"),
         ("the trainer zeroes gradients with set_to_none (optimizers.zero_grad()), so FSDP2's sharded "
          "gradients are allocated block by block in backward: traced, none exist at the activation peak "
          "of a one-micro-batch step", f"{TT} trainer.py, components/optimizer.py; torch optim/optimizer.py"),

@@ -471,7 +471,7 @@ def recomputed_layers(plan: Plan, layers: float) -> float:
     return layers
 
 
-def logits_bytes_per_elem(w: Workload, tp: int = 1) -> float:
+def logits_bytes_per_elem(w: Workload, tp: int = 1, pp: int = 1) -> float:
     """Peak bytes per logit element around the loss (docs/memory-model.md §3).
 
     Unfused: the 16-bit logits (2), their fp32 log-softmax kept for backward (4), and in
@@ -481,37 +481,56 @@ def logits_bytes_per_elem(w: Workload, tp: int = 1) -> float:
     computed (torchtitan's `del pred`; caps.keeps_logits_through_loss) keeps only the 12
     fp32 bytes: what benchmarks/trace_memory.py traces at the loss backward. Under tensor
     parallelism a framework's vocabulary-parallel loss may hold more per local logit
-    (caps.loss_parallel_logit_bytes: torchtitan's 16, traced at 70B with TP 8).
+    (caps.loss_parallel_logit_bytes: torchtitan's 16, traced at 70B with TP 8). Under pipeline
+    parallelism no loop drops them: torch's PipelineStage keeps each micro-batch's output (on
+    the last stage, the logits) in its forward cache until that micro-batch's backward
+    (distributed/pipelining/stage.py forward_one_chunk), traced on torchtitan's last stage: +2 B.
     """
-    return _loss_bytes(w, tp)[0]
+    return _loss_bytes(w, tp, pp)[0]
 
 
-def _loss_bytes(w: Workload, tp: int) -> tuple[float, str]:
+def _loss_bytes(w: Workload, tp: int, pp: int = 1) -> tuple[float, str]:
     """Bytes per logit element at the loss's peak, and what they are made of (one decision for
     both, so the --explain label cannot drift from the number)."""
+    # the pipeline stage keeps its output (the logits) for the backward: no `del pred`
+    kept = "; the pipeline stage keeps the 16-bit logits for its backward" if pp > 1 else ""
     if w.fused_cross_entropy:
         return float(w.act_bytes), "fused cross-entropy"
     if w.caps.in_place_cross_entropy:  # Megatron: the 16-bit logits and one fp32 copy
         return (w.act_bytes if w.act_bytes < 4 else 0) + 4.0, "16-bit logits + one fp32 copy, worked in place"
     if tp > 1 and w.caps.loss_parallel_logit_bytes:
-        return (w.caps.loss_parallel_logit_bytes,
-                "loss parallel: fp32 log-probs, and in backward zeros, exp and their sum")
+        return (w.caps.loss_parallel_logit_bytes + (w.act_bytes if pp > 1 else 0),
+                "loss parallel: fp32 log-probs, and in backward zeros, exp and their sum" + kept)
     if not w.caps.keeps_logits_through_loss:
+        if pp > 1:
+            return w.act_bytes + 12.0, "fp32 log-probs and two fp32 gradients" + kept
         return 12.0, "fp32 log-probs and two fp32 gradients; the loop drops the 16-bit logits"
     return w.act_bytes + 12.0, "16-bit logits, fp32 log-probs and two fp32 gradients"
 
 
 # --- the breakdown ------------------------------------------------------------------------------
 
-def stage_layers(layers: int, pp: int) -> tuple[int, int, int] | None:
+def stage_layers(layers: int, pp: int, counts_ends: bool = False) -> tuple[int, int, int] | None:
     """Layers on the (first, a middle, the last) pipeline stage, or None if pp cannot split them.
 
     Even splits, or the first and/or last stage one layer short to make room for the
     embedding and the output layer (Megatron-LM --decoder-first/last-pipeline-num-layers;
     the Llama 3 paper §3.3.2 does this for 126 layers on 16 stages).
+
+    counts_ends (torchtitan's default split, distributed/pipeline_parallel.py
+    _generate_llm_fqn_per_model_part): the embedding and the output layer count as one layer
+    each, the L + 2 are spread over the stages with the remainder on the first ones; the
+    middle stage reported is the second (the one pipeline_in_flight calls "middle").
     """
     if pp == 1:
         return layers, layers, layers
+    if counts_ends:
+        per, extra = divmod(layers + 2, pp)
+        if per < 1:
+            return None
+        first, last = per + (extra > 0) - 1, per + (extra > pp - 1) - 1
+        middle = per + (extra > 1) if pp > 2 else last  # the second stage
+        return first, middle, last
     if pp > layers:
         return None
     if layers % pp == 0:
@@ -542,7 +561,7 @@ def _stage_params(w: Workload, plan: Plan, stage: str) -> tuple[float, float, fl
 def _stage_params_cached(w: Workload, tp: int, pp: int, stage: str) -> tuple[float, float, float]:
     m = w.model
     vocab = framework_vocab(w, tp)
-    first, middle, last = stage_layers(m.layers, pp)
+    first, middle, last = stage_layers(m.layers, pp, w.caps.pp_split_counts_ends)
     layers = {"only": m.layers, "first": first, "middle": middle, "last": last}[stage]
     layer_p = layers * m.layer_params() / tp
     emb = vocab * m.hidden / tp + m.max_seq_len * m.hidden
@@ -635,8 +654,9 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
                      w.caps.offload_keeps_grads)
 
     # --- buffers that depend on the framework
-    if plan.sharding in ("zero3", "hsdp") and plan.pp > 1 and not w.caps.reshard_under_pp and w.method == "full" \
-            and plan.offload == "none":
+    unsharded_stage = (plan.sharding in ("zero3", "hsdp") and plan.pp > 1 and not w.caps.reshard_under_pp
+                       and w.method == "full" and plan.offload == "none")
+    if unsharded_stage:
         # FSDP2 under pipeline parallelism (torchtitan): parameters stay unsharded from the first
         # micro-batch's forward to the last one's backward (reshard_after_forward False under PP,
         # torchtitan distributed/fsdp.py get_fsdp_reshard_after_forward_policy), and gradients
@@ -644,8 +664,20 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         # (torch distributed/pipelining/stage.py backward_maybe_with_nosync:
         # set_requires_gradient_sync(False); fsdp _fsdp_param.py to_accumulated_grad_if_needed)
         acc_b = max(w.caps.reduce_bytes, compute_b)
-        add("unsharded stage (FSDP under PP)", rank_params * (compute_b + acc_b), "buffers", lambda:
+        stage_bytes = rank_params * (compute_b + acc_b)
+        add("unsharded stage (FSDP under PP)", stage_bytes, "buffers", lambda:
             f"{rank_params:.4g} stage params kept whole: {compute_b} B weights + {acc_b} B accumulated gradients")
+        # FSDP units: the decoder layers and the stage's root (the embedding on the first stage,
+        # the output layer on the last). A layer's backward makes its 16-bit gradient before it is
+        # added to the accumulated one, while the micro-batches in flight hold their activations.
+        # The root's comes last in a micro-batch's backward, once that micro-batch's activations
+        # are freed (first stage), or after the logits are (last stage), so it is not added; nor
+        # the layers' on the last stage, whose peak is at the loss (traced, first and last stage).
+        layer_unit = m.layer_params() / plan.tp
+        root_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp if stage in ("first", "last") else 0.0
+        if stage != "last":
+            add("gradient before accumulation", layer_unit * compute_b, "buffers", lambda:
+                f"one layer's {compute_b}-B gradient, made in its backward before it joins the accumulated one")
     elif plan.sharding in ("zero3", "hsdp") or plan.offload == "optimizer+params":
         unit = max(m.layer_params(), m.vocab * m.hidden) / plan.tp
         add("gathered weights", unit * (2 * compute_b + compute_b + sb.grad), "buffers", lambda:
@@ -708,7 +740,7 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
     if stage in ("last", "only"):
         vocab = framework_vocab(w, plan.tp)
         elems = (w.seq_len / plan.cp) * b * vocab / plan.tp
-        per, loss_label = _loss_bytes(w, plan.tp)
+        per, loss_label = _loss_bytes(w, plan.tp, plan.pp)
         # The final norm keeps what a layer's norm keeps and the output layer its input:
         # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (tests/torch_reference.py).
         # Measured: the norm's input and output (2·e·sbh); eager RMSNorm also keeps an fp32
@@ -762,6 +794,24 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
                 f"FSDP2 frees gradients each step: at the activation peak activations + logits + the output "
                 f"layer gathered ({at_acts / GIB:.3g} GiB), at the end of backward gradients + gathered "
                 f"buffers ({at_end / GIB:.3g} GiB); the peak is the {which}")
+    elif w.caps.frees_grads_each_step and unsharded_stage:
+        # The same under pipeline parallelism, with other phases (torchtitan's first and last
+        # stages traced, benchmarks/trace_memory.py --pp): during the schedule the stage is
+        # unsharded, its gradients accumulate unsharded and no sharded gradient exists; they are
+        # reduced after the last micro-batch's backward, when the activations are gone, unit by
+        # unit: a unit frees its gathered 16-bit weights, copies its accumulated gradients into
+        # an fp32 reduce-scatter input and receives its shard. The largest unit bounds that phase.
+        reduce = max(layer_unit, root_unit) * (acc_b + acc_b / n - compute_b)
+        at_acts = groups["activations"] + groups["logits"] + groups["buffers"]
+        at_end = stage_bytes + reduce
+        summed = at_acts + groups["grads"]
+        overlap = max(at_acts, at_end) - summed
+        if overlap < 0:
+            which = "schedule" if at_acts >= at_end else "gradient reduction after it"
+            add("never held together", overlap, "overlap", lambda:
+                f"FSDP2 under PP makes sharded gradients only after the schedule: during it activations + "
+                f"unsharded stage ({at_acts / GIB:.3g} GiB), after it the stage + one unit's reduce-scatter "
+                f"({at_end / GIB:.3g} GiB); the peak is the {which}")
     transient = groups["activations"] + groups["logits"] + groups["buffers"]
     add("cuda context", o.cuda_context_gib * GIB, "overhead", lambda: "CUDA context, kernels, cuBLAS workspace")
     comms = sum(1 for k in (plan.tp, plan.pp, plan.dp * plan.cp) if k > 1)
