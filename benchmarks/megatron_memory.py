@@ -61,6 +61,8 @@ def workload_and_plan(entry: dict):
     for flag in ("fp8-format", "fp16", "num-experts", "moe-router-topk"):
         if arg(flag):
             raise Unsupported(f"--{flag}")
+    if arg("cross-entropy-loss-fusion") and arg("cross-entropy-fusion-impl", "native") != "native":
+        raise Unsupported("--cross-entropy-fusion-impl te (Transformer Engine's loss)")
     h = int(arg("hidden-size"))
     heads = int(arg("num-attention-heads"))
     kv = int(arg("num-query-groups", heads)) if arg("group-query-attention") else heads
@@ -106,7 +108,7 @@ def workload_and_plan(entry: dict):
     attention = "eager" if eager else "flash"
     w = Workload(spec, int(arg("seq-length")), gbs, optimizer="adamw", precision="bf16-mixed",
                  attention=attention,
-                 fused_cross_entropy=False, framework="megatron")
+                 fused_cross_entropy=bool(arg("cross-entropy-loss-fusion")), framework="megatron")
     plan = Plan(nodes=1, gpus_per_node=GPUS, tp=tp, pp=pp, dp=dp, cp=cp,
                 sharding="zero1" if arg("use-distributed-optimizer") else "none",
                 micro_batch_size=mb, grad_accum_steps=gbs // (mb * dp), global_batch_size=gbs,

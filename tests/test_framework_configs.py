@@ -59,6 +59,7 @@ MATRIX = {
         ("llama8b", "a100-40", ["framework=megatron", "parallelism.pp=2", "parallelism.recompute=full"]),
         ("llama8b", "h100", ["framework=megatron", "parallelism.cp=2", "parallelism.tp=4"]),
         ("llama70b", "h100", ["parallelism.offload=optimizer", "parallelism.sharding=zero1"]),
+        ("llama8b", "h100", ["framework=megatron", "train.fused_cross_entropy=true"]),  # --cross-entropy-loss-fusion
     ],
     "torchtitan": [
         ("llama8b", "h100", []),

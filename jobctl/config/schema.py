@@ -74,7 +74,9 @@ class Train(_Strict):
         default_factory=lambda: ["q", "k", "v", "o", "gate", "up", "down"]
     )
     attention: Attention = "flash"
-    fused_cross_entropy: bool = False  # chunked/fused CE kernels keep no full fp32 logits
+    # Megatron: turn on its fused loss (--cross-entropy-loss-fusion, 10 B per logit, measured);
+    # other frameworks: the training code brings its own chunked/fused loss (16-bit logits only)
+    fused_cross_entropy: bool = False
     steps: int | None = Field(default=None, gt=0)
     tokens: int | None = Field(default=None, gt=0)
     lr: float | None = Field(default=None, gt=0)

@@ -84,6 +84,10 @@ class Capabilities:
     # vocab-parallel loss, at any tp): 16-bit logits + that copy at the peak, instead of
     # PyTorch's log-softmax and two fp32 gradients
     in_place_cross_entropy: bool = False
+    # bytes per logit at the peak of the framework's own fused cross-entropy, which jobctl turns on
+    # when the recipe asks for fused_cross_entropy (Megatron's --cross-entropy-loss-fusion); 0: the
+    # recipe's fused_cross_entropy is taken as the user's own chunked/fused loss (16-bit logits only)
+    fused_cross_entropy_logit_bytes: float = 0.0
     # the training loop frees the (sharded) gradients every step (zero_grad(set_to_none=True)),
     # so under FSDP they do not exist at the activation peak of a one-micro-batch step
     frees_grads_each_step: bool = False

@@ -45,7 +45,15 @@ CAPS = Capabilities(
     te_layernorm_mlp=True,
     offload_keeps_grads=True,
     in_place_cross_entropy=True,
+    fused_cross_entropy_logit_bytes=10.0,
     sources=(
+        ("--cross-entropy-loss-fusion (native impl) runs the same steps as jit-compiled functions "
+         "(torch.compile); compiled, the gradient is not made in place: backward holds the kept fp32 "
+         "softmax, an fp32 gradient and its bf16 cast, 10 B per logit (the bf16 logits are freed after "
+         "forward); measured on Megatron-Core's own functions compiled on CPU "
+         "(benchmarks/megatron_cross_entropy.py), and against the functional tests' memory",
+         "megatron/core/fusions/fused_cross_entropy.py, megatron/core/jit.py, "
+         "models/common/language_module/language_module.py compute_language_model_loss"),
         ("the loss (vocab-parallel at any tp) upcasts the logits once, then exponentiates and "
          "normalises that fp32 copy in place and saves it as the softmax; backward turns it into the "
          "gradient in place: 16-bit logits + 4 B per element at the peak; checked against Megatron-LM's "
@@ -194,6 +202,9 @@ def render(plan, w) -> Rendered:
         flag("--sgd-momentum", 0.0)
     if w.attention == "flash":
         flag("--attention-backend", "flash")
+    if w.fused_cross_entropy:  # Megatron-Core's own fused loss (fusions/fused_cross_entropy.py)
+        flag("--cross-entropy-loss-fusion")
+        flag("--cross-entropy-fusion-impl", "native")
     env = {}
     if plan.tp > 1 or plan.cp > 1:
         # validate_args refuses tp/cp > 1 without it on Hopper and older (compute/comm ordering)

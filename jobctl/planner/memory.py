@@ -494,6 +494,9 @@ def _loss_bytes(w: Workload, tp: int, pp: int = 1) -> tuple[float, str]:
     both, so the --explain label cannot drift from the number)."""
     # the pipeline stage keeps its output (the logits) for the backward: no `del pred`
     kept = "; the pipeline stage keeps the 16-bit logits for its backward" if pp > 1 else ""
+    if w.fused_cross_entropy and w.caps.fused_cross_entropy_logit_bytes:
+        return (w.caps.fused_cross_entropy_logit_bytes,
+                "the framework's fused cross-entropy, compiled: fp32 softmax, fp32 gradient and its 16-bit cast")
     if w.fused_cross_entropy:
         return float(w.act_bytes), "fused cross-entropy"
     if w.caps.in_place_cross_entropy:  # Megatron: the 16-bit logits and one fp32 copy
