@@ -98,10 +98,11 @@ def main() -> int:
         from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
         from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 
-        parallel_state.initialize_model_parallel(1, 1)
-        tp_group = parallel_state.get_tensor_model_parallel_group()
         from jobctl.planner.memory import Workload, logits_bytes_per_elem
         from jobctl.planner.models import PRESETS
+
+        parallel_state.initialize_model_parallel(1, 1)
+        tp_group = parallel_state.get_tensor_model_parallel_group()
 
         rows = []
         for name, fn, fused in (
