@@ -95,8 +95,12 @@ def main() -> int:
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         from megatron.core import jit, parallel_state
-        from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
-        from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+        from megatron.core.fusions.fused_cross_entropy import (
+            fused_vocab_parallel_cross_entropy,
+        )
+        from megatron.core.tensor_parallel.cross_entropy import (
+            vocab_parallel_cross_entropy,
+        )
 
         from jobctl.planner.memory import Workload, logits_bytes_per_elem
         from jobctl.planner.models import PRESETS
