@@ -434,16 +434,15 @@ def _state(name):
     return getattr(_FSDPModState, name)
 
 
-def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int):
-    """torchtitan's Llama3Model parallelised by its own parallelize_llama; its loss; AdamW."""
-    import torch
-    from torchtitan.components.loss import CrossEntropyLoss
-    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+def _torchtitan_config(env, model_name: str, ac: str, seq_len: int, layers: int, **parallelism_kw):
+    """torchtitan's ParallelismConfig, its Llama 3 config cut to `layers` blocks (attention swapped
+    for its SDPA, RoPE cache at seq_len) and the AC config, as the Trainer sets them up."""
+    from torchtitan.config import ParallelismConfig
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.models.common.attention import ScaledDotProductAttention
-    from torchtitan.models.llama3 import llama3_configs, parallelize_llama
+    from torchtitan.models.llama3 import llama3_configs
 
-    parallelism = ParallelismConfig(spmd_backend=env.backend)
+    parallelism = ParallelismConfig(spmd_backend=env.backend, **parallelism_kw)
     cfg = llama3_configs[model_name](attn_backend="flex")
     cfg.layers = cfg.layers[:layers]
     # Trainer: model_config.update_from_config(config=...) sets the sharding configs
@@ -453,6 +452,17 @@ def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, l
         lc.attention.inner_attention = ScaledDotProductAttention.Config()
         lc.attention.rope = dataclasses.replace(lc.attention.rope, max_seq_len=seq_len)
     ac_config = {"none": None, "full": FullAC.Config(), "sac": SelectiveAC.Config()}[ac]
+    return parallelism, cfg, ac_config
+
+
+def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int):
+    """torchtitan's Llama3Model parallelised by its own parallelize_llama; its loss; AdamW."""
+    import torch
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.config import CompileConfig, TrainingConfig
+    from torchtitan.models.llama3 import parallelize_llama
+
+    parallelism, cfg, ac_config = _torchtitan_config(env, model_name, ac, seq_len, layers)
     with torch.device("meta"):
         model = cfg.build()
     model = parallelize_llama(
@@ -496,21 +506,13 @@ def _build_torchtitan_pp(env, model_name: str, batch: int, ac: str, seq_len: int
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torchtitan.components.loss import CrossEntropyLoss
-    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-    from torchtitan.models.llama3 import llama3_configs, parallelize_llama
+    from torchtitan.models.llama3 import parallelize_llama
 
-    parallelism = ParallelismConfig(spmd_backend=env.backend, pipeline_parallel_degree=env.pp,
-                                    pipeline_parallel_schedule="1F1B")
-    cfg = llama3_configs[model_name](attn_backend="flex")
-    cfg.layers = cfg.layers[:layers]
-    cfg.update_from_config(config=argparse.Namespace(parallelism=parallelism))
-    for lc in cfg.layers:
-        lc.attention.inner_attention = ScaledDotProductAttention.Config()
-        lc.attention.rope = dataclasses.replace(lc.attention.rope, max_seq_len=seq_len)
-    ac_config = {"none": None, "full": FullAC.Config(), "sac": SelectiveAC.Config()}[ac]
+    parallelism, cfg, ac_config = _torchtitan_config(env, model_name, ac, seq_len, layers,
+                                                     pipeline_parallel_degree=env.pp,
+                                                     pipeline_parallel_schedule="1F1B")
     loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
     with unset_fake_temporarily():
         with torch.device("meta"):

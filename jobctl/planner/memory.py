@@ -637,6 +637,13 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         if detail and group != "host":
             terms.append(Term(name, float(value), group, formula()))
 
+    def add_phases(at_acts, at_end, summed, describe):
+        """Two phases of a step that never coexist: count the larger instead of their sum (term
+        "never held together"); describe(True when the activation phase is the peak)."""
+        overlap = max(at_acts, at_end) - summed
+        if overlap < 0:
+            add("never held together", overlap, "overlap", lambda: describe(at_acts >= at_end))
+
     compute_b = 4 if w.precision == "fp32" else 2
     # --- trainable parameters and their states
     if w.method == "full":
@@ -790,13 +797,10 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
             at_acts = max(at_loss, at_block)
         at_end = groups["grads"] + groups["buffers"]
         summed = groups["activations"] + groups["logits"] + groups["grads"] + groups["buffers"]
-        overlap = max(at_acts, at_end) - summed
-        if overlap < 0:
-            which = "activation peak" if at_acts >= at_end else "end of backward"
-            add("never held together", overlap, "overlap", lambda:
-                f"FSDP2 frees gradients each step: at the activation peak activations + logits + the output "
-                f"layer gathered ({at_acts / GIB:.3g} GiB), at the end of backward gradients + gathered "
-                f"buffers ({at_end / GIB:.3g} GiB); the peak is the {which}")
+        add_phases(at_acts, at_end, summed, lambda which: (
+            f"FSDP2 frees gradients each step: at the activation peak activations + logits + the output "
+            f"layer gathered ({at_acts / GIB:.3g} GiB), at the end of backward gradients + gathered "
+            f"buffers ({at_end / GIB:.3g} GiB); the peak is the {'activation peak' if which else 'end of backward'}"))
     elif w.caps.frees_grads_each_step and unsharded_stage:
         # The same under pipeline parallelism, with other phases (torchtitan's first and last
         # stages traced, benchmarks/trace_memory.py --pp): during the schedule the stage is
@@ -807,14 +811,10 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         reduce = max(layer_unit, root_unit) * (acc_b + acc_b / n - compute_b)
         at_acts = groups["activations"] + groups["logits"] + groups["buffers"]
         at_end = stage_bytes + reduce
-        summed = at_acts + groups["grads"]
-        overlap = max(at_acts, at_end) - summed
-        if overlap < 0:
-            which = "schedule" if at_acts >= at_end else "gradient reduction after it"
-            add("never held together", overlap, "overlap", lambda:
-                f"FSDP2 under PP makes sharded gradients only after the schedule: during it activations + "
-                f"unsharded stage ({at_acts / GIB:.3g} GiB), after it the stage + one unit's reduce-scatter "
-                f"({at_end / GIB:.3g} GiB); the peak is the {which}")
+        add_phases(at_acts, at_end, at_acts + groups["grads"], lambda which: (
+            f"FSDP2 under PP makes sharded gradients only after the schedule: during it activations + "
+            f"unsharded stage ({at_acts / GIB:.3g} GiB), after it the stage + one unit's reduce-scatter "
+            f"({at_end / GIB:.3g} GiB); the peak is the {'schedule' if which else 'gradient reduction after it'}"))
     transient = groups["activations"] + groups["logits"] + groups["buffers"]
     add("cuda context", o.cuda_context_gib * GIB, "overhead", lambda: "CUDA context, kernels, cuBLAS workspace")
     comms = sum(1 for k in (plan.tp, plan.pp, plan.dp * plan.cp) if k > 1)
