@@ -48,7 +48,8 @@ column/row-wise linears, sequence parallel norms, loss parallel); see _patch_for
 two stand-ins it needs.  With --pp > 1 it traces one rank of one pipeline stage (--stage first,
 the default, or last) as torchtitan's Trainer builds it: pipeline_llm splits the model with
 torchtitan's default split, parallelize_llama wraps the stage (FSDP2 with reshard_after_forward
-False under PP), and torch's 1F1B schedule runs the local batch as micro-batches of one sample.
+False under PP), and torch's 1F1B schedule (or, with --schedule Interleaved1F1B, the interleaved one over
+torchtitan's default two model chunks per rank) runs the local batch as micro-batches of one sample.
 The other stages exist only through the fake process group's send/recv (shaped buffers, no
 data); _patch_for_pp stands in for the metadata they would exchange at the first step.  The
 tracker then also files FSDP2's fp32 accumulated unsharded gradients as unsharded grads and the
@@ -156,7 +157,7 @@ class _Env:
     """Process-wide set-up, once: fake process group, torchtitan mesh, patches."""
 
     def __init__(self, ranks: int, backend: str, cuda_rmsnorm: bool = True, tp: int = 1, pp: int = 1,
-                 stage: str = "first"):
+                 stage: str = "first", schedule: str = "1F1B"):
         import torch
         import torch.distributed as dist
         import torch.distributed.tensor._sharding_prop as sharding_prop
@@ -203,6 +204,7 @@ class _Env:
         self.tp = tp
         self.pp = pp
         self.stage = stage
+        self.schedule = schedule
 
 
 def _patch_for_tp():
@@ -319,8 +321,13 @@ def _tracker_class():
     class Tracker(FSDPMemTracker):
         """FSDPMemTracker that also keeps each category's own maximum and where the peak was."""
 
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
+        def __init__(self, mod, *a, **k):
+            import torch
+            # several model chunks on one rank (interleaved PP): FSDPMemTracker takes one FSDP
+            # root; it instruments every FSDP module under _root_mod, so it is given all chunks
+            chunks = list(mod) if isinstance(mod, torch.nn.ModuleList) else [mod]
+            super().__init__(chunks[0], *a, **k)
+            self._root_mod = mod
             self.cat_max: dict[str, int] = {}
             self.group_max: dict[str, int] = {}
             self.group_max_where: dict[str, str] = {}
@@ -512,7 +519,7 @@ def _build_torchtitan_pp(env, model_name: str, batch: int, ac: str, seq_len: int
 
     parallelism, cfg, ac_config = _torchtitan_config(env, model_name, ac, seq_len, layers,
                                                      pipeline_parallel_degree=env.pp,
-                                                     pipeline_parallel_schedule="1F1B")
+                                                     pipeline_parallel_schedule=env.schedule)
     loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
     with unset_fake_temporarily():
         with torch.device("meta"):
@@ -525,11 +532,13 @@ def _build_torchtitan_pp(env, model_name: str, batch: int, ac: str, seq_len: int
                 parallelize_fn=parallelize_llama, loss_fn=loss_fn)
         except ValueError as e:  # torchtitan's own checks of the split
             raise SystemExit(f"torchtitan cannot pipeline this layout: {e}") from None
-    if len(parts) != 1 or first == last:
-        raise SystemExit(f"expected one stage, first or last, on the traced rank; got {len(parts)} "
-                         f"(first {first}, last {last})")
-    part = parts[0]
-    schedule._stage._trace_hidden_meta = ((1, seq_len, cfg.dim), torch.bfloat16)
+    if first == last:
+        raise SystemExit(f"expected the first or the last stage on the traced rank (first {first}, last {last})")
+    # interleaved schedules: this rank holds v model chunks (torchtitan's default, 2), one
+    # PipelineStage each; the tracker and the optimizer see them together
+    for st in getattr(schedule, "_stages", None) or [schedule._stage]:
+        st._trace_hidden_meta = ((1, seq_len, cfg.dim), torch.bfloat16)
+    part = parts[0] if len(parts) == 1 else torch.nn.ModuleList(parts)
     part.to_empty(device="cpu")
     part.train()
     opt = torch.optim.AdamW(part.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
@@ -629,6 +638,7 @@ BUILDERS = {"torchtitan": _build_torchtitan, "hf": _build_hf}
 
 
 def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, impl: str = "torchtitan") -> dict:
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     t0 = time.perf_counter()
@@ -652,7 +662,9 @@ def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, 
     # per block: Activation bytes still held after its first forward (saved for backward
     # + its output, the next block's input) = after post-forward - before pre-forward.
     per_block = {}
-    for stats in tracker.memory_tracking.values():
+    # with several model chunks (interleaved PP) block names repeat across chunks and a block's
+    # forward brackets other chunks' frees: no per-block figure
+    for stats in (tracker.memory_tracking.values() if not isinstance(model, torch.nn.ModuleList) else ()):
         m = re.search(r"\.layers\.(\d+)$", stats.mod_fqn)
         snaps = stats.snapshots
         if m and snaps.get(_state("BEF_PRE_FW")) and snaps.get(_state("AFT_POST_FW")):
@@ -684,7 +696,7 @@ def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, 
 
 
 def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1,
-             impl: str = "torchtitan", pp: int = 1, stage: str = "first") -> dict:
+             impl: str = "torchtitan", pp: int = 1, stage: str = "first", virtual: int = 1) -> dict:
     from jobctl.planner.memory import Workload, estimate_stage, stored_layer_bytes
     from jobctl.planner.models import PRESETS
     from jobctl.planner.plan import Plan
@@ -705,7 +717,7 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
     mb, accum = (1, batch) if pp > 1 else (batch, 1)
     p = Plan(nodes=ranks // gpn, gpus_per_node=gpn, tp=tp, pp=pp, dp=dp, cp=1, sharding="zero3",
              micro_batch_size=mb, grad_accum_steps=accum, global_batch_size=batch * dp,
-             recompute=AC_NAMES[ac], offload="none", sequence_parallel=tp > 1)
+             recompute=AC_NAMES[ac], offload="none", sequence_parallel=tp > 1, virtual_stages=virtual)
     terms = estimate_stage(w, 80 << 30, p, stage if pp > 1 else "only").to_dict()["terms"]
     return {"terms": [{"name": t["name"], "group": t["group"], "bytes": t["bytes"]} for t in terms],
             "per_block_activation": stored_layer_bytes(w, p, mb)}
@@ -764,7 +776,7 @@ def _g(x):
 def print_layout(name, batch, ac, args, tr, mo, rows):
     s = tr["seconds"]
     par = f"FSDP2 x{args.ranks // (args.tp * args.pp)}" + (f" x TP {args.tp}" if args.tp > 1 else "") + (
-        f" x PP {args.pp} 1F1B ({args.stage} stage)" if args.pp > 1 else "")
+        f" x PP {args.pp} {args.schedule} ({args.stage} stage)" if args.pp > 1 else "")
     who = "llama3" if args.impl == "torchtitan" else "HF llama"
     print(f"\n== {name}: {who} {args.model} ({args.layers} layers), {par}, local batch {batch}, "
           f"seq {args.seq_len}, AC {ac}"[:120])
@@ -803,6 +815,9 @@ def main() -> int:
     ap.add_argument("--pp", type=int, default=1,
                     help="pipeline-parallel degree (default 1; torchtitan only): traces one rank of --stage "
                          "under torchtitan's pipeline_llm, 1F1B, micro-batches of one sample; ranks = PP x FSDP x TP")
+    ap.add_argument("--schedule", default="1F1B", choices=("1F1B", "Interleaved1F1B"),
+                    help="with --pp: torch's pipeline schedule (default 1F1B); Interleaved1F1B puts two model "
+                         "chunks on each rank (torchtitan's default for looped schedules)")
     ap.add_argument("--stage", default="first", choices=("first", "last"),
                     help="with --pp: the pipeline stage traced (default first; last needs --tp 1)")
     ap.add_argument("--impl", default="torchtitan", choices=tuple(BUILDERS),
@@ -833,10 +848,11 @@ def main() -> int:
     import torch
 
     env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm, tp=args.tp, pp=args.pp,
-               stage=args.stage)
+               stage=args.stage, schedule=args.schedule)
     out = {"meta": {"torch": torch.__version__, "model": args.model, "layers": args.layers,
                     "seq_len": args.seq_len, "ranks": args.ranks, "tp": args.tp, "pp": args.pp,
-                    "stage": args.stage if args.pp > 1 else "only", "impl": args.impl,
+                    "stage": args.stage if args.pp > 1 else "only", "schedule": args.schedule if args.pp > 1 else None,
+                    "impl": args.impl,
                     "spmd_backend": args.spmd_backend,
                     "rmsnorm": "cpu composite" if args.cpu_rmsnorm else "cuda-like saved set", "device": "cpu (fake)"},
            "layouts": []}
@@ -850,7 +866,7 @@ def main() -> int:
     for name, batch, ac in layouts:
         tr = trace(env, args.model, batch, ac, args.seq_len, args.layers, args.impl)
         mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
-                      args.pp, args.stage)
+                      args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1)
         rows = compare(tr, mo)
         out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "traced": tr,
                                "modelled": mo, "rows": rows})

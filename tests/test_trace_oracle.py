@@ -115,3 +115,16 @@ def test_torchtitan_8b_pp2_first_stage_gradient_reduction():
     r = rows(out)
     assert "Reduce Scatter" in out["traced"]["peak"] and out["traced"]["peak"]["Reduce Scatter"] > 0
     assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
+
+
+@pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
+def test_torchtitan_8b_pp2_interleaved_first_stage(layout):
+    # torch's Interleaved1F1B with torchtitan's default two model chunks per rank (eight blocks
+    # over four chunks): the first rank holds ((p - 1)·2 + (v - 1)·p + 1)/v stages' worth of
+    # micro-batches, the formula pipeline_in_flight takes from Megatron's schedule
+    (out,) = trace("--layers", "8", "--pp", "2", "--ranks", "4", "--schedule", "Interleaved1F1B",
+                   "--layouts", layout)
+    r = rows(out)
+    for g in ("weights", "grads", "optimizer"):
+        assert r[g]["modelled"] == pytest.approx(r[g]["traced_max"], rel=1e-3), g
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.04)

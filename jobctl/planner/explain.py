@@ -222,9 +222,9 @@ MEMORY_EVIDENCE = {
 def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
     """Per memory term: how it is checked (exact, traced, measured, modelled) and by what."""
     # the layouts benchmarks/trace_memory.py traces: torchtitan's Llama, FSDP2 with or without
-    # TP (torchtitan always adds SP) and 1F1B pipelining (its first stage, and its last without
-    # TP), and HF's Llama under accelerate's FSDP2; no context parallelism, no offload
-    pp_traced = plan.pp > 1 and plan.virtual_stages == 1 and w.caps.name == "torchtitan"
+    # TP (torchtitan always adds SP) and 1F1B or 2-chunk interleaved pipelining (the first stage,
+    # and the last without TP), and HF's Llama under accelerate's FSDP2; no context parallelism, no offload
+    pp_traced = plan.pp > 1 and plan.virtual_stages <= 2 and w.caps.name == "torchtitan"
     traced = w.model.family == "llama" and plan.cp == 1 and plan.offload == "none" and (plan.pp == 1 or pp_traced) and (
         w.caps.name == "torchtitan" or (w.caps.name == "fsdp" and plan.tp == 1))
     out = []
@@ -256,7 +256,7 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
         elif name == "never held together":
             if traced:
                 kind, by = "traced", ("totals within 1.5% of the trace" if plan.pp == 1
-                                      else "totals within 3% of the trace (1F1B stages)")
+                                      else "totals within 3% of the trace (pipeline stages)")
             else:
                 kind, by = "modelled", "FSDP2's phases as traced for torchtitan; not traced here"
         elif name.startswith("unsharded stage"):
