@@ -191,8 +191,8 @@ class _Env:
             RMSNorm.forward = _cuda_like_rms_norm()
 
         # torchtitan's meshes put "pp" outermost (parallel_dims.py), so global rank
-        # (pp - 1) * ranks / pp is the first rank of the last stage
-        rank = 0 if stage == "first" else (pp - 1) * (ranks // pp)
+        # k * ranks / pp is the first rank of stage k (middle: the second stage)
+        rank = {"first": 0, "middle": 1, "last": pp - 1}[stage] * (ranks // pp)
         if not dist.is_initialized():
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=ranks)
         tt_dist_utils.set_spmd_backend(backend)
@@ -532,8 +532,8 @@ def _build_torchtitan_pp(env, model_name: str, batch: int, ac: str, seq_len: int
                 parallelize_fn=parallelize_llama, loss_fn=loss_fn)
         except ValueError as e:  # torchtitan's own checks of the split
             raise SystemExit(f"torchtitan cannot pipeline this layout: {e}") from None
-    if first == last:
-        raise SystemExit(f"expected the first or the last stage on the traced rank (first {first}, last {last})")
+    if first and last:
+        raise SystemExit("expected one pipeline stage on the traced rank, not the whole model")
     # interleaved schedules: this rank holds v model chunks (torchtitan's default, 2), one
     # PipelineStage each; the tracker and the optimizer see them together
     for st in getattr(schedule, "_stages", None) or [schedule._stage]:
@@ -552,6 +552,8 @@ def _build_torchtitan_pp(env, model_name: str, batch: int, ac: str, seq_len: int
         with probe if probe is not None else contextlib.nullcontext():
             if first:
                 schedule.step(tokens, return_outputs=False)
+            elif not last:  # a middle stage: its input arrives from the previous one
+                schedule.step(return_outputs=False)
             else:
                 losses = []
                 schedule.step(target=labels, losses=losses, return_outputs=False,
@@ -818,8 +820,9 @@ def main() -> int:
     ap.add_argument("--schedule", default="1F1B", choices=("1F1B", "Interleaved1F1B"),
                     help="with --pp: torch's pipeline schedule (default 1F1B); Interleaved1F1B puts two model "
                          "chunks on each rank (torchtitan's default for looped schedules)")
-    ap.add_argument("--stage", default="first", choices=("first", "last"),
-                    help="with --pp: the pipeline stage traced (default first; last needs --tp 1)")
+    ap.add_argument("--stage", default="first", choices=("first", "middle", "last"),
+                    help="with --pp: the pipeline stage traced (default first; middle is the second stage; "
+                         "middle and last need --tp 1)")
     ap.add_argument("--impl", default="torchtitan", choices=tuple(BUILDERS),
                     help="whose model code: torchtitan's Llama3Model and parallelize functions (default), or "
                          "transformers' LlamaForCausalLM wrapped as HF accelerate's FSDP2 plugin does (hf)")
@@ -835,8 +838,10 @@ def main() -> int:
         args.layers = PRESETS[PRESET_OF[args.model]].layers
     if args.tp < 1 or args.pp < 1 or args.ranks % (args.tp * args.pp):
         raise SystemExit(f"--ranks {args.ranks} must be a multiple of --tp {args.tp} x --pp {args.pp}")
-    if args.pp > 1 and (args.impl != "torchtitan" or (args.stage == "last" and args.tp > 1)):
-        raise SystemExit("--pp traces torchtitan only, and its last stage with --tp 1 only")
+    if args.pp > 1 and (args.impl != "torchtitan" or (args.stage != "first" and args.tp > 1)):
+        raise SystemExit("--pp traces torchtitan only, and its middle and last stages with --tp 1 only")
+    if args.stage == "middle" and args.pp < 3:
+        raise SystemExit("--stage middle needs --pp 3 or more")
     layouts = [(n, *parse_layout(n)) for n in args.layouts]
     if args.ranks > 8 and args.ranks % 8:
         raise SystemExit("--ranks above 8 must be a multiple of 8")

@@ -128,3 +128,14 @@ def test_torchtitan_8b_pp2_interleaved_first_stage(layout):
     for g in ("weights", "grads", "optimizer"):
         assert r[g]["modelled"] == pytest.approx(r[g]["traced_max"], rel=1e-3), g
     assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.04)
+
+
+@pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
+def test_torchtitan_8b_pp3_middle_stage(layout):
+    # six blocks over three stages: torchtitan's split gives the middle stage three (the
+    # embedding and the output layer count as one each), which holds p - 1 = 2 micro-batches
+    (out,) = trace("--layers", "6", "--pp", "3", "--ranks", "6", "--stage", "middle", "--layouts", layout)
+    check_states_and_blocks(out)
+    assert len(out["traced"]["per_block_activation"]) == 3
+    r = rows(out)
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.04)
