@@ -144,11 +144,23 @@ def render_explain(ex: dict) -> None:
                        f"step {duration(wnr['step_time_s'])}, {wnr['tokens_per_s_per_gpu'] or 0:,.0f} tokens/s/GPU"))
     checks = ex.get("memory_checks") or []
     if checks:
+        from rich.table import Table
+
         con.print(Text("Memory terms, and what checks them:", style="bold"))
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=1)  # the indent, kept on wrapped lines
+        grid.add_column(max_width=20)  # term names wrap instead of being cut
+        grid.add_column(no_wrap=True)
+        grid.add_column()
         for c in checks:
-            con.print(Text(f"  {c['term'][:27]:27} {c['check']:8} {c['by']}"))
+            grid.add_row("", Text(c["term"]), Text(c["check"]), Text(c["by"]))
+        con.print(grid)
+        notes = Table.grid(padding=(0, 1))
+        notes.add_column(width=1)
+        notes.add_column(style="dim")
         for key, what in (ex.get("memory_evidence") or {}).items():
-            con.print(Text(f"  {key}: {what}", style="dim"))
+            notes.add_row("", Text(f"{key}: {what}"))
+        con.print(notes)
 
 
 def render_dry_run(items: list[dict]) -> None:
