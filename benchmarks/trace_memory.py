@@ -252,11 +252,14 @@ def _patch_for_pp():
     * metadata sent is dropped, and metadata received is what the neighbour would send: from
       the next stage, the gradients of this stage's outputs (same shapes and dtypes as the
       outputs); from the previous stage, its output, the hidden state [micro-batch, seq, dim]
-      in the activation dtype (only with tp = 1: under TP it would be a DTensor).
+      in the activation dtype (under TP the DTensor torchtitan's blocks exchange: sharded by
+      sequence over the tp mesh, Shard(1)).
     The activations and gradients themselves go through the fake process group's send/recv:
     the receive buffers are allocated as on a GPU and hold nothing."""
     import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.pipelining import schedules, stage
+    from torch.distributed.tensor import DTensor, Shard
 
     def warmup_p2p(self, stages, has_backward, p2p_done):
         for st in stages:
@@ -268,9 +271,13 @@ def _patch_for_pp():
     def recv_meta(self, src_stage):
         if src_stage == self.stage_index + 1:
             return stage._StageBackwardMeta(backward_metas=self._stage_meta.outputs)
-        hidden = self._trace_hidden_meta  # set by _build_torchtitan_pp
-        return stage._StageForwardMeta(forward_metas=(stage.extract_tensor_meta(
-            torch.empty(hidden[0], dtype=hidden[1], device="meta")),))
+        shape, dtype, tp_mesh = self._trace_hidden_meta  # set by _build_torchtitan_pp
+        with unset_fake_temporarily():
+            hidden = torch.empty(shape, dtype=dtype, device="meta")
+            if tp_mesh is not None:  # under TP the stages exchange sequence-sharded DTensors
+                hidden = DTensor.from_local(hidden, tp_mesh, [Shard(1)], run_check=False)
+            meta = stage.extract_tensor_meta(hidden)
+        return stage._StageForwardMeta(forward_metas=(meta,))
 
     schedules._PipelineSchedule._warmup_p2p = warmup_p2p
     stage.PipelineStage._send_meta = send_meta
@@ -537,7 +544,8 @@ def _build_torchtitan_pp(env, model_name: str, batch: int, ac: str, seq_len: int
     # interleaved schedules: this rank holds v model chunks (torchtitan's default, 2), one
     # PipelineStage each; the tracker and the optimizer see them together
     for st in getattr(schedule, "_stages", None) or [schedule._stage]:
-        st._trace_hidden_meta = ((1, seq_len, cfg.dim), torch.bfloat16)
+        st._trace_hidden_meta = ((1, seq_len // env.tp, cfg.dim), torch.bfloat16,
+                                 env.parallel_dims.get_mesh("tp") if env.tp > 1 else None)
     part = parts[0] if len(parts) == 1 else torch.nn.ModuleList(parts)
     part.to_empty(device="cpu")
     part.train()
@@ -821,8 +829,7 @@ def main() -> int:
                     help="with --pp: torch's pipeline schedule (default 1F1B); Interleaved1F1B puts two model "
                          "chunks on each rank (torchtitan's default for looped schedules)")
     ap.add_argument("--stage", default="first", choices=("first", "middle", "last"),
-                    help="with --pp: the pipeline stage traced (default first; middle is the second stage; "
-                         "middle and last need --tp 1)")
+                    help="with --pp: the pipeline stage traced (default first; middle is the second stage)")
     ap.add_argument("--impl", default="torchtitan", choices=tuple(BUILDERS),
                     help="whose model code: torchtitan's Llama3Model and parallelize functions (default), or "
                          "transformers' LlamaForCausalLM wrapped as HF accelerate's FSDP2 plugin does (hf)")
@@ -838,7 +845,7 @@ def main() -> int:
         args.layers = PRESETS[PRESET_OF[args.model]].layers
     if args.tp < 1 or args.pp < 1 or args.ranks % (args.tp * args.pp):
         raise SystemExit(f"--ranks {args.ranks} must be a multiple of --tp {args.tp} x --pp {args.pp}")
-    if args.pp > 1 and (args.impl != "torchtitan" or (args.stage != "first" and args.tp > 1)):
+    if args.pp > 1 and args.impl != "torchtitan":
         raise SystemExit("--pp traces torchtitan only, and its middle and last stages with --tp 1 only")
     if args.stage == "middle" and args.pp < 3:
         raise SystemExit("--stage middle needs --pp 3 or more")

@@ -97,13 +97,13 @@ def test_torchtitan_8b_pp2_last_stage(layout):
 
 @pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
 def test_torchtitan_8b_pp2_first_stage(layout):
-    # The first stage holds two micro-batches in flight (1F1B, p = 2) and peaks in a block's
-    # backward; what the model leaves out there is that block's backward temporaries (gradients
-    # of the MLP's two 14336-wide intermediates, 2 x 0.22 GiB at s = 8192), ~3% of this total
+    # The first stage holds two micro-batches in flight (1F1B, p = 2) and a receive buffer for
+    # each micro-batch's incoming gradient, and peaks in a block's backward (its backward working
+    # set is stood in for by one layer's 16-bit gradient: 0.41 of ~0.96 GiB at s = 8192)
     (out,) = pp_trace("first", "--layouts", layout)
     check_states_and_blocks(out)
     r = rows(out)
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.04)
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
 
 
 def test_torchtitan_8b_pp2_first_stage_gradient_reduction():
@@ -127,7 +127,7 @@ def test_torchtitan_8b_pp2_interleaved_first_stage(layout):
     r = rows(out)
     for g in ("weights", "grads", "optimizer"):
         assert r[g]["modelled"] == pytest.approx(r[g]["traced_max"], rel=1e-3), g
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.04)
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
 
 
 @pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
@@ -138,4 +138,16 @@ def test_torchtitan_8b_pp3_middle_stage(layout):
     check_states_and_blocks(out)
     assert len(out["traced"]["per_block_activation"]) == 3
     r = rows(out)
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.04)
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
+
+
+def test_torchtitan_70b_tp8_pp2_last_stage():
+    # under TP the stages exchange sequence-sharded DTensors, and the loss is torchtitan's loss
+    # parallel (16 B per local logit) on logits the pipeline stage keeps (+2 B): 131M local logits
+    # at s = 8192, V / 8 = 16032, so without the +2 B the model would be 0.25 GiB (~10%) short here
+    (out,) = trace("--model", "70B", "--layers", "4", "--tp", "8", "--pp", "2", "--ranks", "32",
+                   "--stage", "last", "--layouts", "b4-full")
+    check_states_and_blocks(out)
+    r = rows(out)
+    assert r["activations+logits"]["modelled"] == pytest.approx(r["activations+logits"]["traced_max"], rel=0.03)
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)

@@ -101,6 +101,10 @@ class Capabilities:
     # spreads the L + 2 over the stages, the first ones taking the remainder (torchtitan); False:
     # even splits, or the first/last stage one layer short (Megatron-LM's uneven option)
     pp_split_counts_ends: bool = False
+    # the pipeline runs torch.distributed.pipelining's PipelineStage, which allocates a receive
+    # buffer per micro-batch for every boundary tensor it receives (activations from the previous
+    # stage, gradients from the next) and keeps them all through the step
+    pp_stage_recv_buffers: bool = False
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def runs_sharding(self, sharding: str) -> bool:

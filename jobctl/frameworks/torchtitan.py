@@ -55,6 +55,7 @@ CAPS = Capabilities(
     frees_grads_each_step=True,
     loss_parallel_logit_bytes=16.0,
     pp_split_counts_ends=True,
+    pp_stage_recv_buffers=True,
     sources=(
         ("the default pipeline split gives each of the p stages (L + 2) // p 'layers', the first "
          "(L + 2) % p stages one more, the embedding counting as one on the first stage and the norm "

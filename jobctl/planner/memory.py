@@ -744,6 +744,25 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
     if working_set and stage not in ("last", "only"):
         add("recompute working set", working_set, "activations", lambda:
             "one layer's activations rematerialised during its backward")
+    recv = 0.0
+    if plan.pp > 1 and w.caps.pp_stage_recv_buffers:
+        # torch's PipelineStage (distributed/pipelining/stage.py _setup_forward_recv_info,
+        # _setup_backward_recv_info) allocates, for each of the m micro-batches, a buffer for every
+        # boundary tensor the stage receives (activations unless it is the first stage, gradients
+        # unless it is the last; per model chunk when interleaved) and keeps them through the step.
+        # A micro-batch in flight holds its received input as its first layer's saved input,
+        # already counted above; the rest are extra (traced: 31 x 32 MiB on 405B's last stage).
+        boundary = (w.seq_len / plan.cp) * b * m.hidden * w.act_bytes / (plan.tp if plan.sequence_parallel else 1)
+        v, mbs, p_ = plan.virtual_stages, plan.grad_accum_steps, plan.pp
+        first, last = stage == "first", stage == "last"
+        n_recv = (v - first) + (v - last)
+        chunks = in_flight * v  # chunk forwards in flight on this rank
+        held_inputs = 0.0 if (first and v == 1) else (v - 1) * p_ if first else chunks
+        n_buf = max(0.0, mbs * n_recv - min(held_inputs, mbs * (v - first)))
+        recv = n_buf * boundary
+        add("pipeline receive buffers", recv, "buffers", lambda:
+            f"{n_buf:g} x {boundary / GIB:.3g} GiB: a buffer per micro-batch for each received activation and gradient "
+            f"(torch PipelineStage), less the inputs of the micro-batches in flight")
     if m.family == "gpt" and m.dropout > 0 and stage in ("first", "only"):
         add("embedding dropout mask", (w.seq_len / plan.cp) * b * m.hidden * in_flight / (plan.tp if plan.sequence_parallel else 1),
             "activations", lambda: "dropout mask on the embeddings: sbh bytes")
@@ -810,7 +829,7 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         # an fp32 reduce-scatter input and receives its shard. The largest unit bounds that phase.
         reduce = max(layer_unit, root_unit) * (acc_b + acc_b / n - compute_b)
         at_acts = groups["activations"] + groups["logits"] + groups["buffers"]
-        at_end = stage_bytes + reduce
+        at_end = stage_bytes + recv + reduce
         add_phases(at_acts, at_end, at_acts + groups["grads"], lambda which: (
             f"FSDP2 under PP makes sharded gradients only after the schedule: during it activations + "
             f"unsharded stage ({at_acts / GIB:.3g} GiB), after it the stage + one unit's reduce-scatter "
