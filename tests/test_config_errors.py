@@ -243,6 +243,10 @@ OVERRIDE_CASES = [
     ("train.seq_len=", "<command line>: train.seq_len: got an empty value; expected an integer"),
     ("train.global_batch_size=0", "<command line>: train.global_batch_size: got 0; must be greater than 0"),
     ("parallelism.tp=true", "<command line>: parallelism.tp: got true; expected an integer or 'auto'"),
+    ("parallelism.virtual_stages=0", "<command line>: parallelism.virtual_stages: must be between 1 and 128 (model "
+                                     "chunks per pipeline rank), or auto (got 0)"),
+    ("parallelism.virtual_stages=two", "<command line>: parallelism.virtual_stages: got 'two'; allowed: an integer or "
+                                       "'auto'"),
     ("parallelism.recompute=fll", "<command line>: parallelism.recompute: got 'fll'; did you mean 'full'? allowed: "
                                   "'none', 'selective', 'full' or 'auto'"),
     ("trian.seq_len=5", "<command line>: trian: unknown key; did you mean 'train'?"),

@@ -64,6 +64,17 @@ def test_llama3_405b_published_layout_is_chosen_or_within_5_percent(nodes, layou
     assert published.estimate.mfu == pytest.approx(published_mfu, abs=0.04)
 
 
+def test_virtual_stages_one_pins_the_plain_schedule():
+    # a recipe's parallelism.virtual_stages: "auto" (the default) lets the search interleave, as
+    # it does for the published 405B layout; 1 pins 1F1B (torchtitan's published 405B run)
+    w, t, c = llama3_405b(1024, "torchtitan")
+    layout = dict(tp=8, cp=1, pp=16, dp=64)
+    auto = search(w, t, replace(c, **layout), objective="time").best
+    pinned = search(w, t, replace(c, **layout, virtual_stages=1), objective="time").best
+    assert auto.plan.virtual_stages > 1
+    assert pinned is not None and pinned.plan.virtual_stages == 1
+
+
 def test_model_flops_per_token_by_hand():
     # 6·(L·layer + V·h) + 6·L·h·s  (causal attention halves 12·L·h·s)
     m = PRESETS["llama3.1-8b"]

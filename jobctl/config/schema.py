@@ -92,7 +92,16 @@ class Parallelism(_Strict):
     recompute: Recompute | Auto = "auto"
     offload: Offload | Auto = "auto"
     sequence_parallel: bool | Auto = "auto"
-    virtual_stages: int = Field(default=1, gt=0, le=128, description="interleaved pipeline chunks per rank")
+    # interleaved pipeline chunks per rank: 1 pins the plain (1F1B) schedule, "auto" lets the
+    # search choose (it interleaves when the bubble pays for it)
+    virtual_stages: int | Auto = "auto"
+
+    @field_validator("virtual_stages")
+    @classmethod
+    def _chunks(cls, v):
+        if isinstance(v, int) and not 0 < v <= 128:
+            raise ValueError("must be between 1 and 128 (model chunks per pipeline rank), or auto")
+        return v
 
     @field_validator("tp", "pp", "dp", "cp", "micro_batch_size")
     @classmethod

@@ -431,7 +431,7 @@ def _relayout(w: Workload, c: Constraints, p: Plan, tp: int, pp: int, cp: int, d
     sp = p.sequence_parallel
     if tp != p.tp and c.sequence_parallel is None:
         sp = tp > 1 and w.caps.sequence_parallel != "no"
-    v = p.virtual_stages if pp == p.pp else (c.virtual_stages if c.virtual_stages > 1 and pp > 1 else 1)
+    v = p.virtual_stages if pp == p.pp else (c.virtual_stages if c.virtual_stages and pp > 1 else 1)
     n_rc = p.recompute_layers
     if n_rc and n_rc >= stage_layers(w.model.layers, pp)[1]:
         n_rc = 0  # block recompute of at least a whole stage: all of it

@@ -86,7 +86,7 @@ class Constraints:
     recompute: str | None = None
     offload: str | None = None
     sequence_parallel: bool | None = None
-    virtual_stages: int = 1
+    virtual_stages: int | None = None  # None: the search chooses; 1: plain 1F1B
     max_nodes: int | None = None
     nodes: int | None = None  # resources.nodes: exactly this many whole nodes
 
@@ -160,7 +160,7 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         value = getattr(c, knob)
         if value is not None and value not in offered:
             out.append(f"{knob}={value} is not available in framework {caps.name} (it offers {', '.join(offered)})")
-    if c.virtual_stages > 1 and not caps.interleaved:
+    if c.virtual_stages and c.virtual_stages > 1 and not caps.interleaved:
         out.append(f"virtual_stages={c.virtual_stages}: framework {caps.name} has no interleaved pipeline schedule")
     if c.cp is not None and c.cp > 1:
         if not caps.cp:
@@ -321,7 +321,7 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = DEFAULT_OBJE
         mbss = [c.micro_batch_size] if c.micro_batch_size else sorted(divisors(per_dp), reverse=True)
         sp = (tp > 1 and w.caps.sequence_parallel != "no") if c.sequence_parallel is None else c.sequence_parallel
         layers_max = stage_layers(w.model.layers, pp)[1]
-        vs = [c.virtual_stages] if c.virtual_stages > 1 else virtual_stage_options(w, pp)
+        vs = [c.virtual_stages] if c.virtual_stages else virtual_stage_options(w, pp)
         if len(vs) > 1 and (pp - 1) / (per_dp + pp - 1) < SMALL_BUBBLE:
             vs = [1]  # with this many micro-batches the bubble is negligible: interleaving cannot pay
         knobs = knob_options(w, c, dp * cp, nodes, gpn, tp)
