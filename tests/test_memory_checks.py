@@ -46,10 +46,12 @@ def test_torchtitan_with_tensor_and_pipeline_parallelism_is_traced():
                   "parallelism.tp=8", "parallelism.pp=1", "parallelism.cp=1")
     assert c["layer activations"]["check"] == "traced"
     plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
-                     "parallelism.tp=8", "parallelism.pp=4", "parallelism.cp=1", "parallelism.virtual_stages=1")
+                     "parallelism.tp=8", "parallelism.pp=4", "parallelism.cp=1", "parallelism.virtual_stages=1",
+                     "parallelism.recompute=full")
     assert (plan["pp"], plan["virtual_stages"]) == (4, 1)
     assert c["layer activations"]["check"] == "traced"
     assert c["unsharded stage (FSDP under PP)"]["check"] == "traced"
+    assert c["recompute working set"]["check"] == "traced"  # the trace's third correction
     # torchtitan's interleaved schedule was traced with its default two chunks per rank, not more
     from dataclasses import replace
 

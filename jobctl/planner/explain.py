@@ -262,6 +262,11 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
                 kind, by = "traced", "0.0% vs trace (8B, 70B, 405B stages)"
             else:
                 kind, by = "modelled", "from torchtitan's and torch's code; not traced"
+        elif name == "recompute working set":
+            if traced:
+                kind, by = "traced", "the block rematerialised in its backward; full-AC activations exact"
+            else:
+                kind, by = "modelled", "one layer's activations, as traced for torchtitan; not traced here"
         elif name == "pipeline receive buffers":
             if traced:
                 kind, by = "traced", "one per micro-batch and received tensor (405B last stage: 31 x 32 MiB)"
