@@ -219,6 +219,19 @@ MEMORY_EVIDENCE = {
 }
 
 
+# Terms that came from the trace: (label where the trace covers the layout, label elsewhere).
+TRACED_TERMS = {
+    "unsharded stage (FSDP under PP)": ("0.0% vs trace (8B, 70B, 405B stages)",
+                                        "from torchtitan's and torch's code; not traced"),
+    "recompute working set": ("the block rematerialised in its backward; full-AC activations exact",
+                              "one layer's activations, as traced for torchtitan; not traced here"),
+    "pipeline receive buffers": ("one per micro-batch and received tensor (405B last stage: 31 x 32 MiB)",
+                                 "from torch's PipelineStage code; not traced here"),
+    "gradient before accumulation": ("stands in for the block's backward temporaries: 0.41 vs 0.96 GiB (8B)",
+                                     "as traced for torchtitan; not traced here"),
+}
+
+
 def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
     """Per memory term: how it is checked (exact, traced, measured, modelled) and by what."""
     # the layouts benchmarks/trace_memory.py traces: torchtitan's Llama, FSDP2 with or without
@@ -257,26 +270,8 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
                                       else "totals within 3% of the trace (pipeline stages)")
             else:
                 kind, by = "modelled", "FSDP2's phases as traced for torchtitan; not traced here"
-        elif name.startswith("unsharded stage"):
-            if traced:
-                kind, by = "traced", "0.0% vs trace (8B, 70B, 405B stages)"
-            else:
-                kind, by = "modelled", "from torchtitan's and torch's code; not traced"
-        elif name == "recompute working set":
-            if traced:
-                kind, by = "traced", "the block rematerialised in its backward; full-AC activations exact"
-            else:
-                kind, by = "modelled", "one layer's activations, as traced for torchtitan; not traced here"
-        elif name == "pipeline receive buffers":
-            if traced:
-                kind, by = "traced", "one per micro-batch and received tensor (405B last stage: 31 x 32 MiB)"
-            else:
-                kind, by = "modelled", "from torch's PipelineStage code; not traced here"
-        elif name == "gradient before accumulation":
-            if traced:
-                kind, by = "traced", "stands in for the block's backward temporaries: 0.41 vs 0.96 GiB (8B)"
-            else:
-                kind, by = "modelled", "as traced for torchtitan; not traced here"
+        elif name in TRACED_TERMS:
+            kind, by = ("traced", TRACED_TERMS[name][0]) if traced else ("modelled", TRACED_TERMS[name][1])
         elif name == "reduce bucket" and w.caps.name == "deepspeed" and plan.sharding != "none":
             kind, by = "measured", "DeepSpeed on CPU: 5e8 x 2 B, any model"
         elif name.startswith("learned"):

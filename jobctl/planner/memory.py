@@ -492,7 +492,7 @@ def logits_bytes_per_elem(w: Workload, tp: int = 1, pp: int = 1) -> float:
 def _loss_bytes(w: Workload, tp: int, pp: int = 1) -> tuple[float, str]:
     """Bytes per logit element at the loss's peak, and what they are made of (one decision for
     both, so the --explain label cannot drift from the number)."""
-    # the pipeline stage keeps its output (the logits) for the backward: no `del pred`
+    # under PP the pipeline stage keeps its output (the logits) for the backward: no `del pred`
     kept = "; the pipeline stage keeps the 16-bit logits for its backward" if pp > 1 else ""
     if w.fused_cross_entropy and w.caps.fused_cross_entropy_logit_bytes:
         return (w.caps.fused_cross_entropy_logit_bytes,
@@ -504,11 +504,10 @@ def _loss_bytes(w: Workload, tp: int, pp: int = 1) -> tuple[float, str]:
     if tp > 1 and w.caps.loss_parallel_logit_bytes:
         return (w.caps.loss_parallel_logit_bytes + (w.act_bytes if pp > 1 else 0),
                 "loss parallel: fp32 log-probs, and in backward zeros, exp and their sum" + kept)
-    if not w.caps.keeps_logits_through_loss:
-        if pp > 1:
-            return w.act_bytes + 12.0, "fp32 log-probs and two fp32 gradients" + kept
+    if not w.caps.keeps_logits_through_loss and pp == 1:
         return 12.0, "fp32 log-probs and two fp32 gradients; the loop drops the 16-bit logits"
-    return w.act_bytes + 12.0, "16-bit logits, fp32 log-probs and two fp32 gradients"
+    return w.act_bytes + 12.0, "16-bit logits, fp32 log-probs and two fp32 gradients" + (
+        kept if not w.caps.keeps_logits_through_loss else "")
 
 
 # --- the breakdown ------------------------------------------------------------------------------
@@ -744,6 +743,8 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
     if working_set and stage not in ("last", "only"):
         add("recompute working set", working_set, "activations", lambda:
             "one layer's activations rematerialised during its backward")
+    # one stage-boundary tensor's elements on this rank: s·b·h, split by cp and, under SP, by tp
+    sbh_local = (w.seq_len / plan.cp) * b * m.hidden / (plan.tp if plan.sequence_parallel else 1)
     recv = 0.0
     if plan.pp > 1 and w.caps.pp_stage_recv_buffers:
         # torch's PipelineStage (distributed/pipelining/stage.py _setup_forward_recv_info,
@@ -752,20 +753,20 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         # unless it is the last; per model chunk when interleaved) and keeps them through the step.
         # A micro-batch in flight holds its received input as its first layer's saved input,
         # already counted above; the rest are extra (traced: 31 x 32 MiB on 405B's last stage).
-        boundary = (w.seq_len / plan.cp) * b * m.hidden * w.act_bytes / (plan.tp if plan.sequence_parallel else 1)
+        boundary = sbh_local * w.act_bytes
         v, mbs, p_ = plan.virtual_stages, plan.grad_accum_steps, plan.pp
         first, last = stage == "first", stage == "last"
         n_recv = (v - first) + (v - last)
         chunks = in_flight * v  # chunk forwards in flight on this rank
-        held_inputs = 0.0 if (first and v == 1) else (v - 1) * p_ if first else chunks
+        held_inputs = (v - 1) * p_ if first else chunks  # in-flight inputs that arrived as received buffers
         n_buf = max(0.0, mbs * n_recv - min(held_inputs, mbs * (v - first)))
         recv = n_buf * boundary
         add("pipeline receive buffers", recv, "buffers", lambda:
             f"{n_buf:g} x {boundary / GIB:.3g} GiB: a buffer per micro-batch for each received activation and gradient "
             f"(torch PipelineStage), less the inputs of the micro-batches in flight")
     if m.family == "gpt" and m.dropout > 0 and stage in ("first", "only"):
-        add("embedding dropout mask", (w.seq_len / plan.cp) * b * m.hidden * in_flight / (plan.tp if plan.sequence_parallel else 1),
-            "activations", lambda: "dropout mask on the embeddings: sbh bytes")
+        add("embedding dropout mask", sbh_local * in_flight, "activations",
+            lambda: "dropout mask on the embeddings: sbh bytes")
     if stage in ("last", "only"):
         vocab = framework_vocab(w, plan.tp)
         elems = (w.seq_len / plan.cp) * b * vocab / plan.tp
@@ -810,9 +811,9 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
             # the next one prefetched, the block rematerialised and its unsharded gradient built
             # before the reduce-scatter (traced at 405B: root + 2 layers + a layer's gradient)
             root = head_unit * (1 if m.tied_embeddings else 2)
-            layer_unit = m.layer_params() / plan.tp * compute_b
-            at_loss = groups["activations"] + groups["logits"] + root + layer_unit
-            at_block = acts + working_set + root + 3 * layer_unit
+            layer_gathered = m.layer_params() / plan.tp * compute_b
+            at_loss = groups["activations"] + groups["logits"] + root + layer_gathered
+            at_block = acts + working_set + root + 3 * layer_gathered
             at_acts = max(at_loss, at_block)
         at_end = groups["grads"] + groups["buffers"]
         summed = groups["activations"] + groups["logits"] + groups["grads"] + groups["buffers"]
