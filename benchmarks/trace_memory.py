@@ -136,6 +136,8 @@ GROUP_OF = {
     "Inputs": "activations+logits",
     "Buffer": "module buffers",
 }
+# jobctl's overhead terms that the caching allocator does not see (so not in max_memory_reserved)
+OUTSIDE_ALLOCATOR = ("cuda context", "nccl buffers")
 GROUP_ORDER = ("weights", "grads", "optimizer", "buffers", "activations+logits", "module buffers")
 
 
@@ -701,6 +703,170 @@ def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, 
     return res
 
 
+def _recorder_class():
+    import itertools
+    import weakref
+
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class AllocRecorder(TorchDispatchMode):
+        """Every storage the step makes, in order: ("a", id, bytes, stream), ("f", id), ("m", label).
+
+        A storage is born when an op first returns a tensor on it, and dies when Python drops
+        its last reference (a weakref finalizer): the order in which the CUDA caching allocator
+        would be asked for and given back each block, since FSDP2 frees its cross-stream
+        buffers by dropping references after an event wait, not with record_stream.  The
+        stream is torch.cpu.current_stream() at the allocation: FSDP2 allocates its
+        all-gather, copy-in and reduce-scatter buffers under its own streams' contexts, which
+        on a CPU build are distinct Stream objects.  Storage resizes (FSDP2's unsharded
+        parameters: resize_ to the full size before the all-gather's copy-out, to 0 after)
+        are an allocation of the new size and a free of the old."""
+
+        def __init__(self):
+            super().__init__()
+            self.events: list[tuple] = []
+            self._ids = itertools.count()
+            self._cells = WeakIdKeyDictionary()   # storage -> [current id or None]
+            self.streams: list[object] = []        # first-seen order; index = stream id
+            self.origin: dict[int, str] = {}       # id -> the op (or resize_) that made it
+            self._orig_resize = None
+            self._op = "?"
+            self._skip = 0  # inside DTensor's sharding propagation
+
+        def stream_index(self):
+            s = torch.cpu.current_stream()
+            for i, x in enumerate(self.streams):
+                if x is s:
+                    return i
+            self.streams.append(s)
+            return len(self.streams) - 1
+
+        def mark(self, label):
+            self.events.append(("m", label))
+
+        def _freed(self, cell):
+            if cell[0] is not None:
+                self.events.append(("f", cell[0]))
+                cell[0] = None
+
+        def _born(self, st, nbytes):
+            sid = next(self._ids)
+            self.events.append(("a", sid, nbytes, self.stream_index()))
+            self.origin[sid] = self._op
+            return sid
+
+        def _see(self, t):
+            if self._skip or isinstance(t, DTensor) or t.device.type != "cpu":
+                return
+            st = t.untyped_storage()
+            if st in self._cells:
+                return
+            cell = [self._born(st, st.nbytes()) if st.nbytes() else None]
+            self._cells[st] = cell
+            weakref.finalize(st, self._freed, cell)
+
+        def _resized(self, st, old, new):
+            cell = self._cells.get(st)
+            if cell is None:
+                cell = [None]
+                self._cells[st] = cell
+                weakref.finalize(st, self._freed, cell)
+            if old == new:
+                return
+            prev = cell[0]
+            cell[0] = self._born(st, new) if new else None
+            if prev is not None:  # the old block is given back after the copy into the new one
+                self.events.append(("f", prev))
+
+        def __enter__(self):
+            rec, orig = self, torch.UntypedStorage.resize_
+            self._orig_resize = orig
+
+            def resize_(st, size):
+                old = st.nbytes()
+                rec._op = "resize_"
+                out = orig(st, size)
+                if rec._skip == 0:  # (a fake tensor's storage is on the meta device)
+                    rec._resized(st, old, st.nbytes())
+                return out
+
+            torch.UntypedStorage.resize_ = resize_
+            # DTensor's sharding propagation builds global-shape tensors from its specs
+            # (_op_schema.gen_fake_args) to run the op's meta function, and caches them: no
+            # device ever holds those, so nothing made inside it is recorded.
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+            orig_prop = self._orig_prop = ShardingPropagator._propagate_tensor_meta_non_cached
+
+            def propagate(*a, **k):
+                rec._skip += 1
+                try:
+                    return orig_prop(*a, **k)
+                finally:
+                    rec._skip -= 1
+
+            ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+            return super().__enter__()
+
+        def __exit__(self, *a):
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+            torch.UntypedStorage.resize_ = self._orig_resize
+            ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_prop
+            return super().__exit__(*a)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(issubclass(t, DTensor) for t in types):
+                return NotImplemented
+            out = func(*args, **(kwargs or {}))
+            self._op = str(func)
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self._see(t)
+            return out
+
+    return AllocRecorder
+
+
+def record_allocations(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int,
+                       impl: str = "torchtitan", steps: int = 3) -> dict:
+    """Build the layout and run `steps` training steps under an AllocRecorder: the whole
+    allocation sequence from the first parameter to the last step's zero_grad."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t0 = time.perf_counter()
+    pp = getattr(env, "pp", 1) > 1
+    rec = _recorder_class()()
+    fake = FakeTensorMode(allow_non_fake_inputs=pp)
+    with fake, rec:
+        build = _build_torchtitan_pp if pp else BUILDERS[impl]
+        model, opt, step, inputs = build(env, model_name, batch, ac, seq_len, layers)
+        rec.mark("build")
+        for i in range(steps):
+            step()
+            rec.mark(f"step {i + 1}")
+    names = {0: "default"}
+    mods = list(model) if isinstance(model, torch.nn.ModuleList) else [model]
+    for m in mods:
+        state = getattr(m, "_get_fsdp_state", None)
+        ctx = getattr(state(), "_comm_ctx", None) if state else None
+        for attr in ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream",
+                     "all_reduce_stream"):
+            s = getattr(ctx, attr, None)
+            for i, x in enumerate(rec.streams):
+                if s is not None and x is s:
+                    names[i] = attr.replace("_stream", "").replace("_", "-")
+    events = rec.events
+    res = {"events": events, "origin": rec.origin, "streams": {i: names.get(i, f"stream {i}") for i in range(len(rec.streams))},
+           "seconds": time.perf_counter() - t0}
+    del model, opt, step, inputs, rec, fake
+    gc.collect()
+    return res
+
+
 # --------------------------------------------------------------------------------------
 # jobctl's side
 
@@ -728,9 +894,12 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
     p = Plan(nodes=ranks // gpn, gpus_per_node=gpn, tp=tp, pp=pp, dp=dp, cp=1, sharding="zero3",
              micro_batch_size=mb, grad_accum_steps=accum, global_batch_size=batch * dp,
              recompute=AC_NAMES[ac], offload="none", sequence_parallel=tp > 1, virtual_stages=virtual)
-    terms = estimate_stage(w, 80 << 30, p, stage if pp > 1 else "only").to_dict()["terms"]
+    bd = estimate_stage(w, 80 << 30, p, stage if pp > 1 else "only").to_dict()
+    terms = bd["terms"]
+    outside = sum(t["bytes"] for t in terms if t["name"] in OUTSIDE_ALLOCATOR)
     return {"terms": [{"name": t["name"], "group": t["group"], "bytes": t["bytes"]} for t in terms],
-            "per_block_activation": stored_layer_bytes(w, p, mb)}
+            "per_block_activation": stored_layer_bytes(w, p, mb),
+            "reserved": bd["total_bytes"] - outside}
 
 
 def compare(tr: dict, mo: dict) -> list[dict]:
@@ -813,6 +982,47 @@ def print_layout(name, batch, ac, args, tr, mo, rows):
         print("   attention kernel: none seen (unexpected)")
 
 
+def allocator_rows(rec: dict) -> dict:
+    """Replay a recorded allocation sequence through the caching-allocator model, with and
+    without expandable segments: max reserved, and what the allocator held at that moment."""
+    import caching_allocator as ca
+
+    out = {}
+    for mode, expandable in (("expandable", True), ("default", False)):
+        r = ca.replay(rec["events"], expandable_segments=expandable)
+        ev = r["at_peak"].get("event")
+        out[mode] = {
+            "max_reserved": r["max_reserved"], "max_allocated": r["max_allocated"],
+            "max_requested": r["max_requested"],
+            "peak_request": {"bytes": ev[2], "op": rec["origin"].get(ev[1], "?"),
+                             "stream": rec["streams"][ev[3]]} if ev and ev[0] == "a" else None,
+            "streams_at_peak": {rec["streams"][k]: v for k, v in r["at_peak"].get("streams", {}).items()},
+            "steps": [{k: v for k, v in ph.items()} for ph in r["phases"]],
+        }
+    return out
+
+
+def print_allocator(name, args, rec, al, mo):
+    e, d = al["expandable"], al["default"]
+    tensors = e["max_requested"]
+    print(f"\n{args.model} {name}: {len(rec['events'])} allocation events over build + {args.steps} steps "
+          f"({rec['seconds']:.0f} s)")
+    print(f"  {'':34} {'GiB':>8} {'vs tensors':>10}")
+    print(f"  {'tensors, peak (the trace)':34} {_g(tensors):>8}")
+    for label, r in (("reserved, expandable_segments", e), ("reserved, default allocator", d)):
+        print(f"  {label:34} {_g(r['max_reserved']):>8} {(r['max_reserved'] - tensors) / tensors:>+10.1%}")
+    print(f"  {'jobctl, allocator view':34} {_g(mo['reserved']):>8} {(mo['reserved'] - tensors) / tensors:>+10.1%}"
+          f"   vs expandable {(mo['reserved'] - e['max_reserved']) / e['max_reserved']:+.1%}")
+    pr = e["peak_request"]
+    if pr:
+        _wrap(f"expandable: reserved last grew for a {pr['bytes'] / GIB:.2f} GiB {pr['op'].replace('aten.', '')} "
+              f"on the {pr['stream']} stream; then, per stream (GiB) "
+              + "; ".join(f"{s}: {_g(v['reserved'])} reserved, {_g(v['allocated'])} in use, largest free "
+                          f"{_g(v['largest_free'])}" for s, v in e["streams_at_peak"].items()))
+    steps = " / ".join(_g(st["max_reserved"]) for st in e["steps"][1:])
+    print(f"   max reserved per step (expandable): {steps}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layouts", nargs="+", default=list(DEFAULT_LAYOUTS),
@@ -839,6 +1049,11 @@ def main() -> int:
     ap.add_argument("--cpu-rmsnorm", action="store_true",
                     help="keep CPU's composite RMSNorm (saves fp32 copies) instead of CUDA's fused set")
     ap.add_argument("--json", action="store_true", help="raw numbers (bytes) as JSON")
+    ap.add_argument("--allocator", action="store_true",
+                    help="record every allocation of the build and --steps training steps and replay them "
+                         "through the caching-allocator model (benchmarks/caching_allocator.py): max reserved "
+                         "bytes, with and without expandable_segments, against the tensors' peak")
+    ap.add_argument("--steps", type=int, default=3, help="with --allocator: training steps recorded (default 3)")
     args = ap.parse_args()
     if args.layers is None:
         from jobctl.planner.models import PRESETS
@@ -875,6 +1090,28 @@ def main() -> int:
               f"x{args.ranks // (args.tp * args.pp)}{tp} ({args.ranks} fake ranks).\nGiB per rank. 'at peak': the tracker's breakdown when the "
               f"total peaked; 'own max': the\ngroup's own maximum over the step. diff = (modelled - "
               f"own max) / own max (total: vs the\npeak). ! = off by more than {TOL:.0%}.")
+    if args.allocator:
+        if not args.json:
+            print(f"torch {torch.__version__}; {args.model} x{args.ranks // (args.tp * args.pp)} FSDP"
+                  + (f" x TP {args.tp}" if args.tp > 1 else "") + (f" x PP {args.pp} ({args.stage} stage)" if args.pp > 1 else "")
+                  + f", {args.impl}: allocations replayed through\nthe caching-allocator model. 'jobctl, allocator "
+                  "view': its total less the CUDA context and NCCL\nbuffers, which the allocator does not hold.")
+        for name, batch, ac in layouts:
+            rec = record_allocations(env, args.model, batch, ac, args.seq_len, args.layers, args.impl, args.steps)
+            al = allocator_rows(rec)
+            mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
+                          args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1)
+            out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "allocator": al,
+                                   "events": len(rec["events"]), "modelled_reserved": mo["reserved"]})
+            if not args.json:
+                print_allocator(name, args, rec, al, mo)
+                sys.stdout.flush()
+        if args.json:
+            print(json.dumps(out, indent=2, default=str))
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return 0
     for name, batch, ac in layouts:
         tr = trace(env, args.model, batch, ac, args.seq_len, args.layers, args.impl)
         mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
