@@ -17,7 +17,7 @@ CPU mode (default, ~10-30 s): tiny Llama/GPT models from tests/torch_reference.p
 
 CUDA mode (`--cuda`): larger tiny models on the GPU, a few real training steps
 (forward, backward, optimizer step); torch.cuda.max_memory_allocated() vs jobctl's total
-minus the non-tensor terms (cuda context, nccl buffers, allocator reserve).  Exits 2
+minus the non-tensor terms (cuda context, nccl buffers, the allocator's).  Exits 2
 without CUDA.
 
 Usage:
@@ -86,7 +86,6 @@ CPU_STATE_CONFIGS = {
 OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adafactor")
 DTYPES = {"fp32": (torch.float32, "fp32"), "bf16": (torch.bfloat16, "bf16-pure")}  # -> jobctl precision
 RECOMPUTE = ("none", "full")
-OVERHEAD_TERMS = ("cuda context", "nccl buffers", "allocator reserve")
 
 ACT_TOL = 0.10  # activations: within 10% is "ok"; states must be exact
 
@@ -269,7 +268,7 @@ def cuda_rows(seq, batch, steps, keep_grads):
       transient  peak of forward+backward minus memory_allocated just before the forward:
                  activations + logits/loss (+ gradients when they are freed between steps)
       peak       torch.cuda.max_memory_allocated() over the steps (forward, backward, step)
-    Predicted: jobctl's terms; "tensors" = total - cuda context - nccl - allocator reserve.
+    Predicted: jobctl's terms; "tensors" = total - overheads (cuda context, nccl, allocator).
     """
     dev = torch.device(_DEVICE)
     rows = []
@@ -279,8 +278,7 @@ def cuda_rows(seq, batch, steps, keep_grads):
         spec = model_spec(cfg, cname)
         w = workload(spec, seq, batch, opt_name, precision, framework, attention)
         bd = estimate(w, 80 * GIB, single_gpu_plan(batch, rc))
-        overhead = sum(term_bytes(bd, n) for n in OVERHEAD_TERMS)
-        pred_tensors = bd.total_bytes - overhead
+        pred_tensors = bd.tensor_bytes
         pred_persist = bd.weights_bytes + bd.grads_bytes + bd.optimizer_bytes
         pred_transient = bd.activations_bytes + bd.logits_bytes + bd.buffers_bytes
         if not keep_grads:
@@ -339,8 +337,8 @@ def cuda_rows(seq, batch, steps, keep_grads):
         rows.append(_row("cuda", label, "optimizer-step peak", pred_tensors, opt_peak, "info",
                          "peak inside opt.step() (foreach temporaries); not modelled separately"))
         rows.append(_row("cuda", label, "max_memory_allocated", pred_tensors, peak, "act",
-                         "predicted: total - cuda context - nccl - allocator reserve; "
-                         f"model buffers (RoPE tables, masks; not modelled) are included in measured"))
+                         "predicted: total less the overheads (cuda context, nccl, allocator); "
+                         "model buffers (RoPE tables, masks; not modelled) are included in measured"))
         rows[-1]["seconds"] = round(secs, 2)
         rows[-1]["buffers"] = buffers
         del model, opt, params, ids, tgt

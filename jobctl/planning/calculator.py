@@ -158,9 +158,16 @@ def _states_only(mem: dict, n: int, sb, optimizer: str, sharding: str, num_gpus:
     return _retotal(out)
 
 
+# allocator terms that follow from the activations and logits (planner/memory.py
+# _fsdp2_allocator_terms): without those they do not exist
+_FOLLOW_ACTIVATIONS = ("freed 16-bit logits block", "cached blocks in use at the peak")
+
+
 def _drop_groups(mem: dict, groups: tuple) -> dict:
     out = dict(mem)
-    out["terms"] = [t for t in mem["terms"] if t["group"] not in groups]
+    dropped = set(groups)
+    out["terms"] = [t for t in mem["terms"] if t["group"] not in dropped
+                    and not ({"activations", "logits"} & dropped and t["name"] in _FOLLOW_ACTIVATIONS)]
     for g in groups:
         out[f"{g}_bytes"] = 0
     return _retotal(out)
