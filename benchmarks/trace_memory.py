@@ -42,6 +42,7 @@ Run (from the repository root):
   python benchmarks/trace_memory.py --model 405B --tp 8 --pp 8 --ranks 512 --layouts b32-full
   python benchmarks/trace_memory.py --pp 4 --stage last --layouts b8-none   # 8B, last stage
   python benchmarks/trace_memory.py --json                 # raw numbers (bytes)
+  python benchmarks/trace_memory.py --allocator --layouts b2-sac   # reserved memory (below)
 Layouts are b<local batch>-<none|full|sac>; --ranks (default 8) is the world size, FSDP
 degree x --tp x --pp.  With --tp > 1 torchtitan's own TP plan is applied (its models' parallelize:
 column/row-wise linears, sequence parallel norms, loss parallel); see _patch_for_tp for the
@@ -72,7 +73,8 @@ What it cannot see, and the workarounds it needs:
     forward is replaced with an autograd.Function that computes the same output and keeps
     CUDA's set; --cpu-rmsnorm keeps CPU's behaviour.
   * No CUDA context, NCCL buffers, allocator caching or fragmentation: jobctl's
-    "overhead" terms are printed but not compared; the comparison is of tensor bytes.
+    "overhead" terms are printed but not compared; the comparison is of tensor bytes
+    (--allocator compares the allocator's share).
   * The process group is torch's fake one (torch.testing._internal.distributed.fake_pg):
     collectives are shaped but move nothing, so all-gather / reduce-scatter buffers are
     those FSDP2 allocates on one rank.
@@ -86,6 +88,13 @@ What it cannot see, and the workarounds it needs:
   * torchtitan's device_type falls back to "cuda" without a GPU; the mesh is built on
     "cpu" instead.  Weight init is skipped (values do not exist under fake tensors).
     Gradient clipping, the data loader and the loss all-reduce are not run.
+
+--allocator records, instead of the tracker's categories, every allocation and free of the build
+and --steps training steps (AllocRecorder: the storage, its bytes, the stream it was made on) and
+replays them through caching_allocator.py, a model of PyTorch's CUDA caching allocator: max
+reserved bytes with and without expandable segments, what each stream holds when reserved memory
+peaks, and jobctl's allocator view of the same layout (its total less CUDA context and NCCL
+buffers).
 
 --impl hf traces transformers' LlamaForCausalLM (built from Llama 3.1's config.json dimensions,
 no weights) wrapped as HF accelerate's FSDP2 plugin wraps it (_build_hf says from where), against
@@ -1015,12 +1024,13 @@ def print_allocator(name, args, rec, al, mo):
           f"   vs expandable {(mo['reserved'] - e['max_reserved']) / e['max_reserved']:+.1%}")
     pr = e["peak_request"]
     if pr:
-        _wrap(f"expandable: reserved last grew for a {pr['bytes'] / GIB:.2f} GiB {pr['op'].replace('aten.', '')} "
-              f"on the {pr['stream']} stream; then, per stream (GiB) "
-              + "; ".join(f"{s}: {_g(v['reserved'])} reserved, {_g(v['allocated'])} in use, largest free "
-                          f"{_g(v['largest_free'])}" for s, v in e["streams_at_peak"].items()))
+        print(f"  expandable peak: reserved last grew for {pr['bytes'] / GIB:.2f} GiB on the {pr['stream']} "
+              f"stream\n   ({pr['op'].replace('aten.', '').replace('.default', '')}); then, GiB:")
+        print(f"  {'stream':34} {'reserved':>8} {'in use':>8} {'largest free':>13}")
+        for name_, v in e["streams_at_peak"].items():
+            print(f"  {name_:34} {_g(v['reserved']):>8} {_g(v['allocated']):>8} {_g(v['largest_free']):>13}")
     steps = " / ".join(_g(st["max_reserved"]) for st in e["steps"][1:])
-    print(f"   max reserved per step (expandable): {steps}")
+    print(f"  max reserved per step (expandable): {steps}")
 
 
 def main() -> int:
@@ -1062,6 +1072,8 @@ def main() -> int:
         raise SystemExit(f"--ranks {args.ranks} must be a multiple of --tp {args.tp} x --pp {args.pp}")
     if args.pp > 1 and args.impl != "torchtitan":
         raise SystemExit("--pp traces torchtitan only, and its middle and last stages with --tp 1 only")
+    if args.steps < 1:
+        raise SystemExit("--steps must be 1 or more")
     if args.stage == "middle" and args.pp < 3:
         raise SystemExit("--stage middle needs --pp 3 or more")
     layouts = [(n, *parse_layout(n)) for n in args.layouts]
@@ -1083,7 +1095,7 @@ def main() -> int:
                     "spmd_backend": args.spmd_backend,
                     "rmsnorm": "cpu composite" if args.cpu_rmsnorm else "cuda-like saved set", "device": "cpu (fake)"},
            "layouts": []}
-    if not args.json:
+    if not args.json and not args.allocator:
         tp = (f" x TP {args.tp}" if args.tp > 1 else "") + (f" x PP {args.pp}" if args.pp > 1 else "")
         who = "torchtitan llama3" if args.impl == "torchtitan" else "transformers LlamaForCausalLM (accelerate FSDP2)"
         print(f"torch {torch.__version__}; {who} {args.model} under FakeTensorMode (CPU), FSDP2 "
@@ -1094,8 +1106,9 @@ def main() -> int:
         if not args.json:
             print(f"torch {torch.__version__}; {args.model} x{args.ranks // (args.tp * args.pp)} FSDP"
                   + (f" x TP {args.tp}" if args.tp > 1 else "") + (f" x PP {args.pp} ({args.stage} stage)" if args.pp > 1 else "")
-                  + f", {args.impl}: allocations replayed through\nthe caching-allocator model. 'jobctl, allocator "
-                  "view': its total less the CUDA context and NCCL\nbuffers, which the allocator does not hold.")
+                  + f", {args.impl}:\nallocations replayed through the caching-allocator model. 'jobctl, "
+                  "allocator view':\nits total less the CUDA context and NCCL buffers, which the allocator does "
+                  "not hold.")
         for name, batch, ac in layouts:
             rec = record_allocations(env, args.model, batch, ac, args.seq_len, args.layers, args.impl, args.steps)
             al = allocator_rows(rec)
