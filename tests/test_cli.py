@@ -328,6 +328,27 @@ def test_memory_json(capsys, argv, fits, states_bytes):
     assert d["fits"] is fits
 
 
+def test_memory_fsdp2_allocator_terms_follow_what_is_asked(capsys):
+    # torchtitan (FSDP2) at ZeRO-3 over 8 GPUs: with activations the activation phase is the peak
+    # and the sharded gradients' freed blocks stay cached on the reduce-scatter stream; without
+    # them (states only) the peak is the end of backward, where those gradients are in use, so
+    # they must not be counted twice; and from a bare parameter count nothing about the units'
+    # shapes is known
+    base = ["memory", "--framework", "torchtitan", "--zero-stage", "3", "--num-gpus", "8"]
+
+    def terms(*argv):
+        _, d = run_json(capsys, *base, *argv)
+        return {t["name"]: t["bytes"] for t in d["memory"]["terms"]}
+
+    full = terms("--model", "llama3.1-8b", "--seq-len", "8192")
+    assert full["cached gradients (reduce-scatter stream)"] == full["gradients"]
+    states = terms("--model", "llama3.1-8b")
+    assert "cached gradients (reduce-scatter stream)" not in states and "freed 16-bit logits block" not in states
+    assert states["cached all-gather buffers"] == full["cached all-gather buffers"]
+    bare = terms("--params", "8e9")
+    assert bare["cached all-gather buffers"] == 0 and "cached gradients (reduce-scatter stream)" not in bare
+
+
 def test_memory_json_has_the_same_memory_keys_as_plan(capsys):
     _, mem = run_json(capsys, "memory", "--model", "llama3.1-8b", "--seq-len", "2048")
     _, plan = run_json(capsys, "plan", RECIPE, "--cluster", INV)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jobctl.planner.catalog import GIB
+from jobctl.planner.memory import FSDP2_ALLOCATOR_TERMS
 from jobctl.planner.perf import INTRA_NODE_EFFICIENCY, NETWORK_EFFICIENCY
 from jobctl.planner.search import (
     OBJECTIVES,
@@ -238,9 +239,7 @@ TRACED_TERMS = {
 # PyTorch's caching allocator (benchmarks/caching_allocator.py); 8B's published 82.4 GiB: -5.4%
 _REPLAYED = ("allocator replay: reserved totals within 5% (14 layouts, 8B-405B)",
              "FSDP2's stream caches as replayed for torchtitan; not replayed here")
-TRACED_TERMS.update(dict.fromkeys((
-    "cached gradients (reduce-scatter stream)", "cached all-gather buffers", "freed 16-bit logits block",
-    "fresh reduce-scatter input after the schedule", "cached blocks in use at the peak"), _REPLAYED))
+TRACED_TERMS.update(dict.fromkeys(FSDP2_ALLOCATOR_TERMS, _REPLAYED))
 
 
 def memory_checks(w, plan, terms: list[dict]) -> list[dict]:

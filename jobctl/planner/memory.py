@@ -616,6 +616,12 @@ def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int
     return best
 
 
+# the caching allocator's terms under FSDP2 (_fsdp2_allocator_terms), by name
+FSDP2_ALLOCATOR_TERMS = ("cached gradients (reduce-scatter stream)", "cached all-gather buffers",
+                         "fresh reduce-scatter input after the schedule", "freed 16-bit logits block",
+                         "cached blocks in use at the peak")
+
+
 def _fsdp2_allocator_terms(add, w: Workload, plan: Plan, stage: str, groups: dict, phases, transient: float,
                            compute_b: int) -> None:
     """What PyTorch's caching allocator keeps reserved beyond the tensors at their peak, under FSDP2.

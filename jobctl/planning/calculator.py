@@ -9,6 +9,7 @@ from __future__ import annotations
 from jobctl.errors import UsageError
 from jobctl.planner.catalog import GIB, unknown_message
 from jobctl.planner.memory import (
+    FSDP2_ALLOCATOR_TERMS,
     Overheads,
     Workload,
     estimate,
@@ -147,10 +148,16 @@ def _states_only(mem: dict, n: int, sb, optimizer: str, sharding: str, num_gpus:
     compute_b = 4 if precision == "fp32" else 2
     new = model_state_terms(n, state_elems, sb, optimizer, sharding, num_gpus, offload, compute_b)
     host = sum(t.bytes for t in new if t.group == "host")
-    keep = [t for t in mem["terms"] if t["group"] not in ("weights", "grads", "optimizer", "buffers")]
+    # the placeholder's FSDP2 allocator terms follow its shapes and phases: without activations the
+    # peak is the end of backward (the gradients in use); the all-gather buffers need the layers
+    keep = [t for t in mem["terms"] if t["group"] not in ("weights", "grads", "optimizer", "buffers")
+            and t["name"] not in FSDP2_ALLOCATOR_TERMS]
     terms = [{"name": t.name, "group": t.group, "bytes": int(t.bytes), "formula": t.formula} for t in new if t.group != "host"]
     if sharding == "zero3":
         terms.append({"name": "gathered weights", "group": "buffers", "bytes": 0,
+                      "formula": "unknown without the architecture (give --model)"})
+    if any(t["name"] in FSDP2_ALLOCATOR_TERMS for t in mem["terms"]):
+        terms.append({"name": "cached all-gather buffers", "group": "overhead", "bytes": 0,
                       "formula": "unknown without the architecture (give --model)"})
     out = dict(mem)
     out["terms"] = terms + keep
@@ -158,9 +165,10 @@ def _states_only(mem: dict, n: int, sb, optimizer: str, sharding: str, num_gpus:
     return _retotal(out)
 
 
-# allocator terms that follow from the activations and logits (planner/memory.py
-# _fsdp2_allocator_terms): without those they do not exist
-_FOLLOW_ACTIVATIONS = ("freed 16-bit logits block", "cached blocks in use at the peak")
+# FSDP2's allocator terms that follow from the activation phase (planner/memory.py
+# _fsdp2_allocator_terms): without activations the peak is the end of backward, where the
+# gradients are in use; only the all-gather buffers' cache is left
+_FOLLOW_ACTIVATIONS = tuple(n for n in FSDP2_ALLOCATOR_TERMS if n != "cached all-gather buffers")
 
 
 def _drop_groups(mem: dict, groups: tuple) -> dict:
