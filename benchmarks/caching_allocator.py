@@ -192,9 +192,11 @@ class CachingAllocator:
             return rest >= MIN_BLOCK
         return rest > SMALL_SIZE
 
-    @staticmethod
-    def _merge(dst: Block, src: Block):
+    def _merge(self, dst: Block, src: Block):
         """Absorb the adjacent block src into dst (same segment, same state)."""
+        key = (src.stream, src.small)
+        if self.segments.get(key) is src:  # an expandable segment's first block
+            self.segments[key] = dst
         if src is dst.prev:
             dst.addr = src.addr
             dst.prev = src.prev
@@ -270,7 +272,7 @@ class CachingAllocator:
             return alloc_size
         tail = self._tail(stream, small)
         before = tail.prev
-        have = before.size if before is not None and not before.allocated else 0
+        have = before.size if before is not None and not before.allocated and before.mapped else 0
         page = self._page(small)
         return page * -(-(alloc_size - have) // page)
 
@@ -289,7 +291,7 @@ class CachingAllocator:
         tail.size -= grow
         self._reserve(stream, grow)
         before = new.prev
-        if before is not None and not before.allocated:
+        if before is not None and not before.allocated and before.mapped:
             pool.remove(before)
             self._merge(new, before)
         pool.add(new)

@@ -127,3 +127,14 @@ def test_expandable_release_unmaps_whole_free_pages():
     a.malloc(30 * MiB, stream="main")  # two pages (40 MiB): 20 + 40 > 40, so the free page is unmapped
     assert a.reserved == 40 * MiB
     assert a.reserved_by_stream["side"] == 0
+
+
+def test_expandable_release_after_blocks_merged_into_the_segment_start():
+    a = ca.CachingAllocator(expandable_segments=True, capacity=60 * MiB)
+    x, y = a.malloc(20 * MiB, stream="side"), a.malloc(20 * MiB, stream="side")  # two pages
+    a.free(x)
+    a.free(y)  # y absorbs x, the segment's first block: one free 40 MiB block
+    a.malloc(40 * MiB, stream="main")  # 40 + 40 > 60: the side stream's two pages are unmapped
+    assert a.reserved_by_stream == {"side": 0, "main": 40 * MiB}
+    a.malloc(20 * MiB, stream="side")  # the side segment maps a page again at its start
+    assert a.reserved == 60 * MiB
