@@ -762,7 +762,7 @@ def _recorder_class():
                 self.events.append(("f", cell[0]))
                 cell[0] = None
 
-        def _born(self, st, nbytes):
+        def _born(self, nbytes):
             sid = next(self._ids)
             self.events.append(("a", sid, nbytes, self.stream_index()))
             self.origin[sid] = self._op
@@ -774,7 +774,7 @@ def _recorder_class():
             st = t.untyped_storage()
             if st in self._cells:
                 return
-            cell = [self._born(st, st.nbytes()) if st.nbytes() else None]
+            cell = [self._born(st.nbytes()) if st.nbytes() else None]
             self._cells[st] = cell
             weakref.finalize(st, self._freed, cell)
 
@@ -787,7 +787,7 @@ def _recorder_class():
             if old == new:
                 return
             prev = cell[0]
-            cell[0] = self._born(st, new) if new else None
+            cell[0] = self._born(new) if new else None
             if prev is not None:  # the old block is given back after the copy into the new one
                 self.events.append(("f", prev))
 
@@ -868,7 +868,7 @@ def record_allocations(env, model_name: str, batch: int, ac: str, seq_len: int, 
             for i, x in enumerate(rec.streams):
                 if s is not None and x is s:
                     names[i] = attr.replace("_stream", "").replace("_", "-")
-    events = rec.events
+    events = list(rec.events)  # what dies with the model below is not part of the steps
     res = {"events": events, "origin": rec.origin, "streams": {i: names.get(i, f"stream {i}") for i in range(len(rec.streams))},
            "seconds": time.perf_counter() - t0}
     del model, opt, step, inputs, rec, fake
@@ -1006,7 +1006,7 @@ def allocator_rows(rec: dict) -> dict:
             "peak_request": {"bytes": ev[2], "op": rec["origin"].get(ev[1], "?"),
                              "stream": rec["streams"][ev[3]]} if ev and ev[0] == "a" else None,
             "streams_at_peak": {rec["streams"][k]: v for k, v in r["at_peak"].get("streams", {}).items()},
-            "steps": [{k: v for k, v in ph.items()} for ph in r["phases"]],
+            "steps": r["phases"],
         }
     return out
 
@@ -1121,10 +1121,7 @@ def main() -> int:
                 sys.stdout.flush()
         if args.json:
             print(json.dumps(out, indent=2, default=str))
-        import torch.distributed as dist
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return 0
+        return _teardown()
     for name, batch, ac in layouts:
         tr = trace(env, args.model, batch, ac, args.seq_len, args.layers, args.impl)
         mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
@@ -1138,8 +1135,13 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:
-        print("\nNot traced: CUDA context, NCCL buffers, allocator cache/fragmentation (jobctl's "
-              "'overhead').\nCPU kernels stand in for CUDA's (see the module docstring).")
+        print("\nNot traced: CUDA context, NCCL buffers, allocator cache/fragmentation (jobctl's\n"
+              "'overhead'; --allocator replays the allocator). CPU kernels stand in for CUDA's\n"
+              "(see the module docstring).")
+    return _teardown()
+
+
+def _teardown() -> int:
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
