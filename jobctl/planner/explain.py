@@ -126,6 +126,11 @@ def _loss_reason(win: Candidate, alt: Candidate) -> str:
     share_a = getattr(ae, grew) / ae.step_time_s
     share_w = getattr(we, grew) / we.step_time_s
     extra = (gpu_time(ae, aw, grew) - gpu_time(we, ww, grew)) / (we.step_time_s * ww)
+    if aw != ww and extra < 0.01:
+        # no part of the step costs more GPU-time: it is slower because it has fewer GPUs (its
+        # larger layouts did not fit or were slower still)
+        return (f"as fast per GPU ({alt.tokens_per_s_per_gpu:,.0f} vs {win.tokens_per_s_per_gpu:,.0f} tokens/s), "
+                f"on fewer GPUs ({aw} vs {ww})")
     if grew == "pp_bubble_s":
         return (f"{PARTS[grew]} {share_a:.0%} of the step at {alt.plan.grad_accum_steps} micro-batches "
                 f"(winner {share_w:.0%})")
@@ -156,7 +161,8 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
         if worse <= 0:
             continue
         unit = "tokens/s per GPU" if objective == "throughput" else "tokens/s"
-        lines.append(f"{dim}={getattr(alt.plan, dim)}: {worse:.1%} lower {unit} — {_loss_reason(win, alt)}")
+        on = f" on {alt.plan.world_size} GPUs" if alt.plan.world_size != win.plan.world_size else ""
+        lines.append(f"{dim}={getattr(alt.plan, dim)}: {worse:.1%} lower {unit}{on} — {_loss_reason(win, alt)}")
     # (on a partition of one node, a larger tp is not slower but impossible: nothing to explain)
     if t.links is not None and t.nodes > 1 and win.plan.tp == t.gpus_per_node and w.model.heads % (2 * win.plan.tp) == 0:
         ratio = (t.links.intra_node_gbs * INTRA_NODE_EFFICIENCY) / (t.links.inter_node_gbs * NETWORK_EFFICIENCY)
