@@ -82,6 +82,15 @@ def check_states_and_blocks(layout: dict):
     assert r["per block"]["modelled"] == pytest.approx(r["per block"]["traced_max"], rel=0.01)
 
 
+def check_stage(layout: dict, groups=(), rel=0.01):
+    """States and blocks, the named groups' own maxima within `rel` and the total within 2%."""
+    check_states_and_blocks(layout)
+    r = rows(layout)
+    for g in groups:
+        assert r[g]["modelled"] == pytest.approx(r[g]["traced_max"], rel=rel), g
+    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
+
+
 @pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
 def test_torchtitan_8b_pp2_last_stage(layout):
     # torchtitan's pipeline_llm, 1F1B over 4 micro-batches, FSDP2 x2 under PP (the stage kept
@@ -89,10 +98,7 @@ def test_torchtitan_8b_pp2_last_stage(layout):
     # PipelineStage keeps the 16-bit logits for its backward (no `del pred` as without PP), and
     # the sharded gradients do not exist yet (they are made after the last backward)
     (out,) = pp_trace("last", "--layouts", layout)
-    check_states_and_blocks(out)
-    r = rows(out)
-    assert r["activations+logits"]["modelled"] == pytest.approx(r["activations+logits"]["traced_max"], rel=0.01)
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
+    check_stage(out, groups=("activations+logits",))
 
 
 @pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
@@ -101,9 +107,7 @@ def test_torchtitan_8b_pp2_first_stage(layout):
     # each micro-batch's incoming gradient, and peaks in a block's backward (its backward working
     # set is stood in for by one layer's 16-bit gradient: 0.41 of ~0.96 GiB at s = 8192)
     (out,) = pp_trace("first", "--layouts", layout)
-    check_states_and_blocks(out)
-    r = rows(out)
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
+    check_stage(out)
 
 
 def test_torchtitan_8b_pp2_first_stage_gradient_reduction():
@@ -111,10 +115,8 @@ def test_torchtitan_8b_pp2_first_stage_gradient_reduction():
     # gradients unit by unit: the root unit (the embedding) frees its 16-bit weights, copies its
     # fp32 gradient into the reduce-scatter input and receives its shard
     (out,) = pp_trace("first", "--seq-len", "2048", "--layouts", "b4-full")
-    check_states_and_blocks(out)
-    r = rows(out)
+    check_stage(out)
     assert "Reduce Scatter" in out["traced"]["peak"] and out["traced"]["peak"]["Reduce Scatter"] > 0
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
 
 
 @pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
@@ -135,10 +137,8 @@ def test_torchtitan_8b_pp3_middle_stage(layout):
     # six blocks over three stages: torchtitan's split gives the middle stage three (the
     # embedding and the output layer count as one each), which holds p - 1 = 2 micro-batches
     (out,) = trace("--layers", "6", "--pp", "3", "--ranks", "6", "--stage", "middle", "--layouts", layout)
-    check_states_and_blocks(out)
+    check_stage(out)
     assert len(out["traced"]["per_block_activation"]) == 3
-    r = rows(out)
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
 
 
 def test_torchtitan_70b_tp8_pp2_last_stage():
@@ -147,7 +147,4 @@ def test_torchtitan_70b_tp8_pp2_last_stage():
     # at s = 8192, V / 8 = 16032, so without the +2 B the model would be 0.25 GiB (~10%) short here
     (out,) = trace("--model", "70B", "--layers", "4", "--tp", "8", "--pp", "2", "--ranks", "32",
                    "--stage", "last", "--layouts", "b4-full")
-    check_states_and_blocks(out)
-    r = rows(out)
-    assert r["activations+logits"]["modelled"] == pytest.approx(r["activations+logits"]["traced_max"], rel=0.03)
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
+    check_stage(out, groups=("activations+logits",), rel=0.03)
