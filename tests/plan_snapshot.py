@@ -1,0 +1,110 @@
+"""What `jobctl plan --json` prints for every shipped recipe on every shipped inventory, kept as a
+stored copy so that a change meant to make planning faster (or to move code) can be shown to
+leave every plan, memory breakdown, step estimate and piece of advice as it was.
+
+`python tests/plan_snapshot.py` writes tests/data/plan_snapshot.json.gz (run it only when a
+change of plans is meant, and say why in the commit); tests/test_plan_snapshot.py compares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOT = ROOT / "tests" / "data" / "plan_snapshot.json.gz"
+# the largest search the planner is asked for: Llama 3.1 405B on 2,048 nodes of 8 H100s
+BIG_CLUSTER = """name: h100-16k
+scheduler: slurm
+partitions:
+  - {name: gpu, gpu: h100-sxm-80gb, gpus_per_node: 8, nodes: 2048, cpus_per_node: 192, mem_gib: 2000}
+"""
+
+
+def _cli_json(argv: list[str]) -> tuple[int, object]:
+    from jobctl.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, json.loads(out.getvalue())
+
+
+def commands(big_cluster: str) -> list[list[str]]:
+    """The plan commands the copy holds: each shipped recipe on each inventory (its own
+    framework, the default objective, with the framework comparison), the same with each other
+    framework, every inventory at once, and the 405B recipe on 16,384 GPUs with --objective time."""
+    from jobctl.config.workspace import all_cluster_names
+    from jobctl.planning import framework_names
+
+    recipes = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "recipes").glob("*.yaml"))
+    out = []
+    for r in recipes:
+        for c in sorted(all_cluster_names()):
+            out.append(["plan", r, "--cluster", c, "--json"])
+            for f in framework_names():
+                out.append(["plan", r, "--cluster", c, "--framework", f, "--json"])
+        out.append(["plan", r, "--json"])
+    out.append(["plan", "recipes/llama405b.yaml", "--cluster", big_cluster, "--objective", "time", "--json"])
+    return out
+
+
+def collect() -> dict:
+    """{command line: [exit code, JSON]} for every command, run in this process from the
+    repository root with an empty history and no cache."""
+    with tempfile.TemporaryDirectory() as tmp:
+        big = Path(tmp) / "h100-16k.yaml"
+        big.write_text(BIG_CLUSTER)
+        old = {k: os.environ.get(k) for k in ("JOBCTL_HOME", "JOBCTL_NO_CACHE", "JOBCTL_CLUSTERS")}
+        os.environ.update(JOBCTL_HOME=str(Path(tmp) / "home"), JOBCTL_NO_CACHE="1")
+        os.environ.pop("JOBCTL_CLUSTERS", None)
+        cwd = os.getcwd()
+        os.chdir(ROOT)
+        try:
+            out = {}
+            for argv in commands(str(big)):
+                code, data = _cli_json(argv)
+                out[" ".join(argv).replace(str(big), "h100-16k.yaml")] = [code, _portable(data, str(big))]
+            return out
+        finally:
+            os.chdir(cwd)
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _portable(value, big: str):
+    """The temporary inventory's path written as its file name."""
+    if isinstance(value, dict):
+        return {k: _portable(v, big) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_portable(v, big) for v in value]
+    if isinstance(value, str):
+        return value.replace(big, "h100-16k.yaml")
+    return value
+
+
+def load() -> dict:
+    with gzip.open(SNAPSHOT, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def main() -> int:
+    data = collect()
+    SNAPSHOT.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(SNAPSHOT, "wb", mtime=0) as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True).encode())
+    print(f"wrote {SNAPSHOT.relative_to(ROOT)}: {len(data)} commands", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
