@@ -57,13 +57,13 @@ def _brief(c: Candidate, ref: float) -> dict:
 
 def objective_summary(w, t: Target, c: Constraints, result: SearchResult, steps: int | None = None) -> dict:
     """Which objective chose, by which rule, what it traded, and what the others would pick on
-    the same partition (one search each: the search is fast)."""
+    the same partition (one search each, sharing the first one's evaluations)."""
     objective = result.objective
     win = result.best
     picks = {objective: win}
     for other in OBJECTIVES:
         if other != objective:
-            r = search(w, t, c, objective=other, steps=steps)
+            r = search(w, t, c, objective=other, steps=steps, evaluations=result.evaluations)
             picks[other] = r.best
     known = [x for x in list(picks.values()) + result.ranked if x is not None and x.estimate is not None]
     ref = max((x.tokens_per_s_per_gpu for x in known), default=0.0)
@@ -153,7 +153,7 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
         mine = getattr(win.plan, dim)
         alts = [x for x in others if getattr(x.plan, dim) != mine]
         if not alts and dim in ("tp", "pp", "cp"):
-            alts = _pinned_neighbours(w, t, c, dim, mine, objective)
+            alts = _pinned_neighbours(w, t, c, dim, mine, objective, result.evaluations)
         if not alts:
             continue
         alt = max(alts, key=lambda x: _metric(x, objective))
@@ -179,13 +179,18 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
     return lines[:limit]
 
 
-def _pinned_neighbours(w, t, c, dim, mine, objective) -> list[Candidate]:
-    """Best plans with `dim` pinned to half and twice the winner's value (when valid)."""
+def _pinned_neighbours(w, t, c, dim, mine, objective, evaluations=None) -> list[Candidate]:
+    """Best plans with `dim` pinned to half and twice the winner's value (when valid), sharing
+    the main search's evaluations (a layout's outcome does not depend on the pin)."""
     out = []
     for value in {max(1, mine // 2), mine * 2}:
         if value == mine:
             continue
-        r = search(w, t, replace(c, **{dim: value}), objective=objective)
+        if evaluations is not None:
+            ev = evaluations.pinned(**{dim: value})
+            r = search(w, t, ev.c, objective=objective, steps=ev.steps, evaluations=ev)
+        else:
+            r = search(w, t, replace(c, **{dim: value}), objective=objective)
         if r.best is not None and r.best.estimate is not None:
             out.append(r.best)
     return out

@@ -610,10 +610,11 @@ def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int
     stages = ("only",) if plan.pp == 1 else ("first", "middle", "last") if plan.pp > 2 else ("first", "last")
     best = None
     for st in stages:
-        bd = estimate_stage(w, gpu_memory_bytes, plan, st, host_mem_bytes, detail)
-        if best is None or bd.total_bytes > best.total_bytes:
-            best = bd
-    return best
+        groups, terms = _stage_groups(w, plan, st, detail)
+        total = int(sum(v for k, v in groups.items() if k != "host"))
+        if best is None or total > best[0]:
+            best = (total, st, groups, terms)
+    return _breakdown(w, plan, best[1], best[2], best[3], gpu_memory_bytes, host_mem_bytes)
 
 
 # the caching allocator's terms under FSDP2 (_fsdp2_allocator_terms), by name
@@ -699,32 +700,101 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
 
     estimate() takes the most loaded of them; a measurement of one stage (Megatron-LM logs the
     last one, a trace follows one rank) is compared with this."""
-    m, o = w.model, w.overheads
-    sb = state_bytes(w.framework, w.precision, w.optimizer)
-    layer_p, extra_p, layers = _stage_params(w, plan, stage)
-    rank_params = layer_p + extra_p
-    n = plan.shard_group
+    groups, terms = _stage_groups(w, plan, stage, detail)
+    return _breakdown(w, plan, stage, groups, terms, gpu_memory_bytes, host_mem_bytes)
+
+
+def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[dict, list[Term]]:
+    """Bytes per group on one rank of `stage`, and the terms (with formulas when `detail`).
+
+    The terms come in groups, each built by one function of the few plan values it reads and
+    kept once built (the search asks for the same groups across micro-batches, knobs and
+    objectives): model states (_state_items), the framework's gradient and gather buffers
+    (_framework_buffer_items), the layers' activations (_activation_items), the pipeline's
+    receive buffers (_pipeline_items), the output layer and the loss (_head_items); then the
+    phases that never coexist and the overheads, which read the groups' sums."""
     terms: list[Term] = []
     groups = dict.fromkeys(("weights", "grads", "optimizer", "activations", "logits", "buffers", "overlap", "overhead",
                             "host"), 0.0)
+
+    def apply(items):
+        for name, value, group, formula in items:
+            groups[group] += value
+            if detail and group != "host":
+                terms.append(Term(name, float(value), group, formula()))
 
     def add(name, value, group, formula):  # formula: a callable, formatted only when detail
         groups[group] += value
         if detail and group != "host":
             terms.append(Term(name, float(value), group, formula()))
 
-    def add_phases(at_acts, at_end, summed, describe):
-        """Two phases of a step that never coexist: count the larger instead of their sum (term
-        "never held together"); describe(True when the activation phase is the peak)."""
-        overlap = max(at_acts, at_end) - summed
-        if overlap < 0:
-            add("never held together", overlap, "overlap", lambda: describe(at_acts >= at_end))
+    tp, pp, cp, sp, b = plan.tp, plan.pp, plan.cp, plan.sequence_parallel, plan.micro_batch_size
+    in_flight = pipeline_in_flight(plan, stage)
+    apply(_state_items(w, tp, pp, stage, plan.sharding, plan.shard_group, plan.offload))
+    buffers, fsdp_pp = _framework_buffer_items(w, tp, pp, stage, plan.sharding, plan.offload, plan.dp * cp > 1)
+    apply(buffers)
+    acts_items, acts, working_set = _activation_items(w, tp, cp, sp, plan.recompute, plan.recompute_layers, b, pp,
+                                                      in_flight, stage)
+    apply(acts_items)
+    pipe_items, recv = _pipeline_items(w, tp, cp, sp, b, pp, plan.virtual_stages, plan.grad_accum_steps, stage,
+                                       in_flight)
+    apply(pipe_items)
+    if stage in ("last", "only"):
+        apply(_head_items(w, tp, cp, sp, b, pp, stage, working_set))
+    phases = _phases(add, w, plan, stage, groups, acts, working_set, fsdp_pp, recv)
+    _overheads(add, w, plan, stage, groups, phases)
+    return groups, terms
 
-    compute_b = 4 if w.precision == "fp32" else 2
-    # --- trainable parameters and their states
+
+def _breakdown(w: Workload, plan: Plan, stage: str, groups: dict, terms: list[Term], gpu_memory_bytes: int,
+               host_mem_bytes: int | None) -> MemoryBreakdown:
+    """The groups' bytes of one stage against what the GPU and the node can hold."""
+    o = w.overheads
+    groups = dict(groups)
+    host = groups.pop("host")
+    total = sum(groups.values())
+    usable = gpu_memory_bytes - o.safety_margin_gib * GIB
+    ranks_per_node = plan.gpus_per_node
+    host_node = (host + o.host_per_process_gib * GIB) * ranks_per_node
+    host_usable = (host_mem_bytes - o.host_reserve_gib * GIB) if host_mem_bytes else float("inf")
+    return MemoryBreakdown(
+        weights_bytes=int(groups["weights"]), grads_bytes=int(groups["grads"]),
+        optimizer_bytes=int(groups["optimizer"]), activations_bytes=int(groups["activations"]),
+        logits_bytes=int(groups["logits"]), buffers_bytes=int(groups["buffers"]),
+        overhead_bytes=int(groups["overhead"]), total_bytes=int(total), gpu_usable_bytes=int(usable),
+        overlap_bytes=int(groups["overlap"]),
+        host_bytes_per_node=int(host_node), host_usable_bytes=int(min(host_usable, 1 << 62)),
+        stage=stage, terms=tuple(terms),
+    )
+
+
+def _collector():
+    """A list of (name, bytes, group, formula) items and the `add` that appends to it."""
+    items: list = []
+
+    def add(name, value, group, formula):
+        items.append((name, value, group, formula))
+
+    return items, add
+
+
+def _compute_bytes(w: Workload) -> int:
+    return 4 if w.precision == "fp32" else 2
+
+
+@lru_cache(maxsize=1 << 12)
+def _state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: int, offload: str) -> tuple:
+    """Weights, gradients and optimizer states (of the LoRA adapters and the frozen base under
+    LoRA/QLoRA) on one rank of `stage`, sharded over n ranks (docs/memory-model.md §2)."""
+    items, add = _collector()
+    m = w.model
+    sb = state_bytes(w.framework, w.precision, w.optimizer)
+    layer_p, extra_p, layers = _stage_params_cached(w, tp, pp, stage)
+    rank_params = layer_p + extra_p
+    compute_b = _compute_bytes(w)
     if w.method == "full":
         trainable = rank_params
-        state_elems = _stage_state_elements(w, plan.tp, plan.pp, stage)
+        state_elems = _stage_state_elements(w, tp, pp, stage)
         weight_name = "weights"
     else:
         base_b = float(compute_b)
@@ -732,16 +802,40 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         add("frozen base weights", frozen_layers + extra_p * base_b, "weights", lambda:
             f"{layer_p:.4g} layer params x {QLORA_WEIGHT_BYTES if w.method == 'qlora' else base_b:.4g} B "
             f"({'NF4, QLoRA' if w.method == 'qlora' else 'frozen 16-bit'}) + {extra_p:.4g} embedding/output x {base_b:g} B")
-        trainable = layers * lora_params_per_layer(m, w.lora_rank, w.lora_targets) / plan.tp
+        trainable = layers * lora_params_per_layer(m, w.lora_rank, w.lora_targets) / tp
         # LoRA adapters are thin matrices; factored optimizers gain nothing: count as vectors.
         state_elems = optimizer_state_elements(w.optimizer, [(trainable, 1, 1)])
         weight_name = "lora adapters"
-    add_model_states(add, trainable, state_elems, sb, w.optimizer, plan.sharding, n, plan.offload, compute_b, weight_name,
+    add_model_states(add, trainable, state_elems, sb, w.optimizer, sharding, n, offload, compute_b, weight_name,
                      w.caps.offload_keeps_grads)
+    return tuple(items)
 
-    # --- buffers that depend on the framework
-    unsharded_stage = (plan.sharding in ("zero3", "hsdp") and plan.pp > 1 and not w.caps.reshard_under_pp
-                       and w.method == "full" and plan.offload == "none")
+
+class _FsdpUnderPP(NamedTuple):
+    """What the phases of FSDP2 under pipeline parallelism read of the buffer terms."""
+
+    stage_bytes: float  # the stage kept unsharded: weights + accumulated gradients
+    layer_unit: float  # parameters of one decoder layer on this rank
+    root_unit: float  # parameters of the stage's root unit (embedding or output layer)
+    acc_b: int  # bytes per accumulated gradient element
+
+
+@lru_cache(maxsize=1 << 12)
+def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, offload: str,
+                            data_parallel: bool) -> tuple[tuple, _FsdpUnderPP | None]:
+    """The buffers a framework keeps beside the model states (FSDP2's unsharded stage under PP,
+    gathered layers, DDP buckets, DeepSpeed's reduce bucket), and what FSDP2-under-PP's phases
+    read of them (None unless that is the case)."""
+    items, add = _collector()
+    m = w.model
+    sb = state_bytes(w.framework, w.precision, w.optimizer)
+    layer_p, extra_p, _ = _stage_params_cached(w, tp, pp, stage)
+    rank_params = layer_p + extra_p
+    trainable = rank_params  # the buffers below are for full training only
+    compute_b = _compute_bytes(w)
+    fsdp_pp = None
+    unsharded_stage = (sharding in ("zero3", "hsdp") and pp > 1 and not w.caps.reshard_under_pp
+                       and w.method == "full" and offload == "none")
     if unsharded_stage:
         # FSDP2 under pipeline parallelism (torchtitan): parameters stay unsharded from the first
         # micro-batch's forward to the last one's backward (reshard_after_forward False under PP,
@@ -759,25 +853,26 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         # The root's comes last in a micro-batch's backward, once that micro-batch's activations
         # are freed (first stage), or after the logits are (last stage), so it is not added; nor
         # the layers' on the last stage, whose peak is at the loss (traced, first and last stage).
-        layer_unit = m.layer_params() / plan.tp
-        root_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp if stage in ("first", "last") else 0.0
+        layer_unit = m.layer_params() / tp
+        root_unit = framework_vocab(w, tp) * m.hidden / tp if stage in ("first", "last") else 0.0
         if stage != "last":
             add("gradient before accumulation", layer_unit * compute_b, "buffers", lambda:
                 f"one layer's {compute_b}-B gradient, made in its backward before it joins the accumulated one")
-    elif plan.sharding in ("zero3", "hsdp") or plan.offload == "optimizer+params":
-        unit = max(m.layer_params(), m.vocab * m.hidden) / plan.tp
+        fsdp_pp = _FsdpUnderPP(stage_bytes, layer_unit, root_unit, acc_b)
+    elif sharding in ("zero3", "hsdp") or offload == "optimizer+params":
+        unit = max(m.layer_params(), m.vocab * m.hidden) / tp
         add("gathered weights", unit * (2 * compute_b + compute_b + sb.grad), "buffers", lambda:
             "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in 16-bit, "
             "plus its unsharded gradient before reduce-scatter")
-    elif plan.dp * plan.cp > 1 and w.method == "full" and plan.offload == "none":
-        if w.caps.grad_buffer is GradBuffer.DDP_BUCKETS and plan.sharding == "none":
+    elif data_parallel and w.method == "full" and offload == "none":
+        if w.caps.grad_buffer is GradBuffer.DDP_BUCKETS and sharding == "none":
             add("ddp buckets", trainable * sb.grad, "buffers", lambda:
                 "DDP copies gradients into flat buckets (gradient_as_bucket_view=False, the default)")
-        elif w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET and plan.sharding == "none":
+        elif w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET and sharding == "none":
             add("reduce bucket", min(trainable, DEEPSPEED_REDUCE_BUCKET_ELEMS) * sb.grad, "buffers", lambda:
                 "DeepSpeed without ZeRO: gradients flattened into all-reduce buckets of up to 5e8 elements")
-    if (w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET and w.method == "full" and plan.offload == "none"
-            and plan.sharding != "none"):
+    if (w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET and w.method == "full" and offload == "none"
+            and sharding != "none"):
         # DeepSpeed's ZeRO (contiguous_gradients, the default) allocates its gradient bucket at
         # reduce_bucket_size elements whatever the model's size: at every backward for stages 1
         # and 2 (stage_1_and_2.py setup_buckets), once at start for stage 3 (stage3.py); measured
@@ -785,15 +880,22 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         # for a 1.9M-parameter model, at 1 and 2 ranks
         add("reduce bucket", DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b, "buffers", lambda:
             f"DeepSpeed reduce_bucket_size: 5e8 elements x {compute_b} B, allocated whatever the model's size")
+    return tuple(items), fsdp_pp
 
-    # --- activations
-    b = plan.micro_batch_size
-    in_flight = pipeline_in_flight(plan, stage)
+
+@lru_cache(maxsize=1 << 14)
+def _activation_items(w: Workload, tp: int, cp: int, sp: bool, recompute: str, recompute_layers: int, b: int,
+                      pp: int, in_flight: float, stage: str) -> tuple[tuple, float, float]:
+    """The layers' activations kept for backward on `stage` with `in_flight` micro-batches, and
+    the layer a recomputing backward rematerialises; also (activations, working set) in bytes."""
+    items, add = _collector()
+    plan = Plan(1, 1, tp, pp, 1, cp, "none", b, 1, b, recompute, "none", sp, 1, 0, recompute_layers)
+    layers = _stage_params_cached(w, tp, pp, stage)[2]
     # Megatron-LM --recompute-method block --recompute-num-layers N: only N layers of each
     # stage are recomputed (plan.recompute_layers; 0 = all of them).
     per_layer = stored_layer_bytes(w, plan, b)
     n_rc = recomputed_layers(plan, layers)
-    if plan.recompute == "full" and n_rc < layers:
+    if recompute == "full" and n_rc < layers:
         kept = layer_activation_bytes(w, plan, b)
         acts = (per_layer * n_rc + kept * (layers - n_rc)) * in_flight
     else:
@@ -801,7 +903,7 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         acts = per_layer * layers * in_flight
 
     def label():
-        if plan.recompute == "full":
+        if recompute == "full":
             return (f"{n_rc:g} of {layers:g} layers recomputed keep only their input (2·sbh), the others "
                     f"{kept / GIB:.3g} GiB each")
         return "; ".join(f"{n_} {v / GIB:.3g}" for n_, v, _ in layer_activation_terms(w, plan, b))
@@ -813,17 +915,26 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
     # 8B trace, docs/memory-accuracy.md: counting both put activations+logits 9.2% high under
     # full AC and 2.8% under op-level SAC).
     working_set = 0.0
-    if plan.recompute == "full":
+    if recompute == "full":
         working_set = layer_activation_bytes(w, plan, b)
-    elif plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC:
-        working_set = _layer_bytes(w, plan.tp, plan.cp, plan.sequence_parallel, "none", b)
+    elif recompute == "selective" and w.caps.selective is Selective.OP_SAC:
+        working_set = _layer_bytes(w, tp, cp, sp, "none", b)
     if working_set and stage not in ("last", "only"):
         add("recompute working set", working_set, "activations", lambda:
             "one layer's activations rematerialised during its backward")
+    return tuple(items), acts, working_set
+
+
+@lru_cache(maxsize=1 << 14)
+def _pipeline_items(w: Workload, tp: int, cp: int, sp: bool, b: int, pp: int, v: int, m: int, stage: str,
+                    in_flight: float) -> tuple[tuple, float]:
+    """torch's PipelineStage receive buffers and GPT's embedding dropout mask; also the receive
+    buffers' bytes."""
+    items, add = _collector()
     # one stage-boundary tensor's elements on this rank: s·b·h, split by cp and, under SP, by tp
-    sbh_local = (w.seq_len / plan.cp) * b * m.hidden / (plan.tp if plan.sequence_parallel else 1)
+    sbh_local = (w.seq_len / cp) * b * w.model.hidden / (tp if sp else 1)
     recv = 0.0
-    if plan.pp > 1 and w.caps.pp_stage_recv_buffers:
+    if pp > 1 and w.caps.pp_stage_recv_buffers:
         # torch's PipelineStage (distributed/pipelining/stage.py _setup_forward_recv_info,
         # _setup_backward_recv_info) allocates, for each of the m micro-batches, a buffer for every
         # boundary tensor the stage receives (activations unless it is the first stage, gradients
@@ -831,44 +942,67 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         # A micro-batch in flight holds its received input as its first layer's saved input,
         # already counted above; the rest are extra (traced: 31 x 32 MiB on 405B's last stage).
         boundary = sbh_local * w.act_bytes
-        v, mbs, p_ = plan.virtual_stages, plan.grad_accum_steps, plan.pp
         first, last = stage == "first", stage == "last"
         n_recv = (v - first) + (v - last)
         chunks = in_flight * v  # chunk forwards in flight on this rank
-        held_inputs = (v - 1) * p_ if first else chunks  # in-flight inputs that arrived as received buffers
-        n_buf = max(0.0, mbs * n_recv - min(held_inputs, mbs * (v - first)))
+        held_inputs = (v - 1) * pp if first else chunks  # in-flight inputs that arrived as received buffers
+        n_buf = max(0.0, m * n_recv - min(held_inputs, m * (v - first)))
         recv = n_buf * boundary
         add("pipeline receive buffers", recv, "buffers", lambda:
             f"{n_buf:g} x {boundary / GIB:.3g} GiB: a buffer per micro-batch for each received activation and gradient "
             f"(torch PipelineStage), less the inputs of the micro-batches in flight")
-    if m.family == "gpt" and m.dropout > 0 and stage in ("first", "only"):
+    if w.model.family == "gpt" and w.model.dropout > 0 and stage in ("first", "only"):
         add("embedding dropout mask", sbh_local * in_flight, "activations",
             lambda: "dropout mask on the embeddings: sbh bytes")
-    if stage in ("last", "only"):
-        vocab = framework_vocab(w, plan.tp)
-        elems = (w.seq_len / plan.cp) * b * vocab / plan.tp
-        per, loss_label = _loss_bytes(w, plan.tp, plan.pp)
-        # The final norm keeps what a layer's norm keeps and the output layer its input:
-        # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (tests/torch_reference.py).
-        # Measured: the norm's input and output (2·e·sbh); eager RMSNorm also keeps an fp32
-        # copy (4·sbh) — in fp32 training the input itself is that copy, still 4·sbh.
-        rep = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
-        e_ = w.act_bytes
-        per_token = 2 * e_ if (m.family == "gpt" or w.caps.fused_kernels) else 4 + 2 * e_
-        sbh_head = (w.seq_len / plan.cp) * b * m.hidden
-        head_in = sbh_head * per_token / rep
-        if w.caps.sp_keeps_gathered_input and rep > 1:
-            # the output layer keeps its all-gathered input (e·sbh) instead of the shard
-            head_in += e_ * sbh_head * (1 - 1 / rep)
-        add("final norm and output input", head_in, "activations",
-            lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")
-        add("logits and loss", elems * per, "logits", lambda:
-            f"s·b·V/t = {elems:.4g} logits x {per:g} B ({loss_label})")
-        excess = max(0.0, working_set - elems * per)
-        if working_set:
-            add("recompute working set", excess, "activations", lambda:
-                f"one layer rematerialised in its backward, {working_set / GIB:.3g} GiB, after the logits are "
-                f"freed: {excess / GIB:.3g} GiB beyond their peak")
+    return tuple(items), recv
+
+
+@lru_cache(maxsize=1 << 14)
+def _head_items(w: Workload, tp: int, cp: int, sp: bool, b: int, pp: int, stage: str, working_set: float) -> tuple:
+    """The final norm and output layer's kept inputs, the logits and the loss, and what a
+    recomputed layer's backward adds beyond their peak (the stage that computes the loss)."""
+    items, add = _collector()
+    m = w.model
+    vocab = framework_vocab(w, tp)
+    elems = (w.seq_len / cp) * b * vocab / tp
+    per, loss_label = _loss_bytes(w, tp, pp)
+    # The final norm keeps what a layer's norm keeps and the output layer its input:
+    # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (tests/torch_reference.py).
+    # Measured: the norm's input and output (2·e·sbh); eager RMSNorm also keeps an fp32
+    # copy (4·sbh) — in fp32 training the input itself is that copy, still 4·sbh.
+    rep = tp if sp and tp > 1 else 1
+    e_ = w.act_bytes
+    per_token = 2 * e_ if (m.family == "gpt" or w.caps.fused_kernels) else 4 + 2 * e_
+    sbh_head = (w.seq_len / cp) * b * m.hidden
+    head_in = sbh_head * per_token / rep
+    if w.caps.sp_keeps_gathered_input and rep > 1:
+        # the output layer keeps its all-gathered input (e·sbh) instead of the shard
+        head_in += e_ * sbh_head * (1 - 1 / rep)
+    add("final norm and output input", head_in, "activations",
+        lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")
+    add("logits and loss", elems * per, "logits", lambda:
+        f"s·b·V/t = {elems:.4g} logits x {per:g} B ({loss_label})")
+    excess = max(0.0, working_set - elems * per)
+    if working_set:
+        add("recompute working set", excess, "activations", lambda:
+            f"one layer rematerialised in its backward, {working_set / GIB:.3g} GiB, after the logits are "
+            f"freed: {excess / GIB:.3g} GiB beyond their peak")
+    return tuple(items)
+
+
+def _phases(add, w: Workload, plan: Plan, stage: str, groups: dict, acts: float, working_set: float,
+            fsdp_pp: _FsdpUnderPP | None, recv: float):
+    """FSDP2's phases that never coexist, as one (negative) "never held together" term; returns
+    (activation phase, end-of-backward phase) when they are counted, else None."""
+    m = w.model
+    compute_b = _compute_bytes(w)
+
+    def add_phases(at_acts, at_end, summed, describe):
+        """Two phases of a step that never coexist: count the larger instead of their sum (term
+        "never held together"); describe(True when the activation phase is the peak)."""
+        overlap = max(at_acts, at_end) - summed
+        if overlap < 0:
+            add("never held together", overlap, "overlap", lambda: describe(at_acts >= at_end))
 
     # FSDP2 frees the sharded gradients every step (zero_grad(set_to_none=True)) and rebuilds
     # them block by block in backward, so the sum of maxima overstates the peak: at the
@@ -877,7 +1011,6 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
     # activations are gone (the torchtitan traces, docs/memory-accuracy.md: totals +5% to +37%
     # over the traced peak without this). Only for one micro-batch per step without pipelining:
     # with accumulation the gradients of the earlier micro-batches are held.
-    phases = None  # (activation phase, end-of-backward phase) when FSDP2's phases are counted
     if (w.caps.frees_grads_each_step and plan.sharding in ("zero3", "hsdp") and plan.pp == 1
             and plan.grad_accum_steps == 1 and w.method == "full" and plan.offload == "none"):
         head_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp * compute_b  # the output layer, gathered
@@ -895,33 +1028,41 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
             at_acts = max(at_loss, at_block)
         at_end = groups["grads"] + groups["buffers"]
         summed = groups["activations"] + groups["logits"] + groups["grads"] + groups["buffers"]
-        phases = (at_acts, at_end)
         add_phases(at_acts, at_end, summed, lambda which: (
             f"FSDP2 frees gradients each step: at the activation peak activations + logits + the output "
             f"layer gathered ({at_acts / GIB:.3g} GiB), at the end of backward gradients + gathered "
             f"buffers ({at_end / GIB:.3g} GiB); the peak is the {'activation peak' if which else 'end of backward'}"))
-    elif w.caps.frees_grads_each_step and unsharded_stage:
+        return at_acts, at_end
+    if w.caps.frees_grads_each_step and fsdp_pp is not None:
         # The same under pipeline parallelism, with other phases (torchtitan's first and last
         # stages traced, benchmarks/trace_memory.py --pp): during the schedule the stage is
         # unsharded, its gradients accumulate unsharded and no sharded gradient exists; they are
         # reduced after the last micro-batch's backward, when the activations are gone, unit by
         # unit: a unit frees its gathered 16-bit weights, copies its accumulated gradients into
         # an fp32 reduce-scatter input and receives its shard. The largest unit bounds that phase.
-        reduce = max(layer_unit, root_unit) * (acc_b + acc_b / n - compute_b)
+        acc_b, n = fsdp_pp.acc_b, plan.shard_group
+        reduce = max(fsdp_pp.layer_unit, fsdp_pp.root_unit) * (acc_b + acc_b / n - compute_b)
         at_acts = groups["activations"] + groups["logits"] + groups["buffers"]
-        at_end = stage_bytes + recv + reduce
-        phases = (at_acts, at_end)
+        at_end = fsdp_pp.stage_bytes + recv + reduce
         add_phases(at_acts, at_end, at_acts + groups["grads"], lambda which: (
             f"FSDP2 under PP makes sharded gradients only after the schedule: during it activations + "
             f"unsharded stage ({at_acts / GIB:.3g} GiB), after it the stage + one unit's reduce-scatter "
             f"({at_end / GIB:.3g} GiB); the peak is the {'schedule' if which else 'gradient reduction after it'}"))
+        return at_acts, at_end
+    return None
+
+
+def _overheads(add, w: Workload, plan: Plan, stage: str, groups: dict, phases) -> None:
+    """What the GPU holds besides tensors (docs/memory-model.md §4): the CUDA context, NCCL's
+    buffers, the caching allocator's share and what an earlier OOM taught."""
+    o = w.overheads
     transient = groups["activations"] + groups["logits"] + groups["buffers"]
     add("cuda context", o.cuda_context_gib * GIB, "overhead", lambda: "CUDA context, kernels, cuBLAS workspace")
     comms = sum(1 for k in (plan.tp, plan.pp, plan.dp * plan.cp) if k > 1)
     if comms:
         add("nccl buffers", comms * o.nccl_gib * GIB, "overhead", lambda: f"{comms} communicator(s) x {o.nccl_gib:g} GiB")
     if w.caps.frees_grads_each_step and plan.sharding in ("zero3", "hsdp") and plan.offload == "none":
-        _fsdp2_allocator_terms(add, w, plan, stage, groups, phases, transient, compute_b)
+        _fsdp2_allocator_terms(add, w, plan, stage, groups, phases, transient, _compute_bytes(w))
     else:
         add("allocator reserve", transient * o.reserve_fraction, "overhead", lambda:
             f"{o.reserve_fraction:.0%} of transient tensors ({'expandable_segments' if o.expandable_segments else 'default allocator'})")
@@ -930,19 +1071,3 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
         add("learned from an OOM", o.learned_gap_bytes + o.learned_per_scaling * scaling, "overhead", lambda:
             f"{o.learned_from}: {o.learned_gap_bytes / GIB:.2f} GiB + {o.learned_per_scaling:.3g} x activations and "
             "logits the model missed")
-
-    host = groups.pop("host")
-    total = sum(groups.values())
-    usable = gpu_memory_bytes - o.safety_margin_gib * GIB
-    ranks_per_node = plan.gpus_per_node
-    host_node = (host + o.host_per_process_gib * GIB) * ranks_per_node
-    host_usable = (host_mem_bytes - o.host_reserve_gib * GIB) if host_mem_bytes else float("inf")
-    return MemoryBreakdown(
-        weights_bytes=int(groups["weights"]), grads_bytes=int(groups["grads"]),
-        optimizer_bytes=int(groups["optimizer"]), activations_bytes=int(groups["activations"]),
-        logits_bytes=int(groups["logits"]), buffers_bytes=int(groups["buffers"]),
-        overhead_bytes=int(groups["overhead"]), total_bytes=int(total), gpu_usable_bytes=int(usable),
-        overlap_bytes=int(groups["overlap"]),
-        host_bytes_per_node=int(host_node), host_usable_bytes=int(min(host_usable, 1 << 62)),
-        stage=stage, terms=tuple(terms),
-    )

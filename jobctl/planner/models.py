@@ -32,6 +32,13 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    def __hash__(self) -> int:  # a key of the planner's caches, hashed on every lookup: compute once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     # --- parameter counts -------------------------------------------------------------
     def layer_params(self) -> int:
         return self._layer_params

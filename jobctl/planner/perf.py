@@ -10,6 +10,7 @@ over PCIe and the CPU optimizer step. Every efficiency constant is named below.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from jobctl.frameworks import Selective
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
@@ -90,6 +91,13 @@ class Links:
     peak_tflops: float
     gemm_efficiency: float = 0.0  # 0: GEMM_EFFICIENCY; else the GPU's own (GEMM_EFFICIENCY_BY_GPU)
 
+    def __hash__(self) -> int:  # a key of the per-layer cost cache: hashed once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", h)
+        return h
+
 
 @dataclass(frozen=True)
 class StepEstimate:
@@ -153,10 +161,6 @@ def _latency(gbs: float, links: Links) -> float:
     return LATENCY_INTRA_NODE_S if gbs >= links.intra_node_gbs else LATENCY_INTER_NODE_S
 
 
-def tp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
-    return links.intra_node_gbs if plan.tp <= gpus_per_node else links.inter_node_gbs
-
-
 def dp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
     """Megatron rank order tp-cp-dp-pp: the data-parallel group stays in a node only if
     tp·cp·dp fits in one."""
@@ -165,12 +169,64 @@ def dp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
 
 def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, steps: int | None = None) -> StepEstimate:
     """Time of one optimizer step of `plan` and its parts."""
-    m = w.model
-    t, p, c, v = plan.tp, plan.pp, plan.cp, max(plan.virtual_stages, 1)
-    b, micro = plan.micro_batch_size, plan.grad_accum_steps
-    s = w.seq_len
+    step, layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble, dp, optimizer, offload = \
+        _step_parts(w, plan, links, gpus_per_node)
+    micro = plan.grad_accum_steps
     peak = links.peak_tflops * 1e12
-    sp = plan.sequence_parallel and t > 1
+    tokens = w.global_batch_size * w.seq_len
+    world = plan.world_size
+    flops = model_flops_per_token(w) * tokens
+    mfu = flops / (step * world * peak) if step > 0 else 0.0
+    ttt = steps * step if steps else None
+    return StepEstimate(
+        step_time_s=step, compute_s=micro * stage_mb - micro * layers_max * (layer_tp + layer_cp),
+        tp_comm_s=micro * layers_max * layer_tp, pp_bubble_s=bubble, pp_p2p_s=micro * p2p, dp_comm_s=dp,
+        cp_comm_s=micro * layers_max * layer_cp, offload_s=offload, optimizer_s=optimizer,
+        tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, mfu=mfu,
+        model_flops_per_step=flops, steps=steps, time_to_train_s=ttt,
+        gpu_hours=ttt * world / 3600 if ttt else None,
+    )
+
+
+def step_time(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> float:
+    """Seconds per optimizer step (estimate_step's step_time_s without its other figures: the
+    search's bounds ask for thousands of them)."""
+    return _step_parts(w, plan, links, gpus_per_node)[0]
+
+
+def _step_parts(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> tuple:
+    """(step, layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the
+    slowest stage, its sends, the bubble, exposed DP communication, the optimizer step, offload)."""
+    m = w.model
+    p, v = plan.pp, max(plan.virtual_stages, 1)
+    micro = plan.grad_accum_steps
+    layers_max = stage_layers(m.layers, p)[1]
+    rc = recomputed_layers(plan, layers_max) / layers_max  # share of layers whose forward reruns
+    # the per-layer costs depend on a few of the plan's values and none of the framework's but
+    # what selective recompute reruns: shared by every plan (and framework) that has them
+    op_sac = (w.caps.fused_qkv,) if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC else None
+    layer_compute, layer_tp, layer_cp, msg, head = _layer_costs(
+        m, w.seq_len, w.act_bytes, w.attention, op_sac, links, gpus_per_node, plan.tp, plan.cp,
+        plan.micro_batch_size, plan.sequence_parallel, plan.recompute, rc)
+    stage_mb, p2p, bubble = _pipeline(m.layers, plan, v, layers_max, layer_compute + layer_tp + layer_cp, head, msg,
+                                      links, gpus_per_node)
+    pipeline = micro * (stage_mb + p2p)
+    rank_params = stage_params_per_rank(w, plan)
+    trainable = rank_params if w.method == "full" else rank_params * 0.01
+    dp = _data_parallel(w, plan, links, gpus_per_node, stage_mb, layers_max, trainable)
+    optimizer, offload = _optimizer_and_offload(w, plan, links, trainable)
+    step = pipeline + bubble + dp + optimizer + offload
+    return step, layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble, dp, optimizer, offload
+
+
+@lru_cache(maxsize=1 << 14)
+def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, links: Links, gpus_per_node: int,
+                 t: int, c: int, b: int, sequence_parallel: bool, recompute: str, rc: float) -> tuple:
+    """One layer's (compute, tensor-parallel, context-parallel) seconds for one micro-batch on
+    one rank, the tensor-parallel message (bytes) and the output layer with the loss (seconds).
+    op_sac: (fused_qkv,) when "selective" is torchtitan's op-level SAC, else None."""
+    peak = links.peak_tflops * 1e12
+    sp = sequence_parallel and t > 1
     tokens_rank = b * s / c  # tokens of one micro-batch on one rank
     h, f = m.hidden, m.ffn_hidden
 
@@ -178,15 +234,13 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     matrix_params = m.layer_params() - (2 * h if m.family == "llama" else 4 * h)
     fwd_gemm = 2 * matrix_params / t * tokens_rank
     fwd_attn = 2 * b * (s / c) * s * h / t  # causal: half of 4·b·s²·h, split over t and c
-    layers_max = stage_layers(m.layers, p)[1]
-    rc = recomputed_layers(plan, layers_max) / layers_max  # share of layers whose forward reruns
     passes_gemm = 3 + rc
-    passes_attn = 3 + (1 if plan.recompute == "selective" else rc)
-    if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC:
+    passes_attn = 3 + (1 if recompute == "selective" else rc)
+    if op_sac is not None:
         # torchtitan's op-level SAC reruns every second matmul, not attention: wo and w3 with a
         # fused wqkv; wk, wo and w3 with separate projections
         a, g = m.heads, m.kv_heads
-        rerun = h * h + h * f + (0 if w.caps.fused_qkv else h * h * g / a)
+        rerun = h * h + h * f + (0 if op_sac[0] else h * h * g / a)
         passes_gemm = 3 + rerun / matrix_params
         passes_attn = 3
     eff = gemm_efficiency(tokens_rank * h / t, links.gemm_efficiency)
@@ -195,7 +249,7 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     layer_compute = fwd_gemm * passes_gemm / (peak * eff) + fwd_attn * passes_attn / (peak * att_eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
     membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank * (1 + rc / 3)
-    if w.attention == "eager":
+    if attention == "eager":
         # the a·s² score matrix is written, soft-maxed, dropped out and read back (causal: half
         # of it counts); selective and full recompute rerun that forward
         scores = b * m.heads / t * (s / c) * s / 2
@@ -204,42 +258,53 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     layer_compute = max(layer_compute, KERNELS_PER_LAYER * (1 + rc / 3) * KERNEL_LAUNCH_S)
     # Tensor parallelism: 2 collectives forward, 2 backward (+2 when the forward is recomputed),
     # each an all-reduce (or reduce-scatter + all-gather with SP: the same bytes).
-    msg = w.act_bytes * tokens_rank * h
+    msg = act_bytes * tokens_rank * h
     n_coll = 4 + 2 * rc
-    tp_gbs = tp_link_gbs(plan, links, gpus_per_node)
+    tp_gbs = links.intra_node_gbs if t <= gpus_per_node else links.inter_node_gbs
     layer_tp = n_coll * _ring(t, msg, tp_gbs, INTRA_NODE_EFFICIENCY if t <= gpus_per_node else NETWORK_EFFICIENCY, 2,
                               _latency(tp_gbs, links))
     # Context parallelism: each rank passes its K and V chunk around the ring (c−1 hops) in
     # forward and again in backward, overlapped with the attention it feeds.
-    kv = 2 * w.act_bytes * tokens_rank * h * m.kv_heads / m.heads / t
+    kv = 2 * act_bytes * tokens_rank * h * m.kv_heads / m.heads / t
     cp_link = links.intra_node_gbs if t * c <= gpus_per_node else links.inter_node_gbs
     cp_time = 3 * (c - 1) * (kv / (cp_link * 1e9 * NETWORK_EFFICIENCY) + _latency(cp_link, links)) if c > 1 else 0.0
     layer_cp = max(0.0, cp_time - fwd_attn * passes_attn / (peak * att_eff))
-
-    stage_mb = layers_max * (layer_compute + layer_tp + layer_cp)
     # The last stage also runs the output layer and the loss (vocabulary-parallel over t).
     out_flops = 2 * tokens_rank * h * m.vocab / t * 3
     head = out_flops / (peak * gemm_efficiency(tokens_rank * h / t, links.gemm_efficiency)) + \
         14 * tokens_rank * m.vocab / t / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
+    return layer_compute, layer_tp, layer_cp, msg, head
+
+
+def _pipeline(layers: int, plan: Plan, v: int, layers_max: int, layer: float, head: float, msg: float,
+              links: Links, gpus_per_node: int) -> tuple[float, float, float]:
+    """(one micro-batch on the slowest stage, its point-to-point sends, the bubble), seconds."""
+    p, t, c = plan.pp, plan.tp, plan.cp
+    stage_mb = layers_max * layer
     if p == 1:
         stage_mb += head
     else:
-        stage_mb = max(stage_mb, stage_layers(m.layers, p)[2] * (layer_compute + layer_tp + layer_cp) + head)
+        stage_mb = max(stage_mb, stage_layers(layers, p)[2] * layer + head)
     # Pipeline point-to-point: activations forward and gradients backward per micro-batch and chunk.
     p2p = 0.0
     if p > 1:
+        sp = plan.sequence_parallel and t > 1
         link = links.intra_node_gbs if t * c * plan.dp * p <= gpus_per_node else links.inter_node_gbs
         p2p = 2 * v * (msg / (t if sp else 1) / (link * 1e9 * NETWORK_EFFICIENCY) + _latency(link, links))
-    pipeline = micro * (stage_mb + p2p)
     bubble = (p - 1) / v * stage_mb if p > 1 else 0.0
+    return stage_mb, p2p, bubble
 
-    # Data parallelism over the shard group (dp·cp ranks hold replicas of the same weights).
-    rank_params = stage_params_per_rank(w, plan)
+
+def _data_parallel(w: Workload, plan: Plan, links: Links, gpus_per_node: int, stage_mb: float,
+                   layers_max: int, trainable: float) -> float:
+    """Data-parallel communication over the shard group (dp·cp ranks hold replicas of the same
+    weights) that compute does not hide, seconds per step; `trainable`: parameters one rank of
+    the largest stage trains."""
+    micro = plan.grad_accum_steps
     n = plan.dp * plan.cp
     grad_b = 4 if w.precision == "fp32" else w.caps.reduce_bytes  # bytes per gradient element reduced
     param_b = 4 if w.precision == "fp32" else 2
     dp_gbs = dp_link_gbs(plan, links, gpus_per_node)
-    trainable = rank_params if w.method == "full" else rank_params * 0.01
     backward_last = stage_mb * 2 / 3
     if plan.sharding in ("zero3", "hsdp"):
         shard = plan.hsdp_shard or n
@@ -257,41 +322,30 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
             dp = max(0.0, once - stage_mb)
         if plan.sharding == "hsdp" and n > shard:
             dp += (1 - DP_OVERLAP) * _ring(n // shard, trainable * grad_b / shard, dp_gbs, NETWORK_EFFICIENCY, 2)
-    else:
-        factor = 2 if plan.sharding == "none" else 1
-        buckets = max(1.0, trainable * grad_b / BUCKET_BYTES)
-        reduce = _ring(n, trainable * grad_b, dp_gbs, NETWORK_EFFICIENCY, factor, buckets * _latency(dp_gbs, links))
-        gather = _ring(n, trainable * param_b, dp_gbs, NETWORK_EFFICIENCY, 1, buckets * _latency(dp_gbs, links)) \
-            if plan.sharding != "none" else 0.0
-        dp = max(reduce * (1 - DP_OVERLAP), reduce - backward_last) + max(0.0, gather - stage_mb / 3)
+        return dp
+    factor = 2 if plan.sharding == "none" else 1
+    buckets = max(1.0, trainable * grad_b / BUCKET_BYTES)
+    reduce = _ring(n, trainable * grad_b, dp_gbs, NETWORK_EFFICIENCY, factor, buckets * _latency(dp_gbs, links))
+    gather = _ring(n, trainable * param_b, dp_gbs, NETWORK_EFFICIENCY, 1, buckets * _latency(dp_gbs, links)) \
+        if plan.sharding != "none" else 0.0
+    return max(reduce * (1 - DP_OVERLAP), reduce - backward_last) + max(0.0, gather - stage_mb / 3)
 
-    # Optimizer step and offload.
+
+def _optimizer_and_offload(w: Workload, plan: Plan, links: Links, trainable: float) -> tuple[float, float]:
+    """(the optimizer step, the offload transfers over PCIe), seconds per step."""
+    n = plan.dp * plan.cp
+    param_b = 4 if w.precision == "fp32" else 2
     shard_o = n if plan.sharding != "none" else 1
     opt_params = trainable / shard_o
-    offload = 0.0
     if plan.offload == "none":
-        optimizer = opt_params * CPU_ADAM_BYTES_PER_PARAM / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
-    else:
-        ranks = plan.gpus_per_node
-        optimizer = opt_params * CPU_ADAM_BYTES_PER_PARAM * ranks / (HOST_MEMORY_GBS * 1e9)
-        offload = 2 * opt_params * param_b / (links.pcie_gbs * 1e9 * PCIE_EFFICIENCY)
-        if plan.offload == "optimizer+params":  # weights stream in for forward and backward
-            offload += micro * 2 * trainable / (plan.hsdp_shard or n) * param_b / (links.pcie_gbs * 1e9 * PCIE_EFFICIENCY)
-
-    step = pipeline + bubble + dp + optimizer + offload
-    tokens = w.global_batch_size * s
-    world = plan.world_size
-    flops = model_flops_per_token(w) * tokens
-    mfu = flops / (step * world * peak) if step > 0 else 0.0
-    ttt = steps * step if steps else None
-    return StepEstimate(
-        step_time_s=step, compute_s=micro * stage_mb - micro * layers_max * (layer_tp + layer_cp),
-        tp_comm_s=micro * layers_max * layer_tp, pp_bubble_s=bubble, pp_p2p_s=micro * p2p, dp_comm_s=dp,
-        cp_comm_s=micro * layers_max * layer_cp, offload_s=offload, optimizer_s=optimizer,
-        tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, mfu=mfu,
-        model_flops_per_step=flops, steps=steps, time_to_train_s=ttt,
-        gpu_hours=ttt * world / 3600 if ttt else None,
-    )
+        return opt_params * CPU_ADAM_BYTES_PER_PARAM / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY), 0.0
+    ranks = plan.gpus_per_node
+    optimizer = opt_params * CPU_ADAM_BYTES_PER_PARAM * ranks / (HOST_MEMORY_GBS * 1e9)
+    offload = 2 * opt_params * param_b / (links.pcie_gbs * 1e9 * PCIE_EFFICIENCY)
+    if plan.offload == "optimizer+params":  # weights stream in for forward and backward
+        micro = plan.grad_accum_steps
+        offload += micro * 2 * trainable / (plan.hsdp_shard or n) * param_b / (links.pcie_gbs * 1e9 * PCIE_EFFICIENCY)
+    return optimizer, offload
 
 
 def stage_params_per_rank(w: Workload, plan: Plan) -> float:

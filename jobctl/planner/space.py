@@ -1,0 +1,427 @@
+"""The search space of one workload on one partition: the parallel layouts, the memory knobs each
+can use, an optimistic bound on each layout's speed, and each layout's own evaluation (which
+micro-batches and knobs fit, and the fastest of them).
+
+A layout's evaluation does not depend on the objective, nor on which parallel dimensions a
+search pins: the searches of one `plan` (the chosen objective, the other objectives it reports,
+the "why not" searches that pin tp, pp or cp) share one `Evaluations`, and a layout is evaluated
+once however many of them visit it (issue 25).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from jobctl.frameworks import Selective
+from jobctl.planner.catalog import GPUSpec
+from jobctl.planner.memory import MemoryBreakdown, Workload, estimate, stage_layers
+from jobctl.planner.perf import Links, StepEstimate, estimate_step, step_time
+from jobctl.planner.plan import Plan
+
+MAX_VIRTUAL_STAGES = 8
+MIN_CP_TOKENS = 1024
+SMALL_BUBBLE = 0.02
+
+# Relative cost of the memory knobs, used to prefer the cheapest that fits. ZeRO-1/2 move
+# the same bytes as DDP's all-reduce (reduce-scatter + all-gather), so they are nearly free;
+# ZeRO-3 adds a parameter all-gather per pass (1.5x the traffic, ZeRO paper §7); selective
+# recompute costs a few percent, full recompute one extra forward (~33%); offload moves the
+# optimizer step to the CPU and the states over PCIe.
+KNOB_COST = {
+    ("sharding", "none"): 0.0, ("sharding", "zero1"): 0.1, ("sharding", "zero2"): 0.2,
+    ("sharding", "hsdp"): 1.0, ("sharding", "zero3"): 1.5,
+    ("recompute", "none"): 0.0, ("recompute", "selective"): 0.5, ("recompute", "full"): 3.0,
+    ("offload", "none"): 0.0, ("offload", "optimizer"): 10.0, ("offload", "optimizer+params"): 20.0,
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a plan runs: one partition of an inventory."""
+
+    cluster: str
+    partition: str
+    gpu: GPUSpec
+    gpus_per_node: int
+    nodes: int
+    host_mem_bytes: int
+    gpu_memory_bytes: int
+    links: Links | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """The recipe's `parallelism` block: a value pins a dimension, None leaves it to search."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    sharding: str | None = None
+    micro_batch_size: int | None = None
+    recompute: str | None = None
+    offload: str | None = None
+    sequence_parallel: bool | None = None
+    virtual_stages: int | None = None  # None: the search chooses; 1: plain 1F1B
+    max_nodes: int | None = None
+    nodes: int | None = None  # resources.nodes: exactly this many whole nodes
+
+
+# Constraints that only choose which layouts exist; a layout's own evaluation never reads them.
+LAYOUT_PINS = ("tp", "pp", "cp", "dp", "max_nodes", "nodes")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: Plan
+    memory: MemoryBreakdown
+    estimate: StepEstimate | None = None
+    whole_nodes: bool = True  # False: the plan takes part of a node and leaves its other GPUs idle
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.estimate.tokens_per_s if self.estimate else 0.0
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.estimate.tokens_per_s_per_gpu if self.estimate else 0.0
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def layouts(w: Workload, t: Target, c: Constraints):
+    """Yield (tp, pp, cp, dp, nodes, gpus_per_node) for every valid parallel layout."""
+    m = w.model
+    caps = w.caps
+    tps = [c.tp] if c.tp else [d for d in divisors(t.gpus_per_node)
+                               if m.heads % d == 0 and m.kv_heads % d == 0 and (d == 1 or caps.tp)]
+    pps = [c.pp] if c.pp else [p for p in range(1, m.layers + 1) if stage_layers(m.layers, p) and (p == 1 or caps.pp)]
+    if c.cp:
+        cps = [c.cp]
+    elif caps.cp:
+        # Context parallelism is for long sequences: each rank keeps at least MIN_CP_TOKENS
+        # (shorter chunks leave attention kernels and the K/V ring mostly idle).
+        cps = [x for x in (1, 2, 4, 8, 16, 32)
+               if x == 1 or (w.seq_len % (2 * x) == 0 and w.seq_len // x >= MIN_CP_TOKENS)]
+    else:
+        cps = [1]
+    dps = [c.dp] if c.dp else [d for d in divisors(w.global_batch_size)
+                               if (w.global_batch_size // d) % (c.micro_batch_size or 1) == 0]
+    max_gpus = t.total_gpus if c.max_nodes is None else min(t.total_gpus, c.max_nodes * t.gpus_per_node)
+    for tp in tps:
+        for pp in pps:
+            for cp in cps:
+                for dp in dps:
+                    world = tp * pp * cp * dp
+                    if world > max_gpus or (c.nodes is not None and world != c.nodes * t.gpus_per_node):
+                        continue
+                    if world <= t.gpus_per_node:
+                        if t.gpus_per_node % world and world != 1:
+                            continue  # a partial node: use a divisor of the node's GPUs
+                        yield tp, pp, cp, dp, 1, world
+                    elif world % t.gpus_per_node == 0:
+                        yield tp, pp, cp, dp, world // t.gpus_per_node, t.gpus_per_node
+
+
+def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn: int, tp: int) -> list[tuple]:
+    """(sharding, recompute, offload, hsdp_shard) choices, cheapest first."""
+    caps = w.caps
+    shardings = [c.sharding] if c.sharding else list(caps.shardings)
+    if not c.sharding:
+        if shard_group == 1:
+            # nothing to shard over; a ZeRO stage stays on offer where the framework offloads
+            # only through it (DeepSpeed's ZeRO-Offload on one GPU)
+            shardings = ["none"] + [x for x in ("zero2", "zero1") if x in shardings][:1]
+        else:
+            # ZeRO-1/2 move the same bytes as DDP's all-reduce (a reduce-scatter plus an
+            # all-gather) and hold less: of none/zero1/zero2 only the most sharded is worth trying.
+            plain = [x for x in ("zero2", "zero1", "none") if x in shardings]
+            shardings = plain[:1] + [x for x in shardings if x in ("hsdp", "zero3")]
+        if nodes == 1 or "hsdp" not in shardings:
+            shardings = [s for s in shardings if s != "hsdp"]
+    recomputes = [c.recompute] if c.recompute else list(caps.recompute)
+    if not c.recompute and w.attention != "eager" and caps.selective is not Selective.OP_SAC:
+        # Megatron's selective recompute only saves the a·s² scores, which flash attention never keeps
+        recomputes = [r for r in recomputes if r != "selective"]
+    offloads = [c.offload] if c.offload else list(caps.offload)
+    out = []
+    for sh in shardings:
+        hs = 0
+        if sh == "hsdp":
+            hs = max(1, min(shard_group, gpn // tp))  # shard inside a node, replicate across
+            if shard_group % hs:
+                continue
+        for rc in recomputes:
+            for of in offloads:
+                if of == "optimizer+params" and sh not in ("zero3", "hsdp") and not c.offload:
+                    continue  # parameter offload is a ZeRO-3 feature
+                cost = KNOB_COST[("sharding", sh)] + KNOB_COST[("recompute", rc)] + KNOB_COST[("offload", of)]
+                out.append((cost, sh, rc, of, hs))
+    out.sort(key=lambda x: x[0])
+    return [x[1:] for x in out]
+
+
+def virtual_stage_options(w: Workload, pp: int) -> list[int]:
+    """Virtual pipeline stages per rank worth trying: 1, and when the framework interleaves, the
+    counts that split the layers evenly (Megatron: a stage's layers; torchtitan: the layers plus
+    embedding and output over pp·v stages)."""
+    if pp == 1 or not w.caps.interleaved:
+        return [1]
+    layers_max = stage_layers(w.model.layers, pp)[1]
+    # the framework's own rule (its `problems`) filters the plans later
+    return [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
+                  if layers_max % v == 0 or (w.model.layers + 2) % (pp * v) == 0]
+
+
+def knob_cost(p: Plan) -> float:
+    return KNOB_COST[("sharding", p.sharding)] + KNOB_COST[("recompute", p.recompute)] + KNOB_COST[("offload", p.offload)]
+
+
+def faster(a: Candidate, b: Candidate) -> bool:
+    """Higher tokens/s; ties (or no estimate) go to the cheaper memory knobs, then larger micro-batch."""
+    if a.estimate and b.estimate and abs(a.tokens_per_s - b.tokens_per_s) > 1e-9 * b.tokens_per_s:
+        return a.tokens_per_s > b.tokens_per_s
+    return knob_cost(a.plan) < knob_cost(b.plan) or (
+        knob_cost(a.plan) == knob_cost(b.plan) and a.plan.micro_batch_size > b.plan.micro_batch_size)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One parallel layout with what its evaluation tries: micro-batch sizes (largest first),
+    virtual stages and (sharding, recompute, offload, hsdp_shard) knobs (cheapest first)."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    nodes: int
+    gpus_per_node: int
+    per_dp: int  # sequences per data-parallel rank and step
+    micro_batches: tuple[int, ...]
+    sequence_parallel: bool
+    layers_max: int
+    virtual_stages: tuple[int, ...]
+    knobs: tuple[tuple, ...]
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return self.tp, self.pp, self.cp, self.dp, self.nodes, self.gpus_per_node
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+
+@dataclass
+class Outcome:
+    """A layout's evaluation: its fastest plan that fits, every plan that fits (in the order
+    found), and what the search reports of it (memory checks, rejections, the least memory)."""
+
+    best: Candidate | None = None
+    every: list[Candidate] = field(default_factory=list)
+    considered: int = 0
+    feasible: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    closest: Candidate | None = None  # the smallest-memory plan that did not fit (the first of equals)
+    smallest: dict = field(default_factory=dict)  # (dimension, value) -> least memory seen (bytes)
+
+
+class Evaluations:
+    """The layouts of (workload, target, constraints, steps), their bounds and their outcomes,
+    each computed once. `pinned` gives the space with more dimensions pinned, sharing what was
+    already evaluated."""
+
+    def __init__(self, w: Workload, t: Target, c: Constraints, steps: int | None = None,
+                 _shared: tuple[dict, dict] | None = None):
+        self.w, self.t, self.c, self.steps = w, t, c, steps
+        self._outcomes, self._bounds = _shared if _shared is not None else ({}, {})
+        self._layouts: list[Layout] | None = None
+        self.without_knobs = 0  # layouts left out: no HSDP group divides their dp·cp
+
+    def matches(self, w: Workload, t: Target, c: Constraints, steps: int | None) -> bool:
+        return (self.w, self.t, self.c, self.steps) == (w, t, c, steps)
+
+    def pinned(self, **dims) -> Evaluations:
+        """The same space with some of LAYOUT_PINS set; evaluations are shared with this one."""
+        if set(dims) - set(LAYOUT_PINS):
+            raise ValueError(f"only {', '.join(LAYOUT_PINS)} can be pinned on shared evaluations, not {sorted(dims)}")
+        return Evaluations(self.w, self.t, replace(self.c, **dims), self.steps, (self._outcomes, self._bounds))
+
+    @property
+    def layouts(self) -> list[Layout]:
+        """Every valid layout, in the order `layouts()` yields them."""
+        if self._layouts is None:
+            self._layouts = list(self._build())
+        return self._layouts
+
+    def _build(self):
+        w, t, c = self.w, self.t, self.c
+        for tp, pp, cp, dp, nodes, gpn in layouts(w, t, c):
+            per_dp = w.global_batch_size // dp
+            mbss = (c.micro_batch_size,) if c.micro_batch_size else tuple(sorted(divisors(per_dp), reverse=True))
+            sp = (tp > 1 and w.caps.sequence_parallel != "no") if c.sequence_parallel is None else c.sequence_parallel
+            vs = [c.virtual_stages] if c.virtual_stages else virtual_stage_options(w, pp)
+            if len(vs) > 1 and (pp - 1) / (per_dp + pp - 1) < SMALL_BUBBLE:
+                vs = [1]  # with this many micro-batches the bubble is negligible: interleaving cannot pay
+            knobs = knob_options(w, c, dp * cp, nodes, gpn, tp)
+            if not knobs:
+                self.without_knobs += 1
+                continue
+            yield Layout(tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, stage_layers(w.model.layers, pp)[1],
+                         tuple(vs), tuple(knobs))
+
+    def bound(self, layout: Layout, objective: str) -> float:
+        """An optimistic estimate of the layout's metric for `objective` (bigger is better): its
+        best tokens/s ("time") or tokens/s per GPU with no recompute and no offload, for each
+        sharding on offer (the model can overlap ZeRO-3's traffic better than DDP's all-reduce),
+        the fewest and most virtual stages and the largest, smallest and middle micro-batch; for
+        "gpus", minus its GPUs."""
+        if objective == "gpus" or self.t.links is None:
+            return -float(layout.world)
+        per_gpu, tokens = self._bounds.get(layout.key) or self._bound(layout)
+        return tokens if objective == "time" else per_gpu
+
+    def _bound(self, L: Layout) -> tuple[float, float]:
+        w, t = self.w, self.t
+        per_gpu = tokens = 0.0
+        tps = w.global_batch_size * w.seq_len  # tokens per step
+        mbss, vs = L.micro_batches, L.virtual_stages
+        for sh, hs in {(k[0], k[3]) for k in L.knobs}:
+            for v in {vs[0], vs[-1]}:
+                for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
+                    plan = Plan(L.nodes, L.gpus_per_node, L.tp, L.pp, L.dp, L.cp, sh, mbs, L.per_dp // mbs,
+                                w.global_batch_size, "none", "none", L.sequence_parallel, v, hs)
+                    # as StepEstimate computes them: tokens / step, and that / world
+                    step = step_time(w, plan, t.links, t.gpus_per_node)
+                    tokens = max(tokens, tps / step)
+                    per_gpu = max(per_gpu, tps / step / L.world)
+        self._bounds[L.key] = per_gpu, tokens
+        return per_gpu, tokens
+
+    def outcome(self, layout: Layout) -> Outcome:
+        got = self._outcomes.get(layout.key)
+        if got is None:
+            got = self._outcomes[layout.key] = _evaluate(self, layout)
+        return got
+
+
+def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
+    """Find the fastest plan of one layout that fits: for each virtual-stage count and knob
+    setting (cheapest first), the micro-batches that fit (_fitting_microbatches). Offload is
+    tried only when nothing fits without it, recomputation only when the largest micro-batch
+    does not fit without it."""
+    w, t, c = ev.w, ev.t, ev.c
+    out = Outcome()
+    gbs = w.global_batch_size
+
+    def check(plan: Plan) -> MemoryBreakdown:
+        out.considered += 1
+        mem = estimate(w, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False)
+        for dim in ("tp", "pp", "cp", "dp", "sharding", "recompute", "offload"):
+            key = (dim, getattr(plan, dim))
+            if key not in out.smallest or mem.total_bytes < out.smallest[key]:
+                out.smallest[key] = mem.total_bytes
+        if not mem.fits:
+            out.rejected["host memory" if mem.fits_gpu else "GPU memory"] += 1
+            if out.closest is None or mem.total_bytes < out.closest.memory.total_bytes:
+                out.closest = Candidate(plan, mem)
+        return mem
+
+    def make(mbs, v, sh, rc, of, hs, n_rc=0):
+        return Plan(L.nodes, L.gpus_per_node, L.tp, L.pp, L.dp, L.cp, sh, mbs, L.per_dp // mbs, gbs, rc, of,
+                    L.sequence_parallel, v, hs, n_rc)
+
+    mbss = L.micro_batches
+    # Cheapest test first: the least memory this layout can reach (the last knob setting,
+    # micro-batch 1, no interleaving). If that does not fit, nothing here will.
+    if not check(make(mbss[-1], L.virtual_stages[0], *L.knobs[-1])).fits:
+        return out
+    for v in L.virtual_stages:
+        fits_without_offload = False
+        roomy = set()  # (sharding, offload) settings where no recompute fits the largest micro-batch
+        for sh, rc, of, hs in L.knobs:
+            if of != "none" and fits_without_offload and not c.offload:
+                continue  # offload only when nothing else fits: it is always slower
+            if rc != "none" and (sh, of) in roomy and not c.recompute:
+                continue  # recomputation only when the activations do not fit otherwise
+            for mbs, n_rc, mem in _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, L.layers_max, c):
+                if of == "none":
+                    fits_without_offload = True
+                if rc == "none" and mbs == mbss[0]:
+                    roomy.add((sh, of))
+                plan = make(mbs, v, sh, rc, of, hs, n_rc)
+                if w.framework.problems(plan, w):
+                    out.rejected["the framework refuses it"] += 1
+                    continue  # e.g. an interleaved schedule whose micro-batches do not divide
+                est = estimate_step(w, plan, t.links, t.gpus_per_node, ev.steps) if t.links else None
+                cand = Candidate(plan, mem, est, plan.gpus_per_node == t.gpus_per_node)
+                out.feasible += 1
+                out.every.append(cand)
+                if out.best is None or faster(cand, out.best):
+                    out.best = cand
+    return out
+
+
+def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c):
+    """Yield (micro_batch_size, recompute_layers, memory) for the micro-batches that fit with
+    these knobs, largest first, each with the fewest recomputed layers that fit.
+
+    Memory grows with the micro-batch (with 1F1B, b·min(m, p) grows too) and with the number
+    of layers that keep their activations, so both are found by bisection."""
+    if not check(make(mbss[-1], v, sh, rc, of, hs)).fits:
+        return
+    lo, hi = len(mbss) - 1, 0  # mbss is descending; index lo fits
+    while hi < lo:
+        mid = (lo + hi) // 2
+        if check(make(mbss[mid], v, sh, rc, of, hs)).fits:
+            lo = mid
+        else:
+            hi = mid + 1
+    # Without pipelining the largest micro-batch is fastest (bigger GEMMs, nothing else
+    # changes); with it, smaller micro-batches mean more of them and a smaller bubble, until
+    # the bubble is negligible.
+    plan0 = make(mbss[lo], v, sh, rc, of, hs)
+    picks = [lo]
+    if plan0.pp > 1:
+        for i in range(lo + 1, len(mbss)):
+            m_prev = plan0.global_batch_size // (plan0.dp * mbss[i - 1])
+            if (plan0.pp - 1) / (v * m_prev + plan0.pp - 1) < SMALL_BUBBLE:
+                break
+            picks.append(i)
+    for i in picks:
+        mbs = mbss[i]
+        n_rc = 0
+        if rc == "full" and layers_max > 1 and not c.recompute and w.caps.recompute_layers:
+            n_rc = _fewest_recomputed_layers(check, make, mbs, v, sh, rc, of, hs, int(layers_max))
+            if n_rc and v > 1:  # Megatron recomputes N layers of each model chunk: a multiple of v per stage
+                n_rc = -(-n_rc // v) * v
+                n_rc = 0 if n_rc >= layers_max else n_rc
+        mem = check(make(mbs, v, sh, rc, of, hs, n_rc))
+        if mem.fits:
+            yield mbs, n_rc, mem
+
+
+def _fewest_recomputed_layers(check, make, mbs, v, sh, rc, of, hs, layers: int) -> int:
+    """Block recompute: the fewest layers per stage to recompute so that the plan fits
+    (0 = all). Peak memory is linear in that number (each recomputed layer keeps 2·sbh
+    instead of its activations), so two evaluations give the line and a third confirms."""
+    one = check(make(mbs, v, sh, rc, of, hs, 1))
+    if one.fits:
+        return 1
+    full = check(make(mbs, v, sh, rc, of, hs, 0))  # all layers
+    if not full.fits or layers <= 2:
+        return 0
+    per_layer = (one.total_bytes - full.total_bytes) / (layers - 1)
+    need = one.total_bytes - full.gpu_usable_bytes
+    n = min(layers, 1 + int(-(-need // per_layer))) if per_layer > 0 else layers
+    while n < layers and not check(make(mbs, v, sh, rc, of, hs, n)).fits:
+        n += 1  # rounding of the integer byte counts: step up until it fits
+    return 0 if n >= layers else n
