@@ -55,9 +55,16 @@ def commands(big_cluster: str) -> list[list[str]]:
     return out
 
 
-def collect() -> dict:
+def with_explain(argv: list[str]) -> bool:
+    """The commands also run with --explain: one inventory, the recipe's own framework (what
+    `plan` shows only with --explain, such as every framework's row, is compared there)."""
+    return "--cluster" in argv and "--framework" not in argv
+
+
+def collect(explain: bool = False) -> dict:
     """{command line: [exit code, JSON]} for every command, run in this process from the
-    repository root with an empty history and no cache."""
+    repository root with an empty history and no cache; `explain`: the commands of
+    `with_explain` with --explain added (keyed as without it)."""
     with tempfile.TemporaryDirectory() as tmp:
         big = Path(tmp) / "h100-16k.yaml"
         big.write_text(BIG_CLUSTER)
@@ -69,7 +76,9 @@ def collect() -> dict:
         try:
             out = {}
             for argv in commands(str(big)):
-                code, data = _cli_json(argv)
+                if explain and not with_explain(argv):
+                    continue
+                code, data = _cli_json(argv + ["--explain"] if explain else argv)
                 out[" ".join(argv).replace(str(big), "h100-16k.yaml")] = [code, _portable(data, str(big))]
             return out
         finally:

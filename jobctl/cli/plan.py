@@ -11,6 +11,7 @@ from jobctl.planning import (
     after_oom,
     compare_frameworks,
     framework_advice,
+    framework_advice_for,
     framework_names,
     load_request,
     plan_on,
@@ -78,11 +79,14 @@ def run(args) -> int:
         if not args.emit:
             current = result.data["train"]["framework"] if result.feasible else (
                 args.framework or _recipe_framework(rec))
-            est = result.data.get("estimate") or {}
-            rows = compare_frameworks(args.recipe, list(args.overrides), invs[0], args.objective, not args.no_learn,
-                                      known={current: result.data})
-            result.data["frameworks"] = rows
-            result.data["framework_advice"] = framework_advice(current, rows, result.feasible, est.get("step_time_s"))
+            if args.explain:  # every framework planned: the rows (--framework all's table) and the advice
+                est = result.data.get("estimate") or {}
+                rows = compare_frameworks(rec, invs[0], args.objective, not args.no_learn, known={current: result.data})
+                result.data["frameworks"] = rows
+                advice = framework_advice(current, rows, result.feasible, est.get("step_time_s"))
+            else:  # only the frameworks that could change the advice
+                advice = framework_advice_for(rec, invs[0], current, result.data, args.objective, not args.no_learn)
+            result.data["framework_advice"] = advice
         if args.as_json:
             ui.print_json(result.data)
         elif args.emit and result.feasible:
@@ -112,7 +116,7 @@ def _all_frameworks(args) -> int:
         raise UsageError("--framework all needs --cluster (it compares frameworks on the same GPUs)",
                          hint="jobctl plan RECIPE --cluster C --framework all")
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
-    rows = compare_frameworks(args.recipe, list(args.overrides), invs[0], args.objective, not args.no_learn)
+    rows = compare_frameworks(rec, invs[0], args.objective, not args.no_learn)
     current = _recipe_framework(rec)
     if args.as_json:
         ui.print_json({"recipe": rec.path, "cluster": invs[0].value.name, "objective": args.objective,

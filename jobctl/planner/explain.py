@@ -55,18 +55,29 @@ def _brief(c: Candidate, ref: float) -> dict:
             "efficiency": (e.tokens_per_s_per_gpu / ref) if e and ref else None}
 
 
-def objective_summary(w, t: Target, c: Constraints, result: SearchResult, steps: int | None = None) -> dict:
+# Which other objectives' picks a summary shows without --explain: those its notes read, and for
+# "balanced" all three (its evaluations leave them almost free). The rest, and the best tokens/s
+# per GPU on the partition (which takes the "throughput" search), come with --explain.
+NOTED = {"balanced": ("throughput", "time", "gpus"), "throughput": ("time", "gpus"), "time": ("gpus",),
+         "gpus": ("time",)}
+
+
+def objective_summary(w, t: Target, c: Constraints, result: SearchResult, steps: int | None = None,
+                      every: bool = False) -> dict:
     """Which objective chose, by which rule, what it traded, and what the others would pick on
-    the same partition (one search each, sharing the first one's evaluations)."""
+    the same partition: those NOTED for it, or with `every` all of them. The searches share the
+    first one's evaluations."""
     objective = result.objective
     win = result.best
     picks = {objective: win}
     for other in OBJECTIVES:
-        if other != objective:
+        if other != objective and (every or other in NOTED[objective]):
             r = search(w, t, c, objective=other, steps=steps, evaluations=result.evaluations)
             picks[other] = r.best
     known = [x for x in list(picks.values()) + result.ranked if x is not None and x.estimate is not None]
-    ref = max((x.tokens_per_s_per_gpu for x in known), default=0.0)
+    # the best tokens/s per GPU on the partition: among the plans of a "throughput" search (its
+    # pick, or its ranked plans when it is the main one); unknown without one
+    ref = max((x.tokens_per_s_per_gpu for x in known), default=0.0) if "throughput" in picks else None
     out = {"name": objective, "rule": RULES[objective], "scaling_efficiency": SCALING_EFFICIENCY,
            "best_tokens_per_s_per_gpu": ref, "chosen": _brief(win, ref) if win else None,
            "others": {k: _brief(v, ref) for k, v in picks.items() if k != objective and v is not None},

@@ -5,11 +5,12 @@ This is the edge between files and the pure planner; `cli.plan` renders its resu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jobctl.config import loader as config
 from jobctl.config.workspace import EMBEDDED_LOCAL, find_cluster, find_recipe
 from jobctl.errors import ConfigError, ConfigIssue, UsageError
+from jobctl import frameworks
 from jobctl.frameworks import NAMES
 from jobctl.planner import inputs
 from jobctl.planner.advice import suggestions
@@ -134,43 +135,86 @@ def plan_on(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJECTIVE, expla
 
     recipe = recipe_loaded.value
     inv = inv_loaded.value
+    best = _best_on(recipe, inv, objective, learn)
+    if best.missing_partition:
+        return ClusterPlan(_no_fit(recipe_loaded, inv, None, [best.missing_partition], []))
+    cons, steps = inputs.constraints(recipe), train_steps(recipe)
+    if best.found:
+        w, tgt, res = best.workload, best.target, best.result
+        data = _report(recipe_loaded, w, res, cons, objective, explain, alternatives)
+        if summary:
+            data["objective_choice"] = objective_summary(w, tgt, cons, res, steps, every=explain)
+        if best.learned:  # the evidence itself, so a chain that OOMs again builds on it
+            data["learned"]["calibration"] = {k: v for k, v in best.learned.items() if k != "from"}
+        return ClusterPlan(data, res, w, True)
+    w, tgt, res = best.workload, best.target, best.result
+    tips = suggestions(w, tgt, cons, res) if not res.reasons or res.considered else []
+    return ClusterPlan(_no_fit(recipe_loaded, inv, res, res.reasons, tips, w), res, w, False)
+
+
+@dataclass
+class _Best:
+    """The best plan over an inventory's partitions (or the first partition's search when
+    none fits), with the workload and target it was planned for."""
+
+    found: bool = False
+    workload: object = None
+    target: object = None
+    result: object = None  # the SearchResult on that partition
+    learned: dict | None = None  # the calibration applied on that partition
+    missing_partition: str | None = None  # resources.partition is not in the inventory: why
+
+
+def _best_on(recipe, inv, objective: str, learn: bool, framework: str | None = None) -> _Best:
+    """Search each partition (or the pinned resources.partition) and keep the best plan by
+    `objective`; `framework`: plan with this framework instead of the recipe's."""
+    parts = _partitions(recipe, inv)
+    if isinstance(parts, str):
+        return _Best(missing_partition=parts)
+    cons = inputs.constraints(recipe)
+    steps = train_steps(recipe)
+    found, first = [], None
+    for w, tgt, learned in _workloads(recipe, inv, parts, learn, framework):
+        res = search(w, tgt, cons, objective=objective, steps=steps)
+        if res.best is not None:
+            found.append((res.best, w, tgt, res, learned))
+        elif first is None:
+            first = (w, tgt, res)
+    if found:
+        order = rank([f[0] for f in found], objective)
+        _, w, tgt, res, learned = next(f for f in found if f[0] is order[0])
+        return _Best(True, w, tgt, res, learned)
+    return _Best(False, *first)
+
+
+def _partitions(recipe, inv) -> list | str:
+    """The partitions to plan on: all, or the pinned resources.partition; a str says why none."""
     parts = list(inv.partitions)
     if recipe.resources.partition:
         parts = [p for p in parts if p.name == recipe.resources.partition]
         if not parts:
             names = ", ".join(p.name for p in inv.partitions)
-            return ClusterPlan(_no_fit(recipe_loaded, inv, None, [f"partition {recipe.resources.partition!r} "
-                                                                   f"is not in cluster {inv.name} (it has: {names})"], []))
-    cons = inputs.constraints(recipe)
-    steps = train_steps(recipe)
-    found, first = [], None
-    identity, learned_points = None, {}
+            return f"partition {recipe.resources.partition!r} is not in cluster {inv.name} (it has: {names})"
+    return parts
+
+
+def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = None):
+    """(workload, target, calibration applied) per partition: the recipe as the planner sees it
+    there, calibrated by what an earlier CUDA OOM of it there showed (`learn`), with `framework`
+    instead of the recipe's when given."""
+    identity = None
     for part in parts:
         tgt = inputs.target(inv, part, recipe.train.precision)
         w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu)
+        learned = None
         if learn:
             identity = identity or (w.model.name, w.model.params())
             learned = learned_calibration(inv.name, part.name, identity, w.seq_len)
             if learned:
                 w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, learned=learned)
-                learned_points[part.name] = learned
-        res = search(w, tgt, cons, objective=objective, steps=steps)
-        if res.best is not None:
-            found.append((res.best, w, tgt, res))
-        elif first is None:
-            first = (w, tgt, res)
-    if found:
-        order = rank([f[0] for f in found], objective)
-        best, w, tgt, res = next(f for f in found if f[0] is order[0])
-        data = _report(recipe_loaded, w, res, cons, objective, explain, alternatives)
-        if summary:
-            data["objective_choice"] = objective_summary(w, tgt, cons, res, steps)
-        if tgt.partition in learned_points:  # the evidence itself, so a chain that OOMs again builds on it
-            data["learned"]["calibration"] = {k: v for k, v in learned_points[tgt.partition].items() if k != "from"}
-        return ClusterPlan(data, res, w, True)
-    w, tgt, res = first
-    tips = suggestions(w, tgt, cons, res) if not res.reasons or res.considered else []
-    return ClusterPlan(_no_fit(recipe_loaded, inv, res, res.reasons, tips, w), res, w, False)
+        if framework is not None:
+            w = replace(w, framework=frameworks.get(framework))
+        yield w, tgt, learned
 
 
 # A recipe's framework is "far slower" than another on the same GPUs beyond this step-time ratio.
@@ -182,35 +226,78 @@ def framework_names() -> list[str]:
     return [n for n in NAMES if n != "generic"]
 
 
-def compare_frameworks(recipe: str, overrides: list[str], inv_loaded, objective: str = DEFAULT_OBJECTIVE,
-                       learn: bool = True, known: dict | None = None) -> list[dict]:
+def compare_frameworks(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJECTIVE, learn: bool = True,
+                       known: dict | None = None) -> list[dict]:
     """The recipe planned with each framework on one inventory, as rows: {framework, feasible,
-    gpus, layout, step_time_s, tokens_per_s_per_gpu, memory_bytes, reason}. A framework the
-    recipe cannot be switched to (e.g. custom `supports` under another name) says why; `plan` is
-    the plan's dict. `known`: {framework: plan report} already computed (not planned again)."""
+    gpus, layout, plan, step_time_s, tokens_per_s_per_gpu, memory_bytes, reason}. Each framework
+    is the recipe's workload with that framework's capability table (the recipe is not read
+    again). `known`: {framework: plan report} already computed (not planned again)."""
     rows = []
     for name in framework_names():
-        row = {"framework": name, "feasible": False, "gpus": None, "layout": None, "plan": None, "step_time_s": None,
-               "tokens_per_s_per_gpu": None, "memory_bytes": None, "reason": None}
         data = (known or {}).get(name)
         if data is None:
-            try:
-                rec = load_recipe(recipe, list(overrides) + [f"framework={name}"])
-            except ConfigError as e:
-                row["reason"] = e.issues[0].problem if e.issues else str(e)
-                rows.append(row)
-                continue
-            data = plan_on(rec, inv_loaded, objective=objective, alternatives=0, learn=learn, summary=False).data
+            rows.append(_framework_row(name, _best_on(recipe_loaded.value, inv_loaded.value, objective, learn, name)))
+            continue
+        row = _framework_row(name, None)
         if data["feasible"]:
-            est = data.get("estimate") or {}
-            row.update(feasible=True, gpus=data["plan"]["world_size"], layout=Plan.from_dict(data["plan"]).summary(),
-                       plan=data["plan"],
-                       step_time_s=est.get("step_time_s"), tokens_per_s_per_gpu=est.get("tokens_per_s_per_gpu"),
-                       memory_bytes=data["memory"]["total_bytes"])
+            _fill_row(row, data["plan"], data.get("estimate") or {}, data["memory"])
         else:
             row["reason"] = (data.get("reasons") or ["does not fit"])[0]
         rows.append(row)
     return rows
+
+
+def _framework_row(name: str, best: _Best | None) -> dict:
+    """One row of the framework comparison from that framework's best plan (None: empty)."""
+    row = {"framework": name, "feasible": False, "gpus": None, "layout": None, "plan": None, "step_time_s": None,
+           "tokens_per_s_per_gpu": None, "memory_bytes": None, "reason": None}
+    if best is None:
+        return row
+    if best.found:
+        top = best.result.best
+        _fill_row(row, top.plan.to_dict(), top.estimate.to_dict() if top.estimate else {}, top.memory.to_dict())
+    else:
+        row["reason"] = best.missing_partition or (best.result.reasons or ["does not fit"])[0]
+    return row
+
+
+def _fill_row(row: dict, plan: dict, est: dict, mem: dict) -> None:
+    row.update(feasible=True, gpus=plan["world_size"], layout=Plan.from_dict(plan).summary(), plan=plan,
+               step_time_s=est.get("step_time_s"), tokens_per_s_per_gpu=est.get("tokens_per_s_per_gpu"),
+               memory_bytes=mem["total_bytes"])
+
+
+def framework_advice_for(recipe_loaded, inv_loaded, current: str, report: dict, objective: str = DEFAULT_OBJECTIVE,
+                         learn: bool = True) -> list[str]:
+    """framework_advice without planning every framework. When the recipe's framework fits,
+    another is planned only if a search for its fastest plan, from a floor of FRAMEWORK_GAP x
+    this plan's tokens/s, finds one above it: a framework whose fastest plan is not that much
+    faster has no plan (for any objective) that the advice would name. When it does not fit,
+    every framework is planned (the advice names the fastest that fits)."""
+    recipe, inv = recipe_loaded.value, inv_loaded.value
+    if not report["feasible"]:
+        rows = compare_frameworks(recipe_loaded, inv_loaded, objective, learn, known={current: report})
+        return framework_advice(current, rows, False, None)
+    est = report.get("estimate") or {}
+    if not est.get("tokens_per_s"):
+        return []
+    floor = FRAMEWORK_GAP * est["tokens_per_s"]
+    rows = [_framework_row(name, _best_on(recipe, inv, objective, learn, name)) for name in framework_names()
+            if name != current and _could_be_faster(recipe, inv, learn, name, floor)]
+    return framework_advice(current, rows, True, est.get("step_time_s"))
+
+
+def _could_be_faster(recipe, inv, learn: bool, framework: str, tokens_per_s: float) -> bool:
+    """Whether `framework` has a plan faster than `tokens_per_s` on some partition of `inv`."""
+    parts = _partitions(recipe, inv)
+    if isinstance(parts, str):
+        return False
+    cons, steps = inputs.constraints(recipe), train_steps(recipe)
+    for w, tgt, _ in _workloads(recipe, inv, parts, learn, framework):
+        res = search(w, tgt, cons, objective="time", steps=steps, faster_than=tokens_per_s)
+        if any(c.tokens_per_s > tokens_per_s for c in res.ranked):
+            return True
+    return False
 
 
 def framework_advice(current: str, rows: list[dict], feasible: bool, step_time_s: float | None) -> list[str]:
