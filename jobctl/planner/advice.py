@@ -42,7 +42,11 @@ def suggestions(w: Workload, t: Target, c: Constraints, result: SearchResult, li
                                                                 if c.max_nodes and c.max_nodes < t.nodes else ""))
     for factor in (2, 4, 8, 16, 32, 64):
         nodes = max_nodes * factor
-        best = fits(t2=replace(t, nodes=max(nodes, t.nodes)), c2=replace(c, max_nodes=nodes))
+        if result.evaluations is not None:  # the layouts of fewer nodes are evaluated once
+            ev = result.evaluations.pinned(nodes=max(nodes, t.nodes), max_nodes=nodes)
+            best = search(w, ev.t, ev.c, steps=ev.steps, evaluations=ev).best
+        else:
+            best = fits(t2=replace(t, nodes=max(nodes, t.nodes)), c2=replace(c, max_nodes=nodes))
         if best:
             out.append(f"fits on {best.plan.nodes} nodes ({offered}): "
                        f"{best.plan.nodes} x {best.plan.gpus_per_node} {t.gpu.key} with {best.plan.summary()}")

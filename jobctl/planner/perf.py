@@ -10,6 +10,7 @@ over PCIe and the CPU optimizer step. Every efficiency constant is named below.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 from functools import lru_cache
 
 from jobctl.frameworks import Selective
@@ -188,7 +189,28 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     )
 
 
-def step_time(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> float:
+class StepShape(NamedTuple):
+    """The values of a plan that the step model reads (a Plan has them all): what the search's
+    bounds build by the thousand, lighter than a Plan."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    gpus_per_node: int
+    world_size: int
+    sharding: str
+    micro_batch_size: int
+    grad_accum_steps: int
+    sequence_parallel: bool
+    virtual_stages: int
+    hsdp_shard: int = 0
+    recompute: str = "none"
+    recompute_layers: int = 0
+    offload: str = "none"
+
+
+def step_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: int) -> float:
     """Seconds per optimizer step (estimate_step's step_time_s without its other figures: the
     search's bounds ask for thousands of them)."""
     return _step_parts(w, plan, links, gpus_per_node)[0]

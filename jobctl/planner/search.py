@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from jobctl import frameworks
 from jobctl.planner.catalog import GIB
-from jobctl.planner.memory import Workload, estimate, stage_layers
+from jobctl.planner.memory import Workload, stage_layers
 from jobctl.planner.space import (  # noqa: F401  (re-exported: the search's vocabulary)
     KNOB_COST,
     MAX_VIRTUAL_STAGES,
@@ -197,7 +197,7 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = DEFAULT_OBJE
         elif out.best is not None:
             per_layout.append(out.best)
             visit.found(layout, out.best)
-    return _finish(w, t, c, result, per_layout, closest, smallest)
+    return _finish(ev, result, per_layout, closest, smallest)
 
 
 class _Visitor:
@@ -243,11 +243,11 @@ class _Visitor:
             self.group_best[group] = (metric, layout.nodes)
 
 
-def _finish(w: Workload, t: Target, c: Constraints, result: SearchResult, per_layout: list[Candidate],
-            closest: Candidate | None, smallest: dict) -> SearchResult:
+def _finish(ev: Evaluations, result: SearchResult, per_layout: list[Candidate], closest: Candidate | None,
+            smallest: dict) -> SearchResult:
     """Rank what was found; the winner and the closest miss get their memory term by term."""
     if closest is not None:
-        closest = Candidate(closest.plan, estimate(w, t.gpu_memory_bytes, closest.plan, t.host_mem_bytes))
+        closest = Candidate(closest.plan, ev.memory(closest.plan))
     result.closest = closest
     result.smallest = smallest
     if per_layout:
@@ -255,10 +255,9 @@ def _finish(w: Workload, t: Target, c: Constraints, result: SearchResult, per_la
         result.ranked = ranked
         result.feasible = ranked
         top = ranked[0]
-        result.best = Candidate(top.plan, estimate(w, t.gpu_memory_bytes, top.plan, t.host_mem_bytes), top.estimate,
-                                top.whole_nodes)
+        result.best = Candidate(top.plan, ev.memory(top.plan), top.estimate, top.whole_nodes)
     else:
-        result.reasons = no_fit_reasons(w, t, c, closest, result)
+        result.reasons = no_fit_reasons(ev.w, ev.t, ev.c, closest, result)
     return result
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from jobctl.frameworks import Selective
 from jobctl.planner.catalog import GPUSpec
 from jobctl.planner.memory import MemoryBreakdown, Workload, estimate, stage_layers
-from jobctl.planner.perf import Links, StepEstimate, estimate_step, step_time
+from jobctl.planner.perf import Links, StepEstimate, StepShape, estimate_step, step_time
 from jobctl.planner.plan import Plan
 
 MAX_VIRTUAL_STAGES = 8
@@ -242,18 +242,20 @@ class Evaluations:
     def __init__(self, w: Workload, t: Target, c: Constraints, steps: int | None = None,
                  _shared: tuple[dict, dict] | None = None):
         self.w, self.t, self.c, self.steps = w, t, c, steps
-        self._outcomes, self._bounds = _shared if _shared is not None else ({}, {})
+        self._outcomes, self._bounds, self._detailed = _shared if _shared is not None else ({}, {}, {})
         self._layouts: list[Layout] | None = None
         self.without_knobs = 0  # layouts left out: no HSDP group divides their dp·cp
 
     def matches(self, w: Workload, t: Target, c: Constraints, steps: int | None) -> bool:
         return (self.w, self.t, self.c, self.steps) == (w, t, c, steps)
 
-    def pinned(self, **dims) -> Evaluations:
-        """The same space with some of LAYOUT_PINS set; evaluations are shared with this one."""
+    def pinned(self, nodes: int | None = None, **dims) -> Evaluations:
+        """The same space with some of LAYOUT_PINS set, or on a partition of `nodes` nodes;
+        evaluations are shared with this one (a layout's outcome reads neither)."""
         if set(dims) - set(LAYOUT_PINS):
             raise ValueError(f"only {', '.join(LAYOUT_PINS)} can be pinned on shared evaluations, not {sorted(dims)}")
-        return Evaluations(self.w, self.t, replace(self.c, **dims), self.steps, (self._outcomes, self._bounds))
+        t = self.t if nodes is None else replace(self.t, nodes=nodes)
+        return Evaluations(self.w, t, replace(self.c, **dims), self.steps, (self._outcomes, self._bounds, self._detailed))
 
     @property
     def layouts(self) -> list[Layout]:
@@ -297,14 +299,21 @@ class Evaluations:
         for sh, hs in {(k[0], k[3]) for k in L.knobs}:
             for v in {vs[0], vs[-1]}:
                 for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
-                    plan = Plan(L.nodes, L.gpus_per_node, L.tp, L.pp, L.dp, L.cp, sh, mbs, L.per_dp // mbs,
-                                w.global_batch_size, "none", "none", L.sequence_parallel, v, hs)
+                    shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
+                                      L.sequence_parallel, v, hs)
                     # as StepEstimate computes them: tokens / step, and that / world
-                    step = step_time(w, plan, t.links, t.gpus_per_node)
+                    step = step_time(w, shape, t.links, t.gpus_per_node)
                     tokens = max(tokens, tps / step)
                     per_gpu = max(per_gpu, tps / step / L.world)
         self._bounds[L.key] = per_gpu, tokens
         return per_gpu, tokens
+
+    def memory(self, plan: Plan) -> MemoryBreakdown:
+        """The plan's memory term by term (each search reports its winner so)."""
+        got = self._detailed.get(plan)
+        if got is None:
+            got = self._detailed[plan] = estimate(self.w, self.t.gpu_memory_bytes, plan, self.t.host_mem_bytes)
+        return got
 
     def outcome(self, layout: Layout) -> Outcome:
         got = self._outcomes.get(layout.key)
@@ -322,9 +331,13 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
     out = Outcome()
     gbs = w.global_batch_size
 
+    seen: dict = {}  # the bisections ask for some plans twice
+
     def check(plan: Plan) -> MemoryBreakdown:
         out.considered += 1
-        mem = estimate(w, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False)
+        mem = seen.get(plan)
+        if mem is None:
+            mem = seen[plan] = estimate(w, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False)
         for dim in ("tp", "pp", "cp", "dp", "sharding", "recompute", "offload"):
             key = (dim, getattr(plan, dim))
             if key not in out.smallest or mem.total_bytes < out.smallest[key]:

@@ -14,7 +14,6 @@ from jobctl.config.loader import parse_yaml_text
 from jobctl.model import FailureKind, JobState
 from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.plan import layout_text
-from jobctl.store.history import HistoryError, recent_jobs
 from jobctl.store.paths import history_path as path
 
 # `plan` reads only the newest jobs, so its cost stays flat however long the history grows:
@@ -147,7 +146,7 @@ def learned_calibration(cluster: str, partition: str, model: tuple[str, int], se
     path = history_path() if path is None else Path(path)
     if not path.is_file():
         return None
-    from jobctl.store.history import HistoryError
+    from jobctl.store.history import HistoryError  # sqlite: only when there is a history to read
 
     try:
         return calibration_for(load(path, cluster), partition, model, seq_len)
@@ -195,6 +194,7 @@ def history_for(report: dict, path: Path | None = None) -> dict:
     cluster = report.get("cluster")
     if not cluster or not path.is_file():
         return {}
+    from jobctl.store.history import HistoryError  # sqlite: only when there is a history to read
 
     try:
         return history_block(report, load(path, cluster))
@@ -206,6 +206,7 @@ def load(path: Path, cluster: str) -> list[PastJob]:
     """The jobs on `cluster` the rules look at, read-only: CUDA-OOMed ones (with the job that
     continued each) and finished ones with predicted and measured peaks, among the newest
     RECENT_JOBS of the history (the store's query)."""
+    from jobctl.store.history import recent_jobs
 
     rows = recent_jobs(path, cluster, recent=RECENT_JOBS, failure_kind=OOM_REASON, max_failed=MAX_OOM_JOBS,
                        finished_states=FINISHED_STATES, max_finished=MAX_ERROR_JOBS)
