@@ -3,7 +3,8 @@ stored copy so that a change meant to make planning faster (or to move code) can
 leave every plan, memory breakdown, step estimate and piece of advice as it was.
 
 `python tests/plan_snapshot.py` writes tests/data/plan_snapshot.json.gz (run it only when a
-change of plans is meant, and say why in the commit); tests/test_plan_snapshot.py compares.
+change of plans is meant, and say why in the commit; it keeps what `plan --explain` shows, less
+the "explain" block, where the command takes --explain); tests/test_plan_snapshot.py compares.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def load() -> dict:
 
 def main() -> int:
     data = collect()
+    for k, (code, doc) in collect(explain=True).items():
+        data[k] = [code, {x: v for x, v in doc.items() if x != "explain"} if isinstance(doc, dict) else doc]
     SNAPSHOT.parent.mkdir(parents=True, exist_ok=True)
     with gzip.GzipFile(SNAPSHOT, "wb", mtime=0) as f:
         f.write(json.dumps(data, indent=1, sort_keys=True).encode())

@@ -185,3 +185,27 @@ def test_the_ladder_from_a_fitting_plan_only_goes_down_and_ends(w, t, data):
         plan, prev, failure, cal = step.plan, total, OOMInfo(), step.calibration
     else:
         raise AssertionError(f"the ladder did not end within {bound} steps")
+
+
+def test_a_host_too_small_for_offload_does_not_hide_the_plans_without_it():
+    """The search's first test of a layout, its least-GPU-memory setting, offloads; when that
+    fails only on host RAM, the layout's settings without offload must still be tried.
+
+    Hand numbers: Llama 3.2 1B (1.24e9 params) with DeepSpeed on exactly one whole node of 8
+    H100s (resources.nodes: 1) with 40 GiB of host RAM. The host keeps 8 GiB for the OS and 3 GiB
+    per rank: 32 GiB, 8 GiB left. ZeRO optimizer offload puts fp32 master, Adam's m and v and
+    fp32 gradients on the host: 16 B per param over 8 ranks, 2.5 GB per rank, 20 GB per node:
+    more than 8 GiB. Without offload the states are 1.24e9 x 16 B / 8 = 2.5 GB per GPU
+    (ZeRO-2): far below 80 GB."""
+    from jobctl.planner.models import PRESETS
+
+    gpu = lookup_gpu("h100-sxm-80gb")
+    w = Workload(PRESETS["llama3.2-1b"], 2048, 64, framework="deepspeed")
+    links = Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
+                  gpu.peak_tflops("bf16-mixed"))
+    t = Target("small-host", "gpu", gpu, 8, 1, 40 * GIB, gpu.memory_bytes, links)
+    r = search(w, t, Constraints(nodes=1))
+    assert r.best is not None, r.reasons
+    assert r.best.plan.offload == "none" and r.best.memory.fits and r.best.plan.world_size == 8
+    offloading = search(w, t, Constraints(nodes=1, offload="optimizer"))
+    assert offloading.best is None and "host RAM" in " ".join(offloading.reasons)

@@ -184,9 +184,14 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
             lower = 1
             if not any(getattr(x.plan, dim) == lower for x in others):
                 smallest = result.smallest.get((dim, lower))
-                if smallest is not None:
+                usable = t.gpu_memory_bytes - w.overheads.safety_margin_gib * GIB
+                if smallest is not None and smallest > usable:
                     lines.append(f"{dim}={lower} never fits: its smallest layout needs {smallest / GIB:.1f} GiB per GPU "
                                  f"({t.gpu_memory_bytes / GIB:.1f} GiB on a {t.gpu.key})")
+                elif smallest is not None:  # what fits the GPU offloads more than the host holds
+                    lines.append(f"{dim}={lower} never fits: its layouts small enough for the GPU (from "
+                                 f"{smallest / GIB:.1f} GiB) need more host RAM than a {t.cluster}/{t.partition} "
+                                 f"node's {t.host_mem_bytes / GIB:.0f} GiB, or the framework refuses them")
     return lines[:limit]
 
 

@@ -353,9 +353,10 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
                     L.sequence_parallel, v, hs, n_rc)
 
     mbss = L.micro_batches
-    # Cheapest test first: the least memory this layout can reach (the last knob setting,
-    # micro-batch 1, no interleaving). If that does not fit, nothing here will.
-    if not check(make(mbss[-1], L.virtual_stages[0], *L.knobs[-1])).fits:
+    # Cheapest test first: the least GPU memory this layout can reach (the last knob setting,
+    # micro-batch 1, no interleaving). If that does not fit the GPU, nothing here will. Its host
+    # memory is no floor: offload is what fills the host, so a setting without it may still fit.
+    if not check(make(mbss[-1], L.virtual_stages[0], *L.knobs[-1])).fits_gpu:
         return out
     for v in L.virtual_stages:
         fits_without_offload = False
