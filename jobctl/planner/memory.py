@@ -611,7 +611,9 @@ def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int
     best = None
     for st in stages:
         groups, terms = _stage_groups(w, plan, st, detail)
-        total = int(sum(v for k, v in groups.items() if k != "host"))
+        g = groups  # the GPU groups in _GPU_GROUPS' order, summed as sum() would (the same bits)
+        total = int(0 + g["weights"] + g["grads"] + g["optimizer"] + g["activations"] + g["logits"] + g["buffers"]
+                    + g["overlap"] + g["overhead"])
         if best is None or total > best[0]:
             best = (total, st, groups, terms)
     return _breakdown(w, plan, best[1], best[2], best[3], gpu_memory_bytes, host_mem_bytes)
@@ -704,6 +706,10 @@ def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, h
     return _breakdown(w, plan, stage, groups, terms, gpu_memory_bytes, host_mem_bytes)
 
 
+# The groups of a stage's bytes: those on the GPU, in the order they are summed, then the host's.
+_GROUPS = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overlap", "overhead", "host")
+
+
 def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[dict, list[Term]]:
     """Bytes per group on one rank of `stage`, and the terms (with formulas when `detail`).
 
@@ -714,13 +720,16 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
     receive buffers (_pipeline_items), the output layer and the loss (_head_items); then the
     phases that never coexist and the overheads, which read the groups' sums."""
     terms: list[Term] = []
-    groups = dict.fromkeys(("weights", "grads", "optimizer", "activations", "logits", "buffers", "overlap", "overhead",
-                            "host"), 0.0)
+    groups = dict.fromkeys(_GROUPS, 0.0)
 
     def apply(items):
+        if not detail:
+            for _, value, group, _ in items:
+                groups[group] += value
+            return
         for name, value, group, formula in items:
             groups[group] += value
-            if detail and group != "host":
+            if group != "host":
                 terms.append(Term(name, float(value), group, formula()))
 
     def add(name, value, group, formula):  # formula: a callable, formatted only when detail
@@ -1058,7 +1067,7 @@ def _overheads(add, w: Workload, plan: Plan, stage: str, groups: dict, phases) -
     o = w.overheads
     transient = groups["activations"] + groups["logits"] + groups["buffers"]
     add("cuda context", o.cuda_context_gib * GIB, "overhead", lambda: "CUDA context, kernels, cuBLAS workspace")
-    comms = sum(1 for k in (plan.tp, plan.pp, plan.dp * plan.cp) if k > 1)
+    comms = (plan.tp > 1) + (plan.pp > 1) + (plan.dp * plan.cp > 1)
     if comms:
         add("nccl buffers", comms * o.nccl_gib * GIB, "overhead", lambda: f"{comms} communicator(s) x {o.nccl_gib:g} GiB")
     if w.caps.frees_grads_each_step and plan.sharding in ("zero3", "hsdp") and plan.offload == "none":

@@ -219,26 +219,48 @@ def step_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: 
 def _step_parts(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> tuple:
     """(step, layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the
     slowest stage, its sends, the bubble, exposed DP communication, the optimizer step, offload)."""
-    m = w.model
-    p, v = plan.pp, max(plan.virtual_stages, 1)
-    micro = plan.grad_accum_steps
-    layers_max = stage_layers(m.layers, p)[1]
-    rc = recomputed_layers(plan, layers_max) / layers_max  # share of layers whose forward reruns
-    # the per-layer costs depend on a few of the plan's values and none of the framework's but
-    # what selective recompute reruns: shared by every plan (and framework) that has them
-    op_sac = (w.caps.fused_qkv,) if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC else None
-    layer_compute, layer_tp, layer_cp, msg, head = _layer_costs(
-        m, w.seq_len, w.act_bytes, w.attention, op_sac, links, gpus_per_node, plan.tp, plan.cp,
-        plan.micro_batch_size, plan.sequence_parallel, plan.recompute, rc)
-    stage_mb, p2p, bubble = _pipeline(m.layers, plan, v, layers_max, layer_compute + layer_tp + layer_cp, head, msg,
-                                      links, gpus_per_node)
-    pipeline = micro * (stage_mb + p2p)
+    layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble = _pipeline_parts(w, plan, links, gpus_per_node)
+    pipeline = plan.grad_accum_steps * (stage_mb + p2p)
     rank_params = stage_params_per_rank(w, plan)
     trainable = rank_params if w.method == "full" else rank_params * 0.01
     dp = _data_parallel(w, plan, links, gpus_per_node, stage_mb, layers_max, trainable)
     optimizer, offload = _optimizer_and_offload(w, plan, links, trainable)
     step = pipeline + bubble + dp + optimizer + offload
     return step, layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble, dp, optimizer, offload
+
+
+def pipeline_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: int) -> float:
+    """The micro-batches through the slowest stage, their sends and the bubble: the step less its
+    data-parallel communication, optimizer step and offload (none of which is negative), so a
+    lower bound on step_time that does not depend on the sharding or the framework."""
+    _, _, _, stage_mb, p2p, bubble = _pipeline_parts(w, plan, links, gpus_per_node)
+    return plan.grad_accum_steps * (stage_mb + p2p) + bubble
+
+
+def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tuple:
+    """(layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the slowest
+    stage, its sends, the bubble)."""
+    m = w.model
+    layers_max = stage_layers(m.layers, plan.pp)[1]
+    rc = recomputed_layers(plan, layers_max) / layers_max  # share of layers whose forward reruns
+    # the per-layer costs depend on a few of the plan's values and none of the framework's but
+    # what selective recompute reruns: shared by every plan (and framework) that has them
+    op_sac = (w.caps.fused_qkv,) if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC else None
+    return _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, links, gpus_per_node, plan.tp, plan.pp,
+                           plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, max(plan.virtual_stages, 1),
+                           plan.recompute, rc)
+
+
+@lru_cache(maxsize=1 << 15)
+def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, links: Links, gpus_per_node: int,
+                    t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int, recompute: str,
+                    rc: float) -> tuple:
+    layers_max = stage_layers(m.layers, p)[1]
+    layer_compute, layer_tp, layer_cp, msg, head = _layer_costs(
+        m, s, act_bytes, attention, op_sac, links, gpus_per_node, t, c, b, sequence_parallel, recompute, rc)
+    stage_mb, p2p, bubble = _pipeline(m.layers, t, p, c, dp, sequence_parallel, v, layers_max,
+                                      layer_compute + layer_tp + layer_cp, head, msg, links, gpus_per_node)
+    return layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble
 
 
 @lru_cache(maxsize=1 << 14)
@@ -298,10 +320,9 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     return layer_compute, layer_tp, layer_cp, msg, head
 
 
-def _pipeline(layers: int, plan: Plan, v: int, layers_max: int, layer: float, head: float, msg: float,
-              links: Links, gpus_per_node: int) -> tuple[float, float, float]:
+def _pipeline(layers: int, t: int, p: int, c: int, dp: int, sequence_parallel: bool, v: int, layers_max: int,
+              layer: float, head: float, msg: float, links: Links, gpus_per_node: int) -> tuple[float, float, float]:
     """(one micro-batch on the slowest stage, its point-to-point sends, the bubble), seconds."""
-    p, t, c = plan.pp, plan.tp, plan.cp
     stage_mb = layers_max * layer
     if p == 1:
         stage_mb += head
@@ -310,8 +331,8 @@ def _pipeline(layers: int, plan: Plan, v: int, layers_max: int, layer: float, he
     # Pipeline point-to-point: activations forward and gradients backward per micro-batch and chunk.
     p2p = 0.0
     if p > 1:
-        sp = plan.sequence_parallel and t > 1
-        link = links.intra_node_gbs if t * c * plan.dp * p <= gpus_per_node else links.inter_node_gbs
+        sp = sequence_parallel and t > 1
+        link = links.intra_node_gbs if t * c * dp * p <= gpus_per_node else links.inter_node_gbs
         p2p = 2 * v * (msg / (t if sp else 1) / (link * 1e9 * NETWORK_EFFICIENCY) + _latency(link, links))
     bubble = (p - 1) / v * stage_mb if p > 1 else 0.0
     return stage_mb, p2p, bubble

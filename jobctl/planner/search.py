@@ -170,7 +170,12 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = DEFAULT_OBJE
     # objective's tolerance of the best plan found so far (for "balanced": cannot win either
     # race, see _Race) is skipped without a memory check. tests/test_search_properties.py checks
     # the pruned search against an unpruned one.
-    order = sorted(ev.layouts, key=lambda layout: -ev.bound(layout, objective))
+    order = ev.layouts
+    if faster_than is not None and t.links is not None:  # those that cannot reach it, without their bound
+        order = [layout for layout in order if ev.time_bound_above(layout, faster_than)]
+        if len(order) < len(ev.layouts):
+            result.rejected["slower than the best (bound)"] += len(ev.layouts) - len(order)
+    order = sorted(order, key=lambda layout: -ev.bound(layout, objective))
     if ev.without_knobs:
         result.rejected["hsdp group does not divide dp·cp"] += ev.without_knobs
     per_layout: list[Candidate] = []

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from jobctl.frameworks import Selective
 from jobctl.planner.catalog import GPUSpec
 from jobctl.planner.memory import MemoryBreakdown, Workload, estimate, stage_layers
-from jobctl.planner.perf import Links, StepEstimate, StepShape, estimate_step, step_time
+from jobctl.planner.perf import Links, StepEstimate, StepShape, estimate_step, pipeline_time, step_time
 from jobctl.planner.plan import Plan
 
 MAX_VIRTUAL_STAGES = 8
@@ -314,6 +314,21 @@ class Evaluations:
         if got is None:
             got = self._detailed[plan] = estimate(self.w, self.t.gpu_memory_bytes, plan, self.t.host_mem_bytes)
         return got
+
+    def time_bound_above(self, layout: Layout, floor: float) -> bool:
+        """Whether the layout's "time" bound may reach `floor` tokens/s, decided where it can be
+        from its pipeline alone (pipeline_time: no sharding or framework term, so shared by every
+        framework's search of the same workload) before its bound is computed."""
+        w, L = self.w, layout
+        tps = w.global_batch_size * w.seq_len
+        mbss, vs = L.micro_batches, L.virtual_stages
+        for v in {vs[0], vs[-1]}:
+            for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
+                shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, "none", mbs, L.per_dp // mbs,
+                                  L.sequence_parallel, v)
+                if tps / pipeline_time(w, shape, self.t.links, self.t.gpus_per_node) >= floor:
+                    return self.bound(layout, "time") >= floor
+        return False
 
     def outcome(self, layout: Layout) -> Outcome:
         got = self._outcomes.get(layout.key)
