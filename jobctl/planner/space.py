@@ -373,14 +373,23 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
     # memory is no floor: offload is what fills the host, so a setting without it may still fit.
     if not check(make(mbss[-1], L.virtual_stages[0], *L.knobs[-1])).fits_gpu:
         return out
+    # Settings whose smallest micro-batch does not fit the GPU without interleaving: with more
+    # virtual stages more is in flight and more is received (memory.pipeline_in_flight and the
+    # receive buffers grow with v, nothing shrinks), so it does not fit with them either.
+    too_big: set = set()
     for v in L.virtual_stages:
         fits_without_offload = False
         roomy = set()  # (sharding, offload) settings where no recompute fits the largest micro-batch
-        for sh, rc, of, hs in L.knobs:
+        for knob in L.knobs:
+            sh, rc, of, hs = knob
             if of != "none" and fits_without_offload and not c.offload:
                 continue  # offload only when nothing else fits: it is always slower
             if rc != "none" and (sh, of) in roomy and not c.recompute:
                 continue  # recomputation only when the activations do not fit otherwise
+            if knob in too_big:  # the check its smallest micro-batch would fail, as it would fail it
+                out.considered += 1
+                out.rejected["GPU memory"] += 1
+                continue
             for mbs, n_rc, mem in _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, L.layers_max, c):
                 if of == "none":
                     fits_without_offload = True
@@ -396,6 +405,10 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
                 out.every.append(cand)
                 if out.best is None or faster(cand, out.best):
                     out.best = cand
+            if v == L.virtual_stages[0]:
+                floor = seen.get(make(mbss[-1], v, sh, rc, of, hs))  # its first check
+                if floor is not None and not floor.fits_gpu:
+                    too_big.add(knob)
     return out
 
 
