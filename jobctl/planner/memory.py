@@ -110,9 +110,10 @@ class Term(NamedTuple):
     formula: str
 
 
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Bytes on the most loaded rank, by group, plus every term with its formula."""
+class MemoryBreakdown(NamedTuple):
+    """Bytes on the most loaded rank, by group, plus every term with its formula. (An immutable
+    value like the planner's dataclasses; a named tuple because a search makes thousands, and
+    _replace gives the same bytes against another GPU's usable memory.)"""
 
     weights_bytes: int
     grads_bytes: int

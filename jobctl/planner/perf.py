@@ -237,6 +237,13 @@ def pipeline_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_no
     return plan.grad_accum_steps * (stage_mb + p2p) + bubble
 
 
+def host_side_time(w: Workload, plan: Plan | StepShape, links: Links) -> float:
+    """The optimizer step and the offload transfers, seconds per step (parts of step_time)."""
+    rank_params = stage_params_per_rank(w, plan)
+    optimizer, offload = _optimizer_and_offload(w, plan, links, rank_params if w.method == "full" else rank_params * 0.01)
+    return optimizer + offload
+
+
 def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tuple:
     """(layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the slowest
     stage, its sends, the bubble)."""

@@ -175,7 +175,7 @@ def _search(w: Workload, t: Target, c: Constraints, objective: str, steps: int |
         result.reasons = problems
         return result
     if evaluations is None:
-        evaluations = Evaluations(w, t, c, steps)
+        evaluations = Evaluations(w, t, c, steps, floor=faster_than)
     elif not evaluations.matches(w, t, c, steps):
         raise ValueError("search: the evaluations given are of another workload, target, constraints or steps")
     ev = result.evaluations = evaluations

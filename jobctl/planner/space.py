@@ -14,9 +14,17 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from jobctl.frameworks import Selective
-from jobctl.planner.catalog import GPUSpec
+from jobctl.planner.catalog import GIB, GPUSpec
 from jobctl.planner.memory import MemoryBreakdown, Workload, estimate, stage_layers
-from jobctl.planner.perf import Links, StepEstimate, StepShape, estimate_step, pipeline_time, step_time
+from jobctl.planner.perf import (
+    Links,
+    StepEstimate,
+    StepShape,
+    estimate_step,
+    host_side_time,
+    pipeline_time,
+    step_time,
+)
 from jobctl.planner.plan import Plan
 
 MAX_VIRTUAL_STAGES = 8
@@ -239,10 +247,18 @@ class Evaluations:
     each computed once. `pinned` gives the space with more dimensions pinned, sharing what was
     already evaluated."""
 
-    def __init__(self, w: Workload, t: Target, c: Constraints, steps: int | None = None,
-                 _shared: tuple[dict, dict] | None = None):
-        self.w, self.t, self.c, self.steps = w, t, c, steps
-        self._outcomes, self._bounds, self._detailed = _shared if _shared is not None else ({}, {}, {})
+    def __init__(self, w: Workload, t: Target, c: Constraints, steps: int | None = None, _shared: dict | None = None,
+                 floor: float | None = None, sizes: dict | None = None):
+        """`floor` (tokens/s): only plans faster than it are wanted (a search for one that is:
+        search's faster_than); a knob setting that cannot reach it is not searched, so the
+        outcomes are of plans above it only and are not for other searches. `sizes`: plan ->
+        memory, shared by spaces that differ only in the GPU's memory (a plan's bytes do not
+        depend on it: only what is usable)."""
+        self.w, self.t, self.c, self.steps, self.floor, self.sizes = w, t, c, steps, floor, sizes
+        # what a derived space (pinned) shares: outcomes and bounds by layout, memory by plan,
+        # layouts by their dimensions
+        self._shared = _shared if _shared is not None else {"outcomes": {}, "bounds": {}, "detailed": {}, "layouts": {}}
+        self._outcomes, self._bounds, self._detailed = (self._shared[k] for k in ("outcomes", "bounds", "detailed"))
         self._layouts: list[Layout] | None = None
         self.without_knobs = 0  # layouts left out: no HSDP group divides their dp·cp
 
@@ -252,10 +268,12 @@ class Evaluations:
     def pinned(self, nodes: int | None = None, **dims) -> Evaluations:
         """The same space with some of LAYOUT_PINS set, or on a partition of `nodes` nodes;
         evaluations are shared with this one (a layout's outcome reads neither)."""
+        if self.floor is not None:
+            raise ValueError("evaluations above a floor are for that one search")
         if set(dims) - set(LAYOUT_PINS):
             raise ValueError(f"only {', '.join(LAYOUT_PINS)} can be pinned on shared evaluations, not {sorted(dims)}")
         t = self.t if nodes is None else replace(self.t, nodes=nodes)
-        return Evaluations(self.w, t, replace(self.c, **dims), self.steps, (self._outcomes, self._bounds, self._detailed))
+        return Evaluations(self.w, t, replace(self.c, **dims), self.steps, self._shared)
 
     @property
     def layouts(self) -> list[Layout]:
@@ -265,20 +283,35 @@ class Evaluations:
         return self._layouts
 
     def _build(self):
-        w, t, c = self.w, self.t, self.c
-        for tp, pp, cp, dp, nodes, gpn in layouts(w, t, c):
-            per_dp = w.global_batch_size // dp
-            mbss = (c.micro_batch_size,) if c.micro_batch_size else tuple(sorted(divisors(per_dp), reverse=True))
-            sp = (tp > 1 and w.caps.sequence_parallel != "no") if c.sequence_parallel is None else c.sequence_parallel
-            vs = [c.virtual_stages] if c.virtual_stages else virtual_stage_options(w, pp)
-            if len(vs) > 1 and (pp - 1) / (per_dp + pp - 1) < SMALL_BUBBLE:
-                vs = [1]  # with this many micro-batches the bubble is negligible: interleaving cannot pay
-            knobs = knob_options(w, c, dp * cp, nodes, gpn, tp)
-            if not knobs:
+        known = self._shared["layouts"]  # key -> Layout, or None when no knob setting is left
+        for key in layouts(self.w, self.t, self.c):
+            if key not in known:
+                known[key] = self._layout(*key)
+            layout = known[key]
+            if layout is None:
                 self.without_knobs += 1
                 continue
-            yield Layout(tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, stage_layers(w.model.layers, pp)[1],
-                         tuple(vs), tuple(knobs))
+            yield layout
+
+    def _layout(self, tp: int, pp: int, cp: int, dp: int, nodes: int, gpn: int) -> Layout | None:
+        w, c = self.w, self.c
+        memo = self._shared.setdefault("parts", {})  # divisors, virtual stages and knobs repeat across layouts
+        per_dp = w.global_batch_size // dp
+        mbss = (c.micro_batch_size,) if c.micro_batch_size else memo.get(("mbs", per_dp))
+        if mbss is None:
+            mbss = memo[("mbs", per_dp)] = tuple(sorted(divisors(per_dp), reverse=True))
+        sp = (tp > 1 and w.caps.sequence_parallel != "no") if c.sequence_parallel is None else c.sequence_parallel
+        vs = [c.virtual_stages] if c.virtual_stages else memo.get(("v", pp))
+        if vs is None:
+            vs = memo[("v", pp)] = virtual_stage_options(w, pp)
+        if len(vs) > 1 and (pp - 1) / (per_dp + pp - 1) < SMALL_BUBBLE:
+            vs = [1]  # with this many micro-batches the bubble is negligible: interleaving cannot pay
+        knobs = memo.get(("knobs", dp * cp, nodes, gpn, tp))
+        if knobs is None:
+            knobs = memo[("knobs", dp * cp, nodes, gpn, tp)] = tuple(knob_options(w, c, dp * cp, nodes, gpn, tp))
+        if not knobs:
+            return None
+        return Layout(tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, stage_layers(w.model.layers, pp)[1], tuple(vs), knobs)
 
     def bound(self, layout: Layout, objective: str) -> float:
         """An optimistic estimate of the layout's metric for `objective` (bigger is better): its
@@ -352,7 +385,7 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
         out.considered += 1
         mem = seen.get(plan)
         if mem is None:
-            mem = seen[plan] = estimate(w, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False)
+            mem = seen[plan] = _sized(ev, plan)
         for dim in ("tp", "pp", "cp", "dp", "sharding", "recompute", "offload"):
             key = (dim, getattr(plan, dim))
             if key not in out.smallest or mem.total_bytes < out.smallest[key]:
@@ -386,6 +419,8 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
                 continue  # offload only when nothing else fits: it is always slower
             if rc != "none" and (sh, of) in roomy and not c.recompute:
                 continue  # recomputation only when the activations do not fit otherwise
+            if ev.floor is not None and _knob_bound(ev, L, v, sh, rc, of, hs) < ev.floor:
+                continue  # no plan of this setting is as fast as wanted
             if knob in too_big:  # the check its smallest micro-batch would fail, as it would fail it
                 out.considered += 1
                 out.rejected["GPU memory"] += 1
@@ -410,6 +445,43 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
                 if floor is not None and not floor.fits_gpu:
                     too_big.add(knob)
     return out
+
+
+def _sized(ev: Evaluations, plan: Plan) -> MemoryBreakdown:
+    """The plan's memory (without formulas), from the spaces that share `sizes` when one of them
+    has it: their GPUs differ in memory only, so only what is usable changes."""
+    t = ev.t
+    if ev.sizes is None:
+        return estimate(ev.w, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False)
+    known = ev.sizes.get(plan)
+    if known is None:
+        known = ev.sizes[plan] = estimate(ev.w, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False)
+        return known
+    usable = int(t.gpu_memory_bytes - ev.w.overheads.safety_margin_gib * GIB)  # as memory._breakdown
+    return known._replace(gpu_usable_bytes=usable)
+
+
+def _knob_bound(ev: Evaluations, L: Layout, v: int, sh: str, rc: str, of: str, hs: int) -> float:
+    """At least the tokens/s of any plan of this layout with these knobs: the step less its
+    data-parallel communication (pipeline_time, plus the optimizer step and offload) at each
+    micro-batch size (without pipelining the largest is fastest: fewer, larger GEMMs), with the
+    fewest recomputed layers block recompute allows (less recomputation is never slower)."""
+    w, t = ev.w, ev.t
+    n_rc = 1 if rc == "full" and L.layers_max > 1 and not ev.c.recompute and w.caps.recompute_layers else 0
+    tps = w.global_batch_size * w.seq_len
+
+    def shape(mbs):
+        return StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
+                         L.sequence_parallel, v, hs, rc, n_rc, of)
+
+    key = ("pipelines", L.key, v, rc)  # the pipeline does not depend on sharding or offload
+    pipes = ev._bounds.get(key)
+    if pipes is None:
+        pipes = ev._bounds[key] = [(mbs, pipeline_time(w, shape(mbs), t.links, t.gpus_per_node))
+                                   for mbs in (L.micro_batches[:1] if L.pp == 1 else L.micro_batches)]
+    if of != "optimizer+params":  # the host side does not depend on the micro-batch
+        return tps / (min(p for _, p in pipes) + host_side_time(w, shape(pipes[0][0]), t.links))
+    return max(tps / (p + host_side_time(w, shape(mbs), t.links)) for mbs, p in pipes)
 
 
 def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c):

@@ -275,8 +275,9 @@ def framework_advice_for(recipe_loaded, inv_loaded, current: str, report: dict, 
     faster has no plan (for any objective) that the advice would name. When it does not fit,
     every framework is planned (the advice names the fastest that fits)."""
     recipe, inv = recipe_loaded.value, inv_loaded.value
-    if not report["feasible"]:
-        rows = compare_frameworks(recipe_loaded, inv_loaded, objective, learn, known={current: report})
+    if not report["feasible"]:  # the fastest that fits: planned where anything fits at all
+        rows = [_framework_row(name, _best_on(recipe, inv, objective, learn, name)) for name in framework_names()
+                if name != current and _fits_at_all(recipe, inv, learn, name)]
         return framework_advice(current, rows, False, None)
     est = report.get("estimate") or {}
     if not est.get("tokens_per_s"):
@@ -285,6 +286,17 @@ def framework_advice_for(recipe_loaded, inv_loaded, current: str, report: dict, 
     rows = [_framework_row(name, _best_on(recipe, inv, objective, learn, name)) for name in framework_names()
             if name != current and _could_be_faster(recipe, inv, learn, name, floor)]
     return framework_advice(current, rows, True, est.get("step_time_s"))
+
+
+def _fits_at_all(recipe, inv, learn: bool, framework: str) -> bool:
+    """Whether any plan of `framework` fits some partition of `inv`: the fewest-GPUs search, which
+    needs no speed bounds and stops at the smallest plan that fits."""
+    parts = _partitions(recipe, inv)
+    if isinstance(parts, str):
+        return False
+    cons, steps = inputs.constraints(recipe), train_steps(recipe)
+    return any(search(w, tgt, cons, objective="gpus", steps=steps).best is not None
+               for w, tgt, _ in _workloads(recipe, inv, parts, learn, framework))
 
 
 def _could_be_faster(recipe, inv, learn: bool, framework: str, tokens_per_s: float) -> bool:
