@@ -237,6 +237,11 @@ def pipeline_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_no
     return plan.grad_accum_steps * (stage_mb + p2p) + bubble
 
 
+def stage_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: int) -> float:
+    """One micro-batch through the slowest pipeline stage (forward and backward), seconds."""
+    return _pipeline_parts(w, plan, links, gpus_per_node)[3]
+
+
 def host_side_time(w: Workload, plan: Plan | StepShape, links: Links) -> float:
     """The optimizer step and the offload transfers, seconds per step (parts of step_time)."""
     rank_params = stage_params_per_rank(w, plan)

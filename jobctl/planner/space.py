@@ -23,6 +23,7 @@ from jobctl.planner.perf import (
     estimate_step,
     host_side_time,
     pipeline_time,
+    stage_time,
     step_time,
 )
 from jobctl.planner.plan import Plan
@@ -462,26 +463,19 @@ def _sized(ev: Evaluations, plan: Plan) -> MemoryBreakdown:
 
 
 def _knob_bound(ev: Evaluations, L: Layout, v: int, sh: str, rc: str, of: str, hs: int) -> float:
-    """At least the tokens/s of any plan of this layout with these knobs: the step less its
-    data-parallel communication (pipeline_time, plus the optimizer step and offload) at each
-    micro-batch size (without pipelining the largest is fastest: fewer, larger GEMMs), with the
-    fewest recomputed layers block recompute allows (less recomputation is never slower)."""
+    """At least the tokens/s of any plan of this layout with these knobs. Its step is at least
+    its micro-batches through the slowest stage, with no bubble, no sends and no data-parallel
+    communication, plus the optimizer step and offload; the stage's time per sequence only falls
+    as micro-batches grow (larger GEMMs, as many kernels), and so does the offload's per step:
+    the largest micro-batch gives the least. With the fewest recomputed layers block recompute
+    allows (less recomputation is never slower)."""
     w, t = ev.w, ev.t
     n_rc = 1 if rc == "full" and L.layers_max > 1 and not ev.c.recompute and w.caps.recompute_layers else 0
-    tps = w.global_batch_size * w.seq_len
-
-    def shape(mbs):
-        return StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
-                         L.sequence_parallel, v, hs, rc, n_rc, of)
-
-    key = ("pipelines", L.key, v, rc)  # the pipeline does not depend on sharding or offload
-    pipes = ev._bounds.get(key)
-    if pipes is None:
-        pipes = ev._bounds[key] = [(mbs, pipeline_time(w, shape(mbs), t.links, t.gpus_per_node))
-                                   for mbs in (L.micro_batches[:1] if L.pp == 1 else L.micro_batches)]
-    if of != "optimizer+params":  # the host side does not depend on the micro-batch
-        return tps / (min(p for _, p in pipes) + host_side_time(w, shape(pipes[0][0]), t.links))
-    return max(tps / (p + host_side_time(w, shape(mbs), t.links)) for mbs, p in pipes)
+    mbs = L.micro_batches[0]
+    shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
+                      L.sequence_parallel, v, hs, rc, n_rc, of)
+    least = shape.grad_accum_steps * stage_time(w, shape, t.links, t.gpus_per_node) + host_side_time(w, shape, t.links)
+    return w.global_batch_size * w.seq_len / least
 
 
 def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c):
