@@ -6,12 +6,12 @@ with --framework all, 405B on 16,384 H100s with --objective time), then every sh
 every shipped inventory, each against its budget. With --baseline DIR, the same commands are
 also run from another checkout of jobctl (DIR on PYTHONPATH) in the same run, for the "before"
 column; the figures the issue measured are printed beside them. Then the in-process searches
-(seconds, layouts evaluated) and, with --importtime, the slowest imports of one plan.
+(seconds, layouts evaluated) and the slowest imports of one plan (python -X importtime).
 
 Prints figures; it asserts nothing. Bytecode is written (PYTHONDONTWRITEBYTECODE is unset for
 the children) and one uncounted run warms the caches, as a user's loop would.
 
-Run: python3 benchmarks/search_speed.py [-n 5] [--baseline /path/to/old/checkout] [--importtime] [--json]
+Run: python3 benchmarks/search_speed.py [-n 5] [--baseline /path/to/old/checkout] [--no-importtime] [--json]
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=5, help="runs per command (the minimum is reported)")
     ap.add_argument("--baseline", metavar="DIR", help="another jobctl checkout to time beside this one")
-    ap.add_argument("--importtime", action="store_true", help="the slowest imports of `plan` (python -X importtime)")
+    ap.add_argument("--no-importtime", dest="importtime", action="store_false",
+                    help="leave out the slowest imports of one plan (python -X importtime)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -142,12 +142,12 @@ def test_unknown_command(capsys):
 
 
 def test_internal_error_keeps_the_traceback_and_exits_1(capsys, monkeypatch):
-    import jobctl.planning
+    import jobctl.planning.load
 
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(jobctl.planning, "load_recipe", boom)
+    monkeypatch.setattr(jobctl.planning.load, "load_recipe", boom)
     monkeypatch.setattr(sys, "argv", ["jobctl", "plan", RECIPE, "-c", INV])
     with pytest.raises(SystemExit) as e:
         cli.run()

@@ -219,7 +219,7 @@ def test_golden_base_errors_point_into_each_file():
 
 
 def test_golden_unknown_gpu():
-    from jobctl.planning import _check_gpus
+    from jobctl.planning.load import _check_gpus
 
     assert load_issues(f"{BAD}/inv_unknown_gpu.yaml", schema.Inventory, checks=(_check_gpus,))[0] == (
         "tests/data/bad/inv_unknown_gpu.yaml:5: partitions.0.gpu: unknown GPU 'h100-sxm-80g'; did you mean "

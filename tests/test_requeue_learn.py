@@ -97,7 +97,8 @@ def test_requeue_smaller_then_same_of_a_finished_local_job(capsys, tmp_path):
 def test_requeue_at_the_bottom_of_the_ladder_exits_3(capsys, tmp_path):
     """A job whose plan is the ladder's last one: nothing smaller, exit 3, nothing submitted."""
     from jobctl.jobs.submission import prepare, write_folder
-    from jobctl.planning import after_oom, load_request, plan_on
+    from jobctl.planning import load_request, plan_on
+    from jobctl.planning.oom import after_oom
     from jobctl.store.folder import JobFolder
 
     rec, (inv,) = load_request("recipes/tiny.yaml", [], ["local"])
@@ -167,7 +168,8 @@ def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkey
     """A real Slurm job OOMs (its own recovery turned off); `requeue --smaller` steps down with
     the figures of its outcome record, and the new job completes. Then a scheduler failure."""
     from jobctl.jobs.recovery import failure_figures
-    from jobctl.planning import after_oom, load_request
+    from jobctl.planning import load_request
+    from jobctl.planning.oom import after_oom
     from jobctl.store.folder import JobFolder
 
     code, _, err = jobctl(capsys, "submit", oom_recipe(tmp_path, budget=4), "--cluster", "dev",

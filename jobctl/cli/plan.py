@@ -8,7 +8,6 @@ from jobctl.errors import EXIT_NO_FIT, EXIT_OK, UsageError
 from jobctl.planning import (
     DEFAULT_OBJECTIVE,
     OBJECTIVES,
-    after_oom,
     compare_frameworks,
     framework_advice,
     framework_advice_for,
@@ -141,6 +140,8 @@ def _overview_key(report: dict, objective: str):
 def _after_oom(args) -> int:
     """--after-oom PLAN.json: the next plan down the OOM ladder, as `plan` would print it."""
     import json
+
+    from jobctl.planning.oom import after_oom  # the ladder, for this flag only: `plan` runs in loops
 
     if not args.cluster:
         raise UsageError("--after-oom needs --cluster", hint="jobctl plan RECIPE --cluster C --after-oom PLAN.json")

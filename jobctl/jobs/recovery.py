@@ -16,7 +16,7 @@ from jobctl.errors import InfeasibleError
 from jobctl.jobs.submission import Submission, prepare, submit_all
 from jobctl.model import FailureKind, RetryAction, RetryPolicy
 from jobctl.planner.plan import Plan
-from jobctl.planning import after_host_oom, after_oom
+from jobctl.planning.oom import after_host_oom, after_oom
 from jobctl.runtime.outcome import job_failure, measured_peaks
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
@@ -107,7 +107,7 @@ def _final(folder: JobFolder, reason: str, failure: dict, extra: dict | None = N
 
 def _calibration_only(folder: JobFolder, job: dict, figures: dict) -> dict | None:
     """The calibration of a CUDA OOM when no next attempt was computed (the ladder's bottom)."""
-    from jobctl.planning import oom_calibration
+    from jobctl.planning.oom import oom_calibration
 
     try:
         rec, inv = loaded_inputs(folder, job)

@@ -1,0 +1,199 @@
+"""Plan a recipe on one inventory: search each partition, keep the best plan by the objective,
+and report it as plain data (the JSON contract) with the search that chose it.
+
+This is the edge between files and the pure planner; `cli.plan` renders its result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from jobctl import frameworks
+from jobctl.planner import inputs
+from jobctl.planner.advice import suggestions
+from jobctl.planner.catalog import GIB
+from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_summary, why_lost
+from jobctl.planner.explain import explain as explain_search
+from jobctl.planner.memory import estimate
+from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
+from jobctl.planning.learn import learned_calibration
+from jobctl.planning.load import train_steps
+
+
+@dataclass
+class ClusterPlan:
+    """The outcome on one inventory, as plain data (the JSON contract) plus rich objects."""
+
+    data: dict
+    search: object = None
+    workload: object = None
+    feasible: bool = False
+
+
+def plan_on(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJECTIVE, explain: bool = False,
+            alternatives: int = 5, learn: bool = True, summary: bool = True) -> ClusterPlan:
+    """Search every partition of one inventory (or the pinned resources.partition) and keep
+    the best plan by `objective`. With `learn`, the memory model of a partition where this
+    workload (model, sequence length) ran out of GPU memory before is calibrated by what that
+    failure showed (planning.learn; the report's "learned" block says from which job)."""
+
+    recipe = recipe_loaded.value
+    inv = inv_loaded.value
+    best = _best_on(recipe, inv, objective, learn)
+    if best.missing_partition:
+        return ClusterPlan(_no_fit(recipe_loaded, inv, None, [best.missing_partition], []))
+    cons, steps = inputs.constraints(recipe), train_steps(recipe)
+    if best.found:
+        w, tgt, res = best.workload, best.target, best.result
+        data = _report(recipe_loaded, w, res, cons, objective, explain, alternatives)
+        if summary:
+            data["objective_choice"] = objective_summary(w, tgt, cons, res, steps, every=explain)
+        if best.learned:  # the evidence itself, so a chain that OOMs again builds on it
+            data["learned"]["calibration"] = {k: v for k, v in best.learned.items() if k != "from"}
+        return ClusterPlan(data, res, w, True)
+    w, tgt, res = best.workload, best.target, best.result
+    tips = suggestions(w, tgt, cons, res) if not res.reasons or res.considered else []
+    return ClusterPlan(_no_fit(recipe_loaded, inv, res, res.reasons, tips, w), res, w, False)
+
+
+@dataclass
+class _Best:
+    """The best plan over an inventory's partitions (or the first partition's search when
+    none fits), with the workload and target it was planned for."""
+
+    found: bool = False
+    workload: object = None
+    target: object = None
+    result: object = None  # the SearchResult on that partition
+    learned: dict | None = None  # the calibration applied on that partition
+    missing_partition: str | None = None  # resources.partition is not in the inventory: why
+
+
+def _best_on(recipe, inv, objective: str, learn: bool, framework: str | None = None) -> _Best:
+    """Search each partition (or the pinned resources.partition) and keep the best plan by
+    `objective`; `framework`: plan with this framework instead of the recipe's."""
+    parts = _partitions(recipe, inv)
+    if isinstance(parts, str):
+        return _Best(missing_partition=parts)
+    cons = inputs.constraints(recipe)
+    steps = train_steps(recipe)
+    found, first = [], None
+    for w, tgt, learned in _workloads(recipe, inv, parts, learn, framework):
+        res = search(w, tgt, cons, objective=objective, steps=steps)
+        if res.best is not None:
+            found.append((res.best, w, tgt, res, learned))
+        elif first is None:
+            first = (w, tgt, res)
+    if found:
+        order = rank([f[0] for f in found], objective)
+        _, w, tgt, res, learned = next(f for f in found if f[0] is order[0])
+        return _Best(True, w, tgt, res, learned)
+    return _Best(False, *first)
+
+
+def _partitions(recipe, inv) -> list | str:
+    """The partitions to plan on: all, or the pinned resources.partition; a str says why none."""
+    parts = list(inv.partitions)
+    if recipe.resources.partition:
+        parts = [p for p in parts if p.name == recipe.resources.partition]
+        if not parts:
+            names = ", ".join(p.name for p in inv.partitions)
+            return f"partition {recipe.resources.partition!r} is not in cluster {inv.name} (it has: {names})"
+    return parts
+
+
+def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = None):
+    """(workload, target, calibration applied) per partition: the recipe as the planner sees it
+    there, calibrated by what an earlier CUDA OOM of it there showed (`learn`), with `framework`
+    instead of the recipe's when given."""
+    identity = None
+    for part in parts:
+        tgt = inputs.target(inv, part, recipe.train.precision)
+        w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu)
+        learned = None
+        if learn:
+            identity = identity or (w.model.name, w.model.params())
+            learned = learned_calibration(inv.name, part.name, identity, w.seq_len)
+            if learned:
+                w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, learned=learned)
+        if framework is not None:
+            w = replace(w, framework=frameworks.get(framework))
+        yield w, tgt, learned
+
+
+def _model_info(w) -> dict:
+    return {"name": w.model.name, "params": w.model.params()}
+
+
+def _candidate(c, w, t) -> dict:
+
+    mem = estimate(w, t.gpu_memory_bytes, c.plan, t.host_mem_bytes)
+    return {"plan": c.plan.to_dict(), "memory": mem.to_dict(), "estimate": c.estimate.to_dict() if c.estimate else None}
+
+
+def _report(recipe_loaded, w, res, cons, objective, explain, alternatives, why_not: bool = True) -> dict:
+    """The plan report of a search's best plan (`why_not`: with the lines saying why the other
+    values of each dimension lost, which take more searches)."""
+    best = res.best
+    t = res.target
+    out = {
+        "recipe": recipe_loaded.path,
+        "cluster": t.cluster,
+        "partition": t.partition,
+        "gpu": t.gpu.key,
+        "feasible": True,
+        "objective": objective,
+        "model": _model_info(w),
+        "train": {"seq_len": w.seq_len, "global_batch_size": w.global_batch_size, "optimizer": w.optimizer,
+                  "precision": w.precision, "method": w.method, "framework": w.framework.name, "attention": w.attention},
+        "plan": best.plan.to_dict(),
+        "framework": framework_block(w, best.plan),
+        "memory": best.memory.to_dict(),
+        "estimate": best.estimate.to_dict() if best.estimate else None,
+        "alternatives": [_candidate(c, w, t) for c in res.ranked[1:1 + alternatives]],
+        "why_not": why_lost(w, t, cons, res, objective) if why_not else [],
+        "search": {"considered": res.considered, "feasible": res.feasible_count, "rejected": dict(res.rejected)},
+        "reasons": [],
+        "suggestions": [],
+    }
+    if w.overheads.learned_from:
+        out["learned"] = learned_block(w)
+    if explain:
+        out["explain"] = explain_search(res)
+        out["explain"]["memory_checks"] = memory_checks(w, best.plan, out["memory"]["terms"])
+        out["explain"]["memory_evidence"] = MEMORY_EVIDENCE
+    return out
+
+
+def framework_block(w, plan) -> dict:
+    """The plan in its framework's own names: {name, args, files, env, notes} (jobctl.frameworks)."""
+    return w.framework.render(plan, w).to_dict()
+
+
+def learned_block(w) -> dict:
+    """The report's "learned" block: the calibration an earlier OOM taught, and from which job."""
+    o = w.overheads
+    return {"from": o.learned_from, "fixed_gap_bytes": o.learned_gap_bytes, "per_scaling": o.learned_per_scaling}
+
+
+def _no_fit(recipe_loaded, inv, res, reasons, tips, w=None) -> dict:
+    closest = res.closest if res is not None else None
+    out = {
+        "recipe": recipe_loaded.path,
+        "cluster": inv.name,
+        "partition": res.target.partition if res is not None else None,
+        "gpu": res.target.gpu.key if res is not None else None,
+        "feasible": False,
+        "model": _model_info(w) if w is not None else None,
+        "plan": None,
+        "memory": None,
+        "closest": {"plan": closest.plan.to_dict(), "memory": closest.memory.to_dict()} if closest else None,
+        "search": {"considered": res.considered, "feasible": 0, "rejected": dict(res.rejected)} if res else None,
+        "reasons": list(reasons),
+        "suggestions": list(tips),
+    }
+    return out
+
+
+def gib(x: float) -> float:
+    return x / GIB
