@@ -20,6 +20,7 @@ from jobctl.backends.base import JobRef, SubmitRequest, Submitted
 from jobctl.errors import SchedulerError
 from jobctl.model import JobStatus, Scheduler
 from jobctl.store.folder import JobFolder
+from jobctl.store.private import owner_only
 
 MAX_NUM_TIMEOUT = 3
 CANCEL_GRACE_S = 5.0  # a local controller stops its task within ~1 s of SIGINT (submitit kill_tasks)
@@ -40,7 +41,7 @@ class LocalBackend:
             ex = submitit.LocalExecutor(folder=r.folder.path, max_num_timeout=MAX_NUM_TIMEOUT)
             ex.update_parameters(timeout_min=r.parameters["timeout_min"], tasks_per_node=1, nodes=1)
             try:
-                with _detached_stdio():
+                with _detached_stdio(), owner_only():  # submitit's pickles hold the job's environment
                     job = ex.submit(r.runner)
             except OSError as e:
                 raise SchedulerError(f"cannot start the local job: {e}") from None

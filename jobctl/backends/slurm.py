@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -24,8 +25,10 @@ from pathlib import Path
 
 from jobctl.backends import discover as d
 from jobctl.backends.base import JobRef, SubmissionUncertain, SubmitRequest, Submitted
-from jobctl.errors import SchedulerError
+from jobctl.errors import SchedulerError, UsageError
 from jobctl.model import JobStatus, Scheduler
+from jobctl.store.folder import ARRAY_DIR
+from jobctl.store.private import owner_only
 
 TIMEOUT_S = 60.0
 # Seconds before the time limit at which Slurm signals the job (submitit's USR2: checkpoint
@@ -108,6 +111,13 @@ class SlurmBackend:
         """Where submitit keeps its files (a job array's own folder beside the jobs') and its
         parameters, the same for a submission and for its dry run."""
         exec_folder = exec_folder_for([r.folder.path for r in requests])
+        if not SAFE_PATH.fullmatch(str(exec_folder)):
+            # submitit writes the folder into the script's srun line unquoted
+            bad = sorted({c for c in str(exec_folder) if not SAFE_PATH.fullmatch(c)})
+            raise UsageError(f"the job folder {str(exec_folder)!r} holds characters the sbatch script's shell would "
+                             f"act on ({', '.join(map(repr, bad))}): submitit writes it there unquoted",
+                             hint="choose a workdir (inventory `workdir:`, or JOBCTL_HOME) whose path has only letters, "
+                                  "digits and / . _ + , @ = -")
         params = dict(requests[0].parameters)
         # what finds the job at Slurm when sbatch's answer was lost (a timeout, a kill):
         # its folder, unique to this history and job (reconcile)
@@ -117,11 +127,14 @@ class SlurmBackend:
         return exec_folder, params
 
     def _submit(self, exec_folder: Path, params: dict, runners: list) -> list:
-        ex = self._executor(exec_folder, params)
-        if len(runners) == 1:
-            return [ex.submit(runners[0])]
-        with ex.batch():
-            return [ex.submit(r) for r in runners]
+        with owner_only():  # submitit's pickles hold the job's environment
+            if len(runners) > 1:
+                os.mkdir(exec_folder, 0o700)  # made here, in the first job's owner-only folder
+            ex = self._executor(exec_folder, params)
+            if len(runners) == 1:
+                return [ex.submit(runners[0])]
+            with ex.batch():
+                return [ex.submit(r) for r in runners]
 
     def submit(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> list[Submitted]:
         """One sbatch call: a single job, or a job array for several with equal parameters.
@@ -153,24 +166,23 @@ class SlurmBackend:
     def render(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> str:
         """The sbatch script submitit would write for `requests` (one job, or an array), made
         by submitit itself: its executor submits to a stand-in `sbatch` (first on PATH for this
-        call) that only prints a job id, in a scratch folder laid out like the real one; the
-        script it wrote is read back with the scratch folder's path replaced by the real one."""
-        real_root = requests[0].folder.path.parent
+        call) that only prints a job id, in a scratch folder that holds the real path below it
+        (so submitit quotes every path as it will quote the real one); the scratch prefix is then
+        taken out, inside quotes as outside: the script shown is the script submitted."""
         with tempfile.TemporaryDirectory(prefix="jobctl-render-") as tmp:
             stand_in = Path(tmp) / "bin" / "sbatch"
             stand_in.parent.mkdir()
             stand_in.write_text("#!/bin/sh\necho 'Submitted batch job 1'\n")
             stand_in.chmod(0o700)
-            scratch_root = Path(tmp) / "jobs"
-            scratch = [replace(r, folder=type(r.folder)(scratch_root / r.folder.path.name)) for r in requests]
+            prefix = Path(tmp) / "real"
+            scratch = [replace(r, folder=type(r.folder)(prefix / Path(os.path.abspath(r.folder.path)).relative_to("/")))
+                       for r in requests]
+            os.makedirs(scratch[0].folder.path, mode=0o700)
             exec_folder, params = self._plan(scratch, cwd)
             with _path_first(stand_in.parent):
                 job = self._submit(exec_folder, params, [_nothing] * len(scratch))[0]
             text = job.paths.submission_file.read_text(encoding="utf-8")
-            real_exec = real_root / exec_folder.name
-        # submitit quotes the folder where it passes it to python, and only there
-        text = text.replace(f"_submit {exec_folder}", f"_submit {shlex.quote(str(real_exec))}")
-        return text.replace(str(scratch_root), str(real_root))
+        return text.replace(str(prefix), "")
 
     def test_only(self, script: str) -> tuple[bool, str]:
         """`sbatch --test-only` of the very script: does Slurm accept it now (no job made)?"""
@@ -307,10 +319,14 @@ UNCERTAIN = ("timed out", "Timed out", "Socket timed out", "Zero Bytes were tran
              "Unable to contact slurm controller", "Connection reset")
 
 
+# what a folder path may hold to be written into a shell line unquoted
+SAFE_PATH = re.compile(r"[A-Za-z0-9/._+,@=-]+")
+
+
 def exec_folder_for(folders: Sequence[Path]) -> Path:
     """Where submitit keeps the files of one sbatch call: the job's folder, or for a job array
-    a folder beside the jobs' named after the first."""
-    return folders[0] if len(folders) == 1 else folders[0].parent / f"array-{folders[0].name}"
+    `array/` inside the first job's folder (owner-only, so no other user can have made it)."""
+    return folders[0] if len(folders) == 1 else folders[0] / ARRAY_DIR
 
 
 def comment_for(exec_folder: Path) -> str:

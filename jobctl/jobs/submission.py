@@ -27,6 +27,7 @@ from jobctl.runtime.runner import NodeRunner
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
 from jobctl.store.paths import history_path, jobs_root
+from jobctl.store.private import private_root
 
 # The recovery a job's first node runs after a failure, named (not imported): recovery
 # submits through this module, so the runner gets it as a name it resolves in the job.
@@ -70,10 +71,17 @@ class Submission:
     def runner(self, folder: JobFolder, jobctl_id: int) -> NodeRunner:
         return NodeRunner(str(folder.path), jobctl_id, self.plan.nodes, self.plan.gpus_per_node, dict(self.env),
                           list(self.command), self.launcher, cwd=self.cwd or os.getcwd(), policy=self.policy,
-                          recovery=RECOVERY)
+                          recovery=RECOVERY, umask=current_umask())
 
     def request(self, folder: JobFolder, jobctl_id: int) -> SubmitRequest:
         return SubmitRequest(self.runner(folder, jobctl_id), folder, self.parameters, self.recipe_name)
+
+
+def current_umask() -> int:
+    """This process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None = None) -> Submission:
@@ -297,6 +305,8 @@ def _submit_all(subs: list[Submission], history, progress=None) -> list[dict]:
     groups = _groups(todo)
     if todo:
         placement.backend(todo[0].scheduler).check()
+    for root in sorted({s.workdir for s in todo}):
+        private_root(root)  # before any row is prepared: a root others can change is refused
     for s in todo:
         if s.cwd and not os.path.isdir(s.cwd):
             raise UsageError(f"the job's directory {s.cwd} does not exist (any more)",

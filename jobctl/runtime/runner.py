@@ -56,6 +56,9 @@ class NodeRunner:
     cwd: str | None = None
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     recovery: str | None = None  # "module:function" (see Recovery)
+    # the user's umask when submitting, for the command's own files: jobctl submits under umask 077
+    # (submitit's pickles, the scheduler's and jobctl's files in the job folder stay owner-only)
+    umask: int | None = None
 
     def argv(self, node_rank: int, master: str, job_id: str) -> list[str]:
         # a rendered framework file's path is written with the job-folder token (jobctl.frameworks)
@@ -100,7 +103,8 @@ class NodeRunner:
             with open(log_path, "ab", buffering=0) as log:
                 try:
                     proc = subprocess.Popen(argv, env=self.environment(rank), cwd=self.cwd or os.getcwd(),
-                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                            umask=-1 if self.umask is None else self.umask)
                 except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
                     log.write(f"jobctl: cannot start {argv[0]!r}: {e}\n".encode())
                     code = 127

@@ -19,6 +19,7 @@ from typing import Any
 
 from jobctl.errors import UsageError
 from jobctl.model import slug  # noqa: F401 (part of the folder layout: <id>-<slug>)
+from jobctl.store.private import DIR_MODE, FILE_MODE, new_dir, private_root, write_new
 
 # The files jobctl writes, by role.
 RECIPE_YAML = "recipe.yaml"  # the resolved recipe, for people
@@ -31,15 +32,15 @@ SBATCH = "sbatch.sh"  # the script submitit gave sbatch, byte for byte
 SCHEDULER = "submitit.json"  # the scheduler's id and submitit's folder (an array's is shared)
 SUCCESSOR = "successor.json"  # the attempt the first node submitted after a failure
 FINAL = "final.json"  # why the chain stopped here
-RECOVERY_ERROR = "recovery-error.txt"
-FRAMEWORK_DIR = "framework"  # the plan rendered as the framework's own files (ds_config.json, ...)  # the traceback of a recovery that broke
+RECOVERY_ERROR = "recovery-error.txt"  # the traceback of a recovery that broke
+FRAMEWORK_DIR = "framework"  # the plan rendered as the framework's own files (ds_config.json, ...)
 LOGS, GPU, MEMORY = "logs", "gpu", "memory"
+ARRAY_DIR = "array"  # in the first job's folder: submitit's files for a job array's sbatch call
 MIRROR_STATE = ".remote-files.json"  # what a mirror of a remote folder has copied
 
 _OUTCOME = re.compile(r"outcome-node(\d+)\.json")
 _SAMPLER = re.compile(r"node-(\d+)\.csv")
 _HOOKS = re.compile(r"rank-(\d+)\.jsonl")
-DIR_MODE, FILE_MODE = 0o700, 0o600
 
 
 class FolderError(UsageError):
@@ -75,12 +76,13 @@ class JobFolder:
 
     @classmethod
     def create(cls, root: str | os.PathLike, job_id: int, name: str) -> JobFolder:
-        """A new, empty folder `<root>/<id>-<slug>`: unique, since ids are never reused."""
-        root = Path(root)
-        root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        folder = cls(root / f"{int(job_id)}-{slug(name)}")
-        folder.path.mkdir(mode=DIR_MODE, exist_ok=True)
-        (folder.path / LOGS).mkdir(mode=DIR_MODE, exist_ok=True)
+        """A new, empty, owner-only folder `<root>/<id>-<slug>`, made here and now: when that name
+        is taken (another history sharing the root, or a folder or link another user planted
+        there), `<id>-<slug>-<random>` (store/private.py). The root is made if missing, and
+        refused when another user could replace what is made in it."""
+        root = private_root(Path(root))
+        folder = cls(new_dir(root, f"{int(job_id)}-{slug(name)}"))
+        os.mkdir(folder.path / LOGS, DIR_MODE)
         return folder
 
     # -- paths ---------------------------------------------------------------------------
@@ -155,18 +157,11 @@ class JobFolder:
         return None
 
     def write_text(self, name: str, text: str, mode: int = FILE_MODE) -> Path:
-        """Write a file atomically (readers see the old or the new text, never half of one)."""
+        """Write a file atomically (readers see the old or the new text, never half of one),
+        through a new temporary file that is never a link (store/private.write_new)."""
         path = self.file(name)
         path.parent.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_new(path, text.encode("utf-8"), mode)
         return path
 
     def write_json(self, name: str, data: Any) -> Path:

@@ -2,9 +2,9 @@
 
 # Parameters
 #SBATCH --array=0-2%3
-#SBATCH --comment=jobctl:<home>/jobs/array-ID0-tiny
+#SBATCH --comment=jobctl:<home>/jobs/ID0-tiny/array
 #SBATCH --cpus-per-task=2
-#SBATCH --error=<home>/jobs/array-ID0-tiny/%A_%a_0_log.err
+#SBATCH --error=<home>/jobs/ID0-tiny/array/%A_%a_0_log.err
 #SBATCH --gpus-per-node=1
 #SBATCH --gres=gpu:1
 #SBATCH --job-name=tiny
@@ -12,7 +12,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --open-mode=append
-#SBATCH --output=<home>/jobs/array-ID0-tiny/%A_%a_0_log.out
+#SBATCH --output=<home>/jobs/ID0-tiny/array/%A_%a_0_log.out
 #SBATCH --partition=gpu
 #SBATCH --signal=USR2@30
 #SBATCH --time=10
@@ -20,4 +20,4 @@
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output <home>/jobs/array-ID0-tiny/%A_%a_%t_log.out --error <home>/jobs/array-ID0-tiny/%A_%a_%t_log.err <python> -u -m submitit.core._submit <home>/jobs/array-ID0-tiny
+srun --unbuffered --output <home>/jobs/ID0-tiny/array/%A_%a_%t_log.out --error <home>/jobs/ID0-tiny/array/%A_%a_%t_log.err <python> -u -m submitit.core._submit <home>/jobs/ID0-tiny/array

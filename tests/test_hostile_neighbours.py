@@ -1,0 +1,184 @@
+"""Another user on the same cluster (issue 26): shared folders, planted links, a trusted cache,
+two histories in one workdir, schedulers that answer oddly. Each test reproduces one attack
+class of the issue against the real code (a real job submitted through `jobctl submit` where a
+job is needed) and fails on the code before the fix."""
+
+import json
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+from jobctl_run import jobctl
+
+from jobctl.store.folder import JobFolder
+from jobctl.store.private import UnsafeFolder, check_path, write_new
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOT_USER = os.geteuid() == 0
+NOBODY = 65534  # a uid that is not ours (root can give files to it)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def private(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True)
+    return path
+
+
+def rows(home):
+    db = home / "history.sqlite"
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    out = [dict(r) for r in con.execute("SELECT * FROM jobs ORDER BY id")]
+    con.close()
+    return out
+
+
+def local_inventory(tmp_path: Path, workdir: Path) -> Path:
+    inv = tmp_path / "here.yaml"
+    inv.write_text(f"name: here\nscheduler: local\nworkdir: {workdir}\npartitions:\n"
+                   "  - {name: local, gpu: cpu, gpus_per_node: 1, nodes: 1, cpus_per_node: 2, mem_gib: 16}\n")
+    return inv
+
+
+# --- 1. job folders: made, never reused; never written through a link ------------------------
+
+def test_a_folder_planted_where_the_next_job_goes_is_not_used(tmp_path):
+    # the next job of this history is #1 "tiny": another user made 1-tiny/ first, open to all
+    root = private(tmp_path / "jobs")
+    planted = root / "1-tiny"
+    planted.mkdir()
+    os.chmod(planted, 0o777)
+    (planted / "theirs").write_text("x")
+    folder = JobFolder.create(root, 1, "tiny")
+    assert folder.path != planted and folder.path.name.startswith("1-tiny-")
+    assert stat.S_IMODE(os.stat(folder.path).st_mode) == 0o700
+    folder.write_json("plan.json", {"secret": 1})
+    assert sorted(os.listdir(planted)) == ["theirs"]
+
+
+def test_a_link_planted_where_the_next_job_goes_is_not_followed(tmp_path):
+    root = private(tmp_path / "jobs")
+    victim = private(tmp_path / "victim")
+    (root / "1-tiny").symlink_to(victim)
+    folder = JobFolder.create(root, 1, "tiny")
+    folder.write_text("recipe.yaml", "name: tiny\n")
+    assert not folder.path.is_symlink() and folder.path.parent == root
+    assert os.listdir(victim) == []
+
+
+def test_a_link_planted_at_the_temporary_file_is_not_written_through(tmp_path, monkeypatch):
+    # the writer's temporary name, made known: a link there to a file of the user's
+    victim = tmp_path / "bashrc"
+    victim.write_text("the user's own\n")
+    folder_path = private(tmp_path / "folder")
+    monkeypatch.setattr("jobctl.store.private.secrets.token_hex", lambda n: "known")
+    (folder_path / f".plan.json.{os.getpid()}.known.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        write_new(folder_path / "plan.json", b"{}")
+    assert victim.read_text() == "the user's own\n"
+    assert not (folder_path / "plan.json").exists()
+
+
+def test_a_root_others_can_write_to_is_refused_and_a_sticky_one_is_used(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o770)  # the group may rename what anyone makes there
+    with pytest.raises(UnsafeFolder, match="its group can write to it") as e:
+        JobFolder.create(shared / "jobs", 1, "tiny")
+    assert "chmod +t" in e.value.hint
+    assert not (shared / "jobs").exists()  # nothing made in it
+    os.chmod(shared, 0o1777)  # sticky: like /tmp, others cannot rename what is not theirs
+    folder = JobFolder.create(shared, 1, "tiny")
+    assert stat.S_IMODE(os.stat(folder.path).st_mode) == 0o700
+
+
+def test_a_link_on_the_way_to_the_root_is_checked_where_it_leads(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    (tmp_path / "link").symlink_to(open_dir)  # the path looks private; where it leads is not
+    with pytest.raises(UnsafeFolder, match="everyone can write to it"):
+        check_path(tmp_path / "link" / "jobs", "the job folder root")
+
+
+@pytest.mark.skipif(not ROOT_USER, reason="giving a folder to another user needs root")
+def test_a_root_that_belongs_to_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, -1)
+    with pytest.raises(UnsafeFolder, match="belongs to"):
+        JobFolder.create(theirs, 1, "tiny")
+
+
+def test_submit_refuses_a_shared_workdir_before_recording_anything(home, tmp_path):
+    shared = tmp_path / "project"
+    shared.mkdir()
+    os.chmod(shared, 0o775)
+    r = jobctl("submit", "recipes/tiny.yaml", "--cluster", str(local_inventory(tmp_path, shared)))
+    assert r.returncode == 2, r.stderr
+    assert "can be changed by other users" in r.stderr and "Traceback" not in r.stderr
+    assert rows(home) == [] and os.listdir(shared) == []
+
+
+def test_a_local_job_writes_its_pickles_owner_only_and_runs_with_the_users_umask(home, tmp_path):
+    made = tmp_path / "made-by-the-job"
+    recipe = tmp_path / "touch.yaml"
+    recipe.write_text((ROOT / "recipes" / "tiny.yaml").read_text().split("launch:")[0]
+                      + f"launch:\n  launcher: none\n  command: [python, -c, \"open('{made}', 'w').close()\"]\n")
+    r = jobctl("submit", str(recipe), "--cluster", "local", "--wait")
+    assert r.returncode == 0, r.stderr
+    (job,) = rows(home)
+    folder = Path(job["job_folder"])
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    pickles = list(folder.rglob("*.pkl"))  # the job submitted, and its result: both hold what it ran
+    assert len(pickles) == 2 and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in pickles), \
+        [(p.name, oct(p.stat().st_mode)) for p in pickles]
+    # the command's own files keep the user's umask (the tests run under the usual 022)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# --- 3. two histories in one workdir ---------------------------------------------------------
+
+def test_two_histories_sharing_a_workdir_get_folders_of_their_own(tmp_path):
+    workdir = private(tmp_path / "project")
+    inv = local_inventory(tmp_path, workdir)
+    folders = []
+    for who in ("alice", "bob"):
+        env = {"JOBCTL_HOME": str(tmp_path / who)}
+        r = jobctl("submit", "recipes/tiny.yaml", "--cluster", str(inv), "--wait", env=env)
+        assert r.returncode == 0, r.stderr
+        (job,) = rows(tmp_path / who)
+        assert job["id"] == 1  # both histories number from 1
+        folders.append(job["job_folder"])
+        report = jobctl("report", "1", "--json", env=env)
+        assert report.returncode == 0, report.stderr
+        assert json.loads(report.stdout)["job_folder"] == job["job_folder"]
+    assert folders[0] != folders[1]
+
+
+def test_a_workdir_the_scripts_shell_would_act_on_is_refused(home, tmp_path):
+    # submitit writes the job folder into the sbatch script's srun line unquoted: a `$(...)` in
+    # the path would run when the job starts (and when the --dry-run script is run by hand)
+    marker = tmp_path / "pwned"
+    workdir = private(tmp_path / f"w$(touch {marker})")
+    inv = tmp_path / "slurm.yaml"
+    inv.write_text((ROOT / "clusters" / "dev.yaml").read_text() + f"workdir: '{workdir}'\n")
+    r = jobctl("submit", "recipes/tiny.yaml", "--cluster", str(inv), "--dry-run")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "characters the sbatch script's shell would act on" in r.stderr and "'$'" in r.stderr
+    assert not marker.exists() and rows(home) == []
