@@ -182,3 +182,85 @@ def test_a_workdir_the_scripts_shell_would_act_on_is_refused(home, tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "characters the sbatch script's shell would act on" in r.stderr and "'$'" in r.stderr
     assert not marker.exists() and rows(home) == []
+
+
+# --- 2. the validated-input cache ------------------------------------------------------------
+
+def _plan(cache: Path, recipe="recipes/tiny.yaml"):
+    r = jobctl("plan", recipe, "--cluster", "local", "--json", env={"JOBCTL_CACHE": str(cache)})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _dry_run(cache: Path) -> str:
+    """What `submit --dry-run` would run for the tiny recipe, read through the cache."""
+    r = jobctl("submit", "recipes/tiny.yaml", "--cluster", "local", "--dry-run", "--json",
+               env={"JOBCTL_CACHE": str(cache)})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _entry_for(cache: Path, kind: str, source: Path) -> Path:
+    from jobctl.config import cache as validcache
+
+    return cache / "validated" / f"{validcache.key(kind, source.read_text())}.json"
+
+
+def _tampered(entry_text: str) -> str:
+    """The entry with the recipe's command changed and LD_PRELOAD added, as an attacker would,
+    in whichever format the entry has (the name is computable by anyone with this jobctl)."""
+    body = entry_text[entry_text.index("{"):] if not entry_text.startswith("{") else entry_text
+    doc = json.loads(body)
+    doc["value"]["launch"]["command"] = ["sh", "-c", "echo pwned"]
+    doc["value"]["launch"]["env"] = {"LD_PRELOAD": "/tmp/evil.so"}
+    doc["data"]["launch"]["command"] = ["sh", "-c", "echo pwned"]
+    doc["data"]["launch"]["env"] = {"LD_PRELOAD": "/tmp/evil.so"}
+    return json.dumps(doc)
+
+
+def test_an_edited_cache_entry_for_an_unchanged_recipe_is_not_used(home, tmp_path):
+    cache = tmp_path / "cache"
+    _plan(cache)
+    entry = _entry_for(cache, "Recipe", ROOT / "recipes" / "tiny.yaml")
+    entry.write_text(_tampered(entry.read_text()))  # what another user, or a bug, left there
+    out = _dry_run(cache)
+    assert "pwned" not in out and "LD_PRELOAD" not in out
+
+
+def test_a_cache_folder_others_can_write_to_is_neither_read_nor_written(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "validated").mkdir(parents=True)
+    os.chmod(cache / "validated", 0o777)
+    _plan(cache)
+    assert os.listdir(cache / "validated") == []  # nothing written where others can plant entries
+    # entries another user planted there (with a key file of theirs) are not read either
+    own = tmp_path / "own"
+    _plan(own)
+    for f in (own / "validated").iterdir():
+        (cache / "validated" / f.name).write_bytes(f.read_bytes())
+    entry = _entry_for(cache, "Recipe", ROOT / "recipes" / "tiny.yaml")
+    entry.write_text(_tampered(entry.read_text()))
+    assert "pwned" not in _dry_run(cache)
+
+
+@pytest.mark.skipif(not ROOT_USER, reason="giving a folder to another user needs root")
+def test_a_cache_folder_of_another_user_is_not_read(tmp_path):
+    # another user made the cache folder (JOBCTL_CACHE on a shared disk) with this jobctl, and
+    # edited an entry, signing it with their own key where entries are signed: it verifies, but
+    # the folder is not the user's
+    import hashlib
+    import hmac
+
+    cache = tmp_path / "cache"
+    _plan(cache)  # the other user's run
+    entry = _entry_for(cache, "Recipe", ROOT / "recipes" / "tiny.yaml")
+    body = _tampered(entry.read_text())
+    key = cache / "validated" / "key"
+    if key.exists():
+        mac = hmac.new(key.read_bytes(), body.encode(), hashlib.sha256).hexdigest()
+        entry.write_text(mac + "\n" + body)
+    else:
+        entry.write_text(body)
+    for p in [cache / "validated", *(cache / "validated").iterdir()]:
+        os.chown(p, NOBODY, -1)
+    assert "pwned" not in _dry_run(cache)

@@ -5,15 +5,27 @@ Keyed by the file's text, the kind of document and the source of the modules tha
 what "valid" means; a hit returns `Values`, a read-only attribute view with the same fields
 as the pydantic model. Anything unexpected (no cache dir, a corrupt entry) is a miss.
 Set JOBCTL_NO_CACHE=1 to turn it off.
+
+An entry is data to check, never to trust (issue 26): anyone with the same jobctl can compute
+an entry's name. So the cache is used only in a folder the user owns and no one else can write
+to (else it is neither read nor written), and every entry carries an HMAC-SHA256 of its contents
+under a key only the user can read (`key` in that folder, made owner-only): an entry that does
+not verify (edited, planted, copied from another user) is a miss.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import hmac
 import json
 import os
+import stat
 from pathlib import Path
+
+from jobctl.store.private import NEW_FILE, write_new
+
+KEY_BYTES = 32
 
 MARK = "__jobctl_model__"
 SET = "__jobctl_fields_set__"  # the fields the document gave (pydantic's model_fields_set)
@@ -110,13 +122,71 @@ def key(kind: str, text: str) -> str:
     return h.hexdigest()
 
 
+def _usable_dir(d: Path, make: bool) -> bool:
+    """Whether `d` is a folder of the user's that no one else can write to (made owner-only
+    when missing and `make`); a cache anywhere else is neither read nor written."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        if not make:
+            return False
+        try:
+            d.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.mkdir(d, 0o700)
+        except OSError:
+            return False
+        st = os.lstat(d)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _key(d: Path, make: bool) -> bytes | None:
+    """The folder's HMAC key: an owner-only regular file of the user's (made when missing and
+    `make`), or None."""
+    path = d / "key"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        if not make:
+            return None
+        key = os.urandom(KEY_BYTES)
+        try:
+            fd = os.open(path, NEW_FILE, 0o600)
+        except OSError:
+            return None
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        return key
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        key = f.read(KEY_BYTES + 1)
+    return key if len(key) == KEY_BYTES else None
+
+
+def _mac(key: bytes, body: bytes) -> str:
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
 def get(kind: str, text: str):
-    """(value, data) from the cache, or None."""
+    """(value, data) from the cache, or None (no usable cache, no entry, or one that does not
+    verify under the user's key)."""
     d = _cache_dir()
-    if d is None:
+    if d is None or not _usable_dir(d, make=False):
+        return None
+    secret = _key(d, make=False)
+    if secret is None:
         return None
     try:
-        entry = json.loads((d / f"{key(kind, text)}.json").read_text())
+        with open(d / f"{key(kind, text)}.json", "rb") as f:
+            mac, _, body = f.read().partition(b"\n")
+        if not hmac.compare_digest(mac.decode("ascii"), _mac(secret, body)):
+            return None
+        entry = json.loads(body)
         return Values(entry["value"]), entry["data"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -124,17 +194,14 @@ def get(kind: str, text: str):
 
 def put(kind: str, text: str, value, data: dict) -> None:
     d = _cache_dir()
-    if d is None:
+    if d is None or not _usable_dir(d, make=True):
+        return
+    secret = _key(d, make=True)
+    if secret is None:
         return
     try:
-        entry = json.dumps({"value": _marked(value), "data": data})
+        body = json.dumps({"value": _marked(value), "data": data}).encode()
         # owner-only: a recipe's launch.env may hold tokens
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        d.chmod(0o700)
-        tmp = d / f".{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(entry)
-        tmp.replace(d / f"{key(kind, text)}.json")
+        write_new(d / f"{key(kind, text)}.json", _mac(secret, body).encode() + b"\n" + body, 0o600)
     except (OSError, TypeError, ValueError):
         pass  # a cache that cannot be written is only a slower plan
