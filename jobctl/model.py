@@ -82,6 +82,30 @@ def parse_state(text: str | JobState) -> JobState:
         raise UsageError(f"unknown job state {text!r}; allowed: {allowed}") from None
 
 
+# Slurm states jobctl has no name of its own for (sacct(1), JOB STATE CODES), read as the state a
+# job in them is in for jobctl's purposes; any other word a scheduler answers is UNKNOWN.
+SLURM_SYNONYMS = {
+    "RESIZING": JobState.RUNNING, "SIGNALING": JobState.RUNNING, "STAGE_OUT": JobState.COMPLETING,
+    "STOPPED": JobState.SUSPENDED, "REQUEUE_FED": JobState.REQUEUED, "REQUEUE_HOLD": JobState.REQUEUED,
+    "SPECIAL_EXIT": JobState.REQUEUED, "RESV_DEL_HOLD": JobState.PENDING, "CONFIGURING": JobState.PENDING,
+    "REVOKED": JobState.CANCELLED, "UPDATE_DB": JobState.RUNNING, "POWER_UP_NODE": JobState.PENDING,
+}
+
+
+def scheduler_state(text: str | JobState) -> JobState:
+    """A JobState from a scheduler's answer (or a record of one): its name with sacct's
+    decorations dropped (``CANCELLED by 0``, ``RUNNING+``), a synonym (SLURM_SYNONYMS), or
+    UNKNOWN for any other word. Never an error: scheduler output is input, and a state jobctl
+    does not know must not break `status`, `watch` or `cancel` for every other job."""
+    if isinstance(text, JobState):
+        return text
+    word = re.split(r"[\s+]", str(text).strip().upper(), maxsplit=1)[0]
+    try:
+        return JobState(word)
+    except ValueError:
+        return SLURM_SYNONYMS.get(word, JobState.UNKNOWN)
+
+
 @dataclass(frozen=True)
 class JobStatus:
     """What a scheduler says about a job now (a backend's answer to a refresh)."""
@@ -99,7 +123,7 @@ class JobStatus:
     earlier: tuple = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "state", parse_state(self.state))
+        object.__setattr__(self, "state", scheduler_state(self.state))
         if self.failure_kind is not None:
             object.__setattr__(self, "failure_kind", FailureKind(self.failure_kind))
 

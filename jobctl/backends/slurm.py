@@ -47,27 +47,72 @@ CONFIG_ARGV = ["scontrol", "show", "config"]
 Run = Callable[[list[str], bool], str]  # (argv, required) -> stdout; SchedulerError on failure
 
 
+# The most a Slurm command's answer may hold (a sacct of every job of a busy week is a few MiB).
+MAX_ANSWER_BYTES = 32 << 20
+
+
 def run_here(argv: list[str], required: bool = True, timeout_s: float = TIMEOUT_S) -> str:
-    """Run a Slurm command on this machine (an argv list, never a shell); its stdout.
-    SchedulerError when it is missing, hangs or fails (or "" for a command not `required`)."""
+    """Run a Slurm command on this machine (an argv list, never a shell); its stdout, read as
+    UTF-8 with undecodable bytes replaced and at most MAX_ANSWER_BYTES of it (scheduler output
+    is input). SchedulerError when it is missing, hangs, fails or answers more than that (or ""
+    for a command not `required`)."""
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError:
         if not required:
             return ""
         raise SchedulerError(f"`{argv[0]}` is not installed on this machine",
                              hint="run jobctl where Slurm's client commands work (a login node), or use "
                                   "--cluster local") from None
+    try:
+        out, err = _bounded(p, timeout_s)
     except subprocess.TimeoutExpired:
         raise SchedulerError(f"`{' '.join(argv[:3])}` did not answer within {timeout_s:g} s",
                              hint="check `scontrol ping`, then try again") from None
+    if out is None:
+        raise SchedulerError(f"`{' '.join(argv[:3])}` answered more than {MAX_ANSWER_BYTES >> 20} MiB",
+                             hint="this is not what Slurm answers: check the `sacct`/`squeue` first on PATH")
+    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     if p.returncode != 0:
         if not required:
             return ""
-        tail = ((p.stderr or "").strip() or (p.stdout or "").strip() or f"exit code {p.returncode}").splitlines()[-1]
+        tail = (stderr.strip() or stdout.strip() or f"exit code {p.returncode}").splitlines()[-1]
         raise SchedulerError(f"{argv[0]} failed (exit {p.returncode}): {tail[:300]}",
                              hint="is slurmctld up? (`scontrol ping`); is SLURM_CONF set?")
-    return p.stdout
+    return stdout
+
+
+def _bounded(p: subprocess.Popen, timeout_s: float) -> tuple[bytes | None, bytes]:
+    """(stdout, stderr) of a running command, or (None, ...) once stdout passes MAX_ANSWER_BYTES
+    (the command is then killed); TimeoutExpired after `timeout_s`."""
+    import selectors
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    chunks: dict = {p.stdout: [], p.stderr: []}
+    sizes = {p.stdout: 0, p.stderr: 0}
+    with selectors.DefaultSelector() as sel:
+        for stream in chunks:
+            sel.register(stream, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                p.kill()
+                p.wait()
+                raise subprocess.TimeoutExpired(p.args, timeout_s)
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                sizes[key.fileobj] += len(data)
+                if sizes[key.fileobj] > MAX_ANSWER_BYTES:
+                    p.kill()
+                    p.wait()
+                    return None, b""
+                chunks[key.fileobj].append(data)
+    p.wait()
+    return b"".join(chunks[p.stdout]), b"".join(chunks[p.stderr])
 
 
 class SlurmBackend:
@@ -206,15 +251,17 @@ class SlurmBackend:
         reuses job ids, so an unbounded query can return an older job's row). A job sacct has
         no row for yet is PENDING."""
         ids = sorted({j.scheduler_job_id for j in jobs if j.scheduler_job_id})
+        odd = {i: JobStatus("UNKNOWN", reason="not a Slurm job id") for i in ids if not valid_job_id(i)}
+        ids = [i for i in ids if i not in odd]
         if not ids:
-            return {}
+            return odd
         # created_at is written before sbatch is called: never after the job's own submit time
         since = min(j.created_at for j in jobs if j.scheduler_job_id)
         # -D: every run of a requeued job (a node failure, a preemption), not only the last
         argv = ["sacct", "-n", "-P", "-X", "-D", "-o", SACCT_FIELDS, "-j", ",".join(ids), "-S", sacct_time(since)]
         found = parse_sacct(self._run(argv, True))
         # just after sbatch, sacct has no row for up to a second (slurmdbd lags slurmctld)
-        return {i: found.get(i) or JobStatus("PENDING", reason="not yet in accounting") for i in ids}
+        return {**odd, **{i: found.get(i) or JobStatus("PENDING", reason="not yet in accounting") for i in ids}}
 
     def find(self, calls: Sequence[Sequence[str]]) -> dict[tuple, list[str]]:
         """The Slurm job ids (array tasks in index order) of sbatch calls whose answer was lost,
@@ -225,16 +272,22 @@ class SlurmBackend:
         found: dict[tuple, list[str]] = {}
         lines = self._run(["squeue", "--me", "-h", "-r", "-o", "%i|%k"], True).splitlines()
         lines += self._run(["sacct", "-n", "-P", "-X", "-o", "JobID,Comment", "-S", "now-7days"], False).splitlines()
+        seen: dict[tuple, set[str]] = {}
         for line in lines:
             job_id, _, comment = line.strip().partition("|")
-            if comment in wanted and job_id not in found.get(wanted[comment], []):
+            if comment in wanted and valid_job_id(job_id) and job_id not in seen.setdefault(wanted[comment], set()):
+                seen[wanted[comment]].add(job_id)
                 found.setdefault(wanted[comment], []).append(job_id)
         return {f: sorted(ids, key=_array_index) for f, ids in found.items()}
 
     def cancel(self, jobs: Sequence[JobRef]) -> None:
         ids = [j.scheduler_job_id for j in jobs if j.scheduler_job_id]
+        bad = [i for i in ids if not valid_job_id(i)]
+        if bad:  # never an argument scancel could read as an option (`--me` cancels them all)
+            raise SchedulerError(f"not a Slurm job id: {bad[0]!r}; nothing was cancelled",
+                                 hint="the history holds an id no Slurm made: `jobctl history` shows the job")
         if ids:
-            self._run(["scancel", *ids], True)
+            self._run(["scancel", "--", *ids], True)
 
     def output_files(self, submitit_folder: Path, job_id: str, node: int) -> tuple[Path, Path]:
         from submitit.core.utils import JobPaths
@@ -287,21 +340,32 @@ def _path_first(folder: Path):
 
 
 def parse_sacct(text: str) -> dict[str, JobStatus]:
-    """sacct -n -P -X -o JobID,State,ExitCode,Start,End,NodeList,Reason -> {job id: JobStatus}."""
-    out: dict[str, JobStatus] = {}
+    """sacct -n -P -X -o JobID,State,ExitCode,Start,End,NodeList,Reason -> {job id: JobStatus}.
+    Lines whose job id is not one Slurm makes (valid_job_id) are skipped; a state jobctl does not
+    know is UNKNOWN (model.scheduler_state); linear in the rows, however many repeat."""
+    runs: dict[str, list[JobStatus]] = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) < 7:
             continue
         jid, state, code, start, end, nodes, reason = parts[:7]
+        if not valid_job_id(jid):
+            continue
         known = lambda v: v if v not in ("", "Unknown", "None") else None  # noqa: E731
-        earlier = ()
-        if jid in out:  # sacct -D lists a requeued job's runs oldest first: this one is newer
-            before = out[jid]
-            earlier = (*before.earlier, replace(before, earlier=()))
-        out[jid] = JobStatus(state or "UNKNOWN", code or None, reason if reason not in ("", "None") else None,
-                             known(start), known(end), nodes or None, earlier=earlier)
-    return out
+        runs.setdefault(jid, []).append(JobStatus(state or "UNKNOWN", code or None,
+                                                  reason if reason not in ("", "None") else None, known(start),
+                                                  known(end), nodes or None))
+    # sacct -D lists a requeued job's runs oldest first: the last is the job now
+    return {jid: replace(rs[-1], earlier=tuple(rs[:-1])) for jid, rs in runs.items()}
+
+
+# A job id as Slurm makes them: 123, an array task 123_4, a heterogeneous component 123+0.
+_JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9}|\+[0-9]{1,4})?")
+
+
+def valid_job_id(text: str) -> bool:
+    """Whether `text` is a Slurm job id (and so safe as an argument: never an option)."""
+    return bool(_JOB_ID.fullmatch(text))
 
 
 def sacct_time(iso: str, slack_s: float = SACCT_SLACK_S) -> str:
