@@ -361,3 +361,45 @@ def test_a_hundred_thousand_repeated_sacct_rows_are_read_in_linear_time():
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert len(out["1001"].earlier) == 119_999
+
+
+# --- 4. a local submit killed half-way --------------------------------------------------------
+
+KILLED_AT_RECORDING = """
+import os, signal, sys
+from jobctl.store.history import History
+from jobctl.cli import main
+# SIGKILL at the worst moment: the controller runs, its id is not recorded yet
+History.mark_submitted = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_local_submit_killed_after_starting_the_job_is_found_and_can_be_cancelled(home, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    recipe = tmp_path / "sleep.yaml"
+    recipe.write_text((ROOT / "recipes" / "tiny.yaml").read_text().split("launch:")[0]
+                      + "launch:\n  launcher: none\n  command: [python, -c, 'import time; time.sleep(120)']\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JOBCTL_HOME": str(home)}
+    p = subprocess.run([sys.executable, "-c", KILLED_AT_RECORDING, "submit", str(recipe), "--cluster", "local"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, p.stderr
+    (row,) = rows(home)
+    assert row["state"] == "PREPARED" and row["scheduler_job_id"] is None
+    env_now = {"JOBCTL_HOME": str(home), "JOBCTL_RECONCILE_AFTER_S": "0"}
+    r = jobctl("status", "--json", env=env_now)
+    assert r.returncode == 0, r.stderr
+    (job,) = json.loads(r.stdout)
+    assert job["state"] == "RUNNING" and job["scheduler_job_id"], job
+    pid = int(job["scheduler_job_id"])
+    r = jobctl("cancel", "1", env=env_now)
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and \
+            Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z":
+        time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    assert rows(home)[0]["state"] == "CANCELLED"

@@ -74,6 +74,22 @@ class LocalBackend:
             return JobStatus("COMPLETED", "0:0") if code == 0 else JobStatus("FAILED", f"{code}:0")
         return JobStatus("FAILED", reason="the local job's process is gone and left no result")
 
+    def find(self, calls: Sequence[Sequence[str]]) -> dict[tuple, list[str]]:
+        """The local jobs of submissions whose answer was lost (jobctl was killed between
+        starting the controller and recording it), by their folder: {tuple(call): [job id]}.
+        A controller still running is found among this user's processes by the folder submitit
+        gives it (`python -m submitit.local._local FOLDER`); one that ended, by the files it left
+        in the folder (`<job id>_submitted.pkl`)."""
+        wanted = {os.path.abspath(call[0]): tuple(call) for call in calls if len(call) == 1}
+        found = {wanted[folder]: [str(pid)] for pid, folder in _controllers() if folder in wanted}
+        for folder, call in wanted.items():
+            if call not in found:
+                ids = sorted((p.name.split("_")[0] for p in Path(folder).glob("*_submitted.pkl")
+                              if p.name.split("_")[0].isdigit()), key=int)
+                if ids:
+                    found[call] = ids[-1:]
+        return found
+
     def cancel(self, jobs: Sequence[JobRef]) -> None:
         for j in jobs:
             if j.scheduler_job_id:
@@ -112,6 +128,24 @@ def _detached_stdio():
 
 
 # --- processes (Linux /proc; elsewhere the pid alone) ---------------------------------------------
+
+def _controllers():
+    """(pid, job folder) of this user's running submitit local controllers (Linux /proc)."""
+    uid = os.geteuid()
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 4 and argv[-3:-1] == [b"-m", b"submitit.local._local"] and alive(pid):
+            yield pid, os.path.abspath(argv[-1].decode("utf-8", "surrogateescape"))
+
 
 def start_time(pid: int) -> str | None:
     """The process's start time (clock ticks since boot): with the pid, it names one process."""

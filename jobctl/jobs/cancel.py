@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jobctl.jobs import placement
-from jobctl.jobs.status import refresh
+from jobctl.jobs.status import reconcile, refresh
 from jobctl.model import JobState
 
 
@@ -11,6 +11,8 @@ def cancel_records(history, records, say=lambda text: None) -> dict[int, dict]:
     """Cancel the history's `records` that have not ended; {id: result}. Jobs on a remote
     cluster are cancelled there, Slurm ones with one scancel call, local ones by signal."""
     results = {}
+    if reconcile(history, [r for r in records if r.state is JobState.PREPARED]):
+        records = [history.get(r.id) for r in records]  # a lost submission found: it has an id now
     live = [r for r in records if r.scheduler_job_id and not r.terminal]
     if live:  # a job the history thinks is running may have ended meanwhile
         refresh(history, live)

@@ -8,9 +8,12 @@ import json
 import os
 from datetime import datetime, timezone
 
+from jobctl.backends.local import start_time
 from jobctl.errors import SchedulerError, UsageError
 from jobctl.jobs import placement
 from jobctl.model import JobState, JobStatus, Scheduler
+from jobctl.store import folder as layout
+from jobctl.store.folder import JobFolder
 from jobctl.store.history import UnknownJobError
 
 
@@ -44,10 +47,11 @@ GIVE_UP_AFTER_S = 600.0  # an older one that Slurm does not know was never made
 
 
 def reconcile(history, records, now: datetime | None = None) -> list[int]:
-    """Slurm jobs left PREPARED because sbatch's answer was lost (it timed out, or jobctl was
-    killed while it ran): found at Slurm by the comment each submission carries and recorded
-    as submitted; or, once old enough and still unknown there, recorded as never made.
-    Returns the ids whose row changed. Never submits anything."""
+    """Jobs left PREPARED because the scheduler's answer was lost (sbatch timed out, or jobctl
+    was killed while it submitted): found where they run (Slurm: by the comment each submission
+    carries; this machine: by the job folder its controller was given) and recorded as
+    submitted; or, once old enough and still not found, recorded as never made. Returns the ids
+    whose row changed. Never submits anything."""
     now = now or datetime.now(timezone.utc)
 
     def age(r) -> float:
@@ -55,27 +59,44 @@ def reconcile(history, records, now: datetime | None = None) -> list[int]:
 
     after = float(os.environ.get("JOBCTL_RECONCILE_AFTER_S", RECONCILE_AFTER_S))
     lost = [r for r in records if r.state is JobState.PREPARED and not r.scheduler_job_id
-            and r.scheduler == Scheduler.SLURM.value and not placement.is_remote(r) and age(r) > after]
-    calls: dict[tuple, list] = {}
-    for r in lost:
-        extra = json.loads(r.extra_json or "{}")
-        if extra.get("sbatch_call"):
-            calls.setdefault(tuple(extra["sbatch_call"]), []).append((r, int(extra.get("sbatch_index") or 0)))
-    if not calls:
-        return []
-    found = placement.backend(Scheduler.SLURM).find(list(calls))
+            and not placement.is_remote(r) and age(r) > after]
+    changed = []
+    for scheduler in (Scheduler.SLURM, Scheduler.LOCAL):
+        calls: dict[tuple, list] = {}
+        for r in lost:
+            extra = json.loads(r.extra_json or "{}")
+            if r.scheduler == scheduler.value and extra.get("sbatch_call"):
+                calls.setdefault(tuple(extra["sbatch_call"]), []).append((r, int(extra.get("sbatch_index") or 0)))
+        if calls:
+            changed += _reconcile_calls(history, scheduler, calls, age)
+    return changed
+
+
+def _reconcile_calls(history, scheduler: Scheduler, calls: dict, age) -> list[int]:
+    found = placement.backend(scheduler).find(list(calls))
     changed = []
     for call, members in calls.items():
         ids = found.get(call) or []
         for r, index in members:
             if ids and index < len(ids):
-                history.mark_submitted(r.id, ids[index], call[index])  # found by its comment: SUBMITTED
+                history.mark_submitted(r.id, ids[index], call[index])  # found where it runs: SUBMITTED
+                if scheduler is Scheduler.LOCAL:
+                    _record_local_controller(call[index], ids[index])
                 changed.append(r.id)
             elif not ids and age(r) > GIVE_UP_AFTER_S:
-                history.mark_submit_failed(r.id, "sbatch's answer was lost and Slurm has no job with this "
-                                                 "submission's comment: it was never made")
+                history.mark_submit_failed(r.id, "the scheduler's answer was lost and no job of this submission "
+                                                 f"was found ({'by its comment at Slurm' if scheduler is Scheduler.SLURM else 'by its folder on this machine'}): it was never made")
                 changed.append(r.id)
     return changed
+
+
+def _record_local_controller(folder: str, job_id: str) -> None:
+    """What a local submission writes once the controller runs (submitit.json), for a job
+    found after the fact: cancel and status name the process by pid and start time."""
+    f = JobFolder(folder)
+    if not f.scheduler_meta():
+        f.write_json(layout.SCHEDULER, {"job_id": job_id, "submitit_folder": folder,
+                                        "controller_start": start_time(int(job_id))})
 
 
 def _record_earlier_runs(history, record, st: JobStatus) -> bool:
