@@ -403,3 +403,28 @@ def test_a_local_submit_killed_after_starting_the_job_is_found_and_can_be_cancel
         time.sleep(0.2)
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
     assert rows(home)[0]["state"] == "CANCELLED"
+
+
+# --- 6. a deeply nested recipe, whichever YAML scanner stops first ---------------------------
+
+def test_a_deep_recipe_is_refused_when_libyaml_stops_before_the_nesting(tmp_path, monkeypatch):
+    # PyYAML 6.0.4 with libyaml: the limits' scan (libyaml's) stopped on 100,000 '[' before it
+    # counted them, and PyYAML's own recursive composer then crashed (RecursionError, exit 70).
+    # Stand in for such a libyaml: a scanner that stops at once.
+    import yaml
+
+    from jobctl.config import loader
+    from jobctl.errors import ConfigError
+    from jobctl.planning import load_recipe
+
+    class StopsAtOnce(yaml.SafeLoader):
+        def check_token(self, *choices):
+            raise yaml.scanner.ScannerError("libyaml stopped here")
+
+    monkeypatch.setattr(loader, "_FAST", StopsAtOnce)
+    monkeypatch.setenv("JOBCTL_NO_CACHE", "1")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: deep\nm: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_recipe(str(deep), [])
+    assert "nested more than 64 levels deep" in str(e.value)

@@ -96,16 +96,27 @@ def _limit_issue(text: str, shown: str) -> ConfigIssue | None:
     opens = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
              yaml.FlowSequenceStartToken)
     closes = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
-    depth = 0
+    # The depth is measured by the scanner the parser will use (the pure-Python one), or by
+    # libyaml's where both read the text to its end: where libyaml stops early on a text the
+    # pure-Python parser goes on reading, that parser's recursive composer could meet nesting
+    # no scan measured (100,000 '[' crashed it on PyYAML 6.0.4).
+    for scan_with in dict.fromkeys((loader, yaml.SafeLoader)):
+        depth = 0
+        try:
+            for token in yaml.scan(text, Loader=scan_with):  # the scanner is iterative: no recursion here
+                if isinstance(token, opens):
+                    depth += 1
+                    if depth > MAX_DEPTH:
+                        return ConfigIssue(shown, token.start_mark.line + 1, "",
+                                           f"nested more than {MAX_DEPTH} levels deep; a recipe needs a handful")
+                elif isinstance(token, closes):
+                    depth -= 1
+            break  # read to the end: the depth holds for both parsers
+        except yaml.YAMLError:
+            continue  # measured up to the error only: measure again with the pure-Python scanner
+    else:
+        return None  # a syntax error for both scanners: reported with its line by the parser
     try:
-        for token in yaml.scan(text, Loader=loader):  # the scanner is iterative: no recursion here
-            if isinstance(token, opens):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    return ConfigIssue(shown, token.start_mark.line + 1, "",
-                                       f"nested more than {MAX_DEPTH} levels deep; a recipe needs a handful")
-            elif isinstance(token, closes):
-                depth -= 1
         root = yaml.compose(text, Loader=loader)
     except yaml.YAMLError:
         return None  # a syntax error: reported with its line by the parser
@@ -304,6 +315,10 @@ def _read_yaml(path: Path, issues: list[ConfigIssue], shown: str | None = None, 
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         issues.append(_syntax_issue(e, text, shown))
+        return None, {}
+    except RecursionError:  # the limits' scan should have caught it: never a traceback
+        issues.append(ConfigIssue(shown, None, "", f"nested more than {MAX_DEPTH} levels deep; a recipe needs "
+                                                   "a handful"))
         return None, {}
     if data is None:
         data = {}
@@ -523,7 +538,7 @@ def _plain_document(path: Path, overrides, text: str | None = None) -> tuple[dic
         if _limit_issue(text, str(path)) is not None:
             return None
         data = yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError):  # UnicodeDecodeError is a ValueError
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None  # the full path reports the problem with its line
     if not isinstance(data, dict) or "base" in data:
         return None
@@ -532,7 +547,10 @@ def _plain_document(path: Path, overrides, text: str | None = None) -> tuple[dic
     if not all(isinstance(k, str) for k in data):
         return None
     dups: list[ConfigIssue] = []
-    lines = _line_map(text, str(path), dups)
+    try:
+        lines = _line_map(text, str(path), dups)
+    except RecursionError:
+        return None  # the full path reports it
     if dups:
         return None
     return data, lines
