@@ -428,3 +428,104 @@ def test_a_deep_recipe_is_refused_when_libyaml_stops_before_the_nesting(tmp_path
     with pytest.raises(ConfigError) as e:
         load_recipe(str(deep), [])
     assert "nested more than 64 levels deep" in str(e.value)
+
+
+# --- 7. numbers, secrets, bytes, names, files: the lower classes -----------------------------
+
+def test_a_400_digit_step_count_is_a_clear_error(home):
+    r = jobctl("plan", "recipes/tiny.yaml", "-c", "local", "train.steps=1" + "0" * 400)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "train.steps" in r.stderr and "must be at most 1000000000000" in r.stderr
+    assert len(r.stderr) < 400  # the value is quoted, not all 401 digits of it
+
+
+def test_an_inventory_too_large_to_search_is_refused(tmp_path):
+    many = tmp_path / "many.yaml"
+    many.write_text("name: many\npartitions:\n" + "".join(
+        f"  - {{name: p{i}, gpu: h100-sxm-80gb, gpus_per_node: 8, nodes: 16, cpus_per_node: 8, mem_gib: 64}}\n"
+        for i in range(65)))
+    r = jobctl("plan", "recipes/tiny.yaml", "-c", str(many))
+    assert r.returncode == 2 and "partitions" in r.stderr and "at most 64" in r.stderr, r.stderr
+    huge = tmp_path / "huge.yaml"  # 3 x 131,072 nodes of 8 GPUs: each within its own limit
+    huge.write_text("name: huge\npartitions:\n" + "".join(
+        f"  - {{name: p{i}, gpu: h100-sxm-80gb, gpus_per_node: 8, nodes: 131072, cpus_per_node: 8, mem_gib: 64}}\n"
+        for i in range(3)))
+    r = jobctl("plan", "recipes/tiny.yaml", "-c", str(huge))
+    assert r.returncode == 2 and "3,145,728 GPUs in all" in r.stderr, r.stderr
+
+
+def test_a_secret_read_from_the_environment_is_hidden_in_the_dry_run(home):
+    r = jobctl("submit", "recipes/tiny.yaml", "-c", "local", "--dry-run", "--json",
+               "launch.command=python -m jobctl.examples.tiny_train --token ${oc.env:JOBCTL_TEST_TOKEN}",
+               env={"JOBCTL_TEST_TOKEN": "hf_0123456789secret"})
+    assert r.returncode == 0, r.stderr
+    assert "hf_0123456789secret" not in r.stdout and "***" in r.stdout
+
+
+def test_a_nul_that_arrives_through_interpolation_is_refused_at_submit(home, tmp_path):
+    recipe = tmp_path / "nul.yaml"
+    recipe.write_text('name: nul\ndescription: "a\\0b"\n'
+                      "model: {family: llama, layers: 2, hidden: 64, ffn_hidden: 172, heads: 4, kv_heads: 2, vocab: 256}\n"
+                      "train: {seq_len: 64, global_batch_size: 8, precision: fp32}\n"
+                      "launch:\n  launcher: none\n  command: [python, -c, 'print(1)']\n"
+                      "  env: {X: '${description}'}\n")
+    r = jobctl("submit", str(recipe), "-c", "local", "--wait")
+    assert r.returncode == 2 and "NUL" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert rows(home) == []
+
+
+def test_a_clusters_folder_here_does_not_shadow_a_shipped_cluster_without_saying_so(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "local.yaml").write_text(
+        "name: local\nscheduler: local\nenv: {LD_PRELOAD: /tmp/evil.so}\npartitions:\n"
+        "  - {name: local, gpu: cpu, gpus_per_node: 1, nodes: 1, cpus_per_node: 2, mem_gib: 16}\n")
+    r = subprocess.run([sys.executable, "-m", "jobctl", "plan", str(ROOT / "recipes" / "tiny.yaml"), "-c", "local"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "JOBCTL_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stderr
+    assert f"using {tmp_path / 'clusters' / 'local.yaml'} from this folder" in r.stderr
+
+
+def test_bidi_overrides_and_zero_width_characters_are_shown_not_obeyed(tmp_path):
+    recipe = tmp_path / "bidi.yaml"
+    recipe.write_text((ROOT / "recipes" / "tiny.yaml").read_text().replace("\nname: tiny\n",
+                                                                        '\nname: "txt\\u202egnp\\u200b"\n', 1))
+    r = jobctl("plan", str(recipe), "-c", "local")
+    assert r.returncode == 0, r.stderr
+    assert "\u202e" not in r.stdout + r.stderr and "\u200b" not in r.stdout + r.stderr
+    from jobctl.ui.terminal import sanitize
+
+    assert sanitize("txt\u202egnp\u200b \x1b[31m") == "txt\\u202egnp\\u200b \\x1b[31m"
+
+
+def test_base_names_only_a_recipe_or_inventory_file(tmp_path):
+    secret = tmp_path / "id_rsa"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nkey: b3BlbnNzaC1rZXktdjE\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nbase: {secret}\n")
+    r = jobctl("plan", str(recipe), "-c", "local")
+    assert r.returncode == 2 and "recipe or inventory YAML file" in r.stderr, r.stderr
+    assert "OPENSSH" not in r.stderr and "b3Blbn" not in r.stderr
+
+
+def test_an_sbatch_answer_without_a_job_id_is_uncertain_not_a_crash(tmp_path):
+    home = tmp_path / "home"
+    bin_dir = fake_slurm(tmp_path, scontrol="Slurmctld(primary) at ctl is UP\n",
+                         sbatch="\x1b]0;owned\x07\x1b[2J all went well\n")
+    r = jobctl("submit", "recipes/tiny.yaml", "-c", "dev", env=with_fake(bin_dir, home))
+    assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr
+    assert "names no job id" in r.stderr and "\x1b" not in r.stderr
+    (row,) = rows(home)
+    assert row["state"] == "PREPARED"  # `jobctl status` looks for it at Slurm by its comment
+
+
+@pytest.mark.parametrize("gres, words", [("gpu:h100:-1", "-1 GPUs per node"),
+                                         ("gpu:h100:99999999", "99999999 GPUs per node")])
+def test_discover_refuses_a_gpu_count_no_node_has(tmp_path, gres, words):
+    bin_dir = fake_slurm(tmp_path, sinfo=f"gpu*|up|1-00:00:00|2|64|512000|{gres}|n[1-2]\n")
+    r = jobctl("clusters", "discover", "--name", "x", env=with_fake(bin_dir, tmp_path / "home"))
+    assert r.returncode == 5 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "another jobctl version" not in r.stderr

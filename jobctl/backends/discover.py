@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from jobctl.backends.launch import parse_slurm_time
-from jobctl.errors import JobctlError
+from jobctl.errors import EXIT_BACKEND, JobctlError
 
 SINFO_FORMAT = "%P|%a|%l|%D|%c|%m|%G|%N"  # the columns parse_sinfo reads (slurm.py runs sinfo)
 
@@ -58,6 +58,9 @@ class SinfoRow:
     memory_mb: int | None
     gres: str
     nodelist: str
+
+
+MAX_GPUS_PER_NODE = 64  # the inventory schema's limit (config/schema.py, Partition.gpus_per_node)
 
 
 def _int(text: str | None) -> int | None:
@@ -126,15 +129,15 @@ def parse_gres(text: str | None) -> list[Gres]:
             continue
         parts = item.split(":")
         count = 1
-        if len(parts) > 1 and re.fullmatch(r"\d+[KMG]?", parts[-1]):
-            count = _count(parts.pop())
+        if len(parts) > 1 and re.fullmatch(r"-?\d+[KMG]?", parts[-1]):
+            count = _count(parts.pop())  # a negative count is kept: cluster_facts refuses it
         out.append(Gres(parts[0], parts[1] if len(parts) > 1 and parts[1] else None, count))
     return out
 
 
 def _count(text: str) -> int:
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
-    return int(text.rstrip("KMG")) * mult
+    return int(text.rstrip("KMG")[:12]) * mult  # 12 digits: more is no count, and int() stays cheap
 
 
 def gpus_of(gres: str | None) -> tuple[str | None, int]:
@@ -222,13 +225,24 @@ def cluster_facts(sinfo_text: str, partition_text: str, node_text: str) -> list[
                 if p not in order:
                     order.append(p)
     facts = []
+
+    def counted(name: str, gres: str | None) -> tuple[str | None, int]:
+        gtype, count = gpus_of(gres)
+        if not 0 <= count <= MAX_GPUS_PER_NODE:
+            raise DiscoveryError(
+                f"partition {name!r}: its nodes' Gres={gres!r} gives {count} GPUs per node, which no node has "
+                f"(jobctl plans for 1 to {MAX_GPUS_PER_NODE})",
+                hint="fix the node's Gres in slurm.conf / gres.conf (`scontrol show node`), or write the inventory "
+                     "by hand for that partition")
+        return gtype, count
+
     for name in order:
         members = by_part.get(name, [])
         raw_time = max_time.get(name) or next((r.time_limit for r in sinfo if r.partition == name), "")
         if members:
             shapes = Counter()
             for n in members:
-                gtype, count = gpus_of(n.get("Gres"))
+                gtype, count = counted(name, n.get("Gres"))
                 shapes[(gtype, count, _int(n.get("CPUTot")), mib_to_gib(_int(n.get("RealMemory"))))] += 1
             (gtype, count, cpus, mem), most = max(shapes.items(), key=lambda kv: (kv[1], kv[0][1]))
             states = [(n.get("NodeName", "?"), node_state(n.get("State"))) for n in members]
@@ -243,7 +257,7 @@ def cluster_facts(sinfo_text: str, partition_text: str, node_text: str) -> list[
                                         name in default, source="scontrol show partition (no nodes)"))
             continue
         r = max(rows, key=lambda r: r.nodes)
-        gtype, count = gpus_of(r.gres)
+        gtype, count = counted(name, r.gres)
         facts.append(PartitionFacts(name, gtype, count, sum(x.nodes for x in rows), r.cpus, mib_to_gib(r.memory_mb),
                                     time_limit(raw_time), raw_time, name in default,
                                     other_shapes=sum(x.nodes for x in rows) - r.nodes, source="sinfo"))
@@ -251,6 +265,12 @@ def cluster_facts(sinfo_text: str, partition_text: str, node_text: str) -> list[
 
 
 # --- GPU types ---------------------------------------------------------------------------------
+
+
+class DiscoveryError(JobctlError):
+    """What sinfo/scontrol answered cannot describe a cluster jobctl can plan for (exit 5)."""
+
+    exit_code = EXIT_BACKEND
 
 
 class AmbiguousGPU(Exception):

@@ -189,6 +189,14 @@ class SlurmBackend:
         exec_folder, params = self._plan(requests, cwd)
         try:
             jobs = self._submit(exec_folder, params, [r.runner for r in requests])
+        except (submitit.core.utils.FailedSubmissionError, UnicodeDecodeError) as e:
+            # sbatch exited 0 with an answer that names no job id (or is not text): the job may
+            # exist; its comment finds it (`jobctl status`)
+            said = str(e).split("\n")[0][:200] if isinstance(e, submitit.core.utils.FailedSubmissionError) else \
+                "bytes that are not UTF-8"
+            raise SubmissionUncertain(f"sbatch's answer names no job id ({said})",
+                                      hint="`jobctl status` looks for it at Slurm (by its comment) and records what it "
+                                           "finds; do not submit again before that") from None
         except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as e:
             message = _sbatch_message(e)
             if any(word in message for word in UNCERTAIN):

@@ -82,9 +82,10 @@ def _ask(err, gpu_map: dict[str, str]) -> dict[str, str]:
     out = dict(gpu_map)
     for key, (choices, partitions) in err.questions.items():
         what = "untyped GRES gpu:N" if key == "gpu" else f"GRES type {key!r}"
-        sys.stderr.write(f"{what} (partition {', '.join(partitions)}) could be several GPUs:\n")
+        # the names are the cluster's: shown, never obeyed (control and format characters escaped)
+        sys.stderr.write(ui.sanitize(f"{what} (partition {', '.join(partitions)}) could be several GPUs:") + "\n")
         for i, c in enumerate(choices, 1):
-            sys.stderr.write(f"  {i}) {c}\n")
+            sys.stderr.write(ui.sanitize(f"  {i}) {c}") + "\n")
         while True:
             sys.stderr.write(f"which one? [1-{len(choices)}] ")
             sys.stderr.flush()

@@ -69,6 +69,7 @@ def run(args) -> int:
                              hint="one of: " + ", ".join(framework_names()) + ", or all")
         overrides.append(f"framework={args.framework}")
     rec, invs = load_request(args.recipe, overrides, [args.cluster] if args.cluster else all_cluster_names())
+    ui.notes(rec, *invs)
     if args.cluster:
 
         result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain, learn=not args.no_learn)
@@ -115,6 +116,7 @@ def _all_frameworks(args) -> int:
         raise UsageError("--framework all needs --cluster (it compares frameworks on the same GPUs)",
                          hint="jobctl plan RECIPE --cluster C --framework all")
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
+    ui.notes(rec, *invs)
     rows = compare_frameworks(rec, invs[0], args.objective, not args.no_learn)
     current = _recipe_framework(rec)
     if args.as_json:
@@ -164,6 +166,7 @@ def _after_oom(args) -> int:
             raise UsageError(f"--tried-to-allocate: expected a positive size in GiB, got {args.tried_to_allocate}")
         failure["tried_to_allocate_bytes"] = int(args.tried_to_allocate * (1 << 30))
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
+    ui.notes(rec, *invs)
     prior = (doc.get("ladder") or {}).get("calibration") or (doc.get("learned") or {}).get("calibration")
     result = after_oom(rec, invs[0], plan, failure, prior=prior)
     if args.as_json:

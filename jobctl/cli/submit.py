@@ -97,6 +97,7 @@ def run(args) -> int:
     policy = RetryPolicy.with_overrides(args.retry, max_attempts=args.max_attempts,
                                         memory_snapshot=args.memory_snapshot)
     inv = load_inventory(args.cluster)
+    ui.notes(inv)
     remote = inv.value.login is not None
     if args.sync and not remote:
         raise UsageError(f"--sync is for clusters reached over SSH; {inv.value.name!r} has no `login:` block",
@@ -110,6 +111,7 @@ def run(args) -> int:
     for combo in combos:
         overrides = list(args.overrides) + combo
         rec = load_recipe(args.recipe, overrides)
+        ui.notes(rec)
         result = plan_on(rec, inv, objective=args.objective, alternatives=0, summary=False)
         if not result.feasible:
             if args.as_json:

@@ -42,6 +42,7 @@ class Loaded:
     data: dict  # resolved plain data (launch left unresolved)
     raw: Any  # the merged omegaconf node before resolution (for ${plan.*} later)
     lines: dict[tuple, tuple[str, int]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what the user should know of where it was found (workspace.shadowing)
 
 
 # --- limits -----------------------------------------------------------------------------
@@ -376,6 +377,11 @@ def _load_chain(path: Path, issues: list[ConfigIssue], seen: tuple = (), shown: 
         return None, lines
     base_shown = os.path.normpath(os.path.join(os.path.dirname(shown), os.path.expanduser(base)))
     base_path = (path.parent / os.path.expanduser(base)).resolve()
+    if base_path.suffix not in (".yaml", ".yml"):
+        # only another recipe or inventory: any other file's lines would be quoted in the errors
+        issues.append(ConfigIssue(shown, base_line, "base", "expected the path of a recipe or inventory YAML file "
+                                                            "(.yaml or .yml)"))
+        return None, lines
     chain = seen + (path.resolve(),)
     if base_path in chain:
         names = [_short(p, shown) for p in chain] + [base_shown]

@@ -28,6 +28,8 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 # Sanity bounds: larger values are typos, not models (the largest dense models published
 # have ~1e5 hidden; a cluster of 1e6 GPUs does not exist yet).
 MAX_DIM = 1 << 20
+MAX_PARTITIONS = 64  # per inventory
+MAX_GPUS = 1 << 21  # in all an inventory's partitions: 2,097,152 (16,384 nodes of 8 is 131,072)
 
 
 class _Strict(BaseModel):
@@ -77,8 +79,10 @@ class Train(_Strict):
     # Megatron: turn on its fused loss (--cross-entropy-loss-fusion, 10 B per logit, measured);
     # other frameworks: the training code brings its own chunked/fused loss (16-bit logits only)
     fused_cross_entropy: bool = False
-    steps: int | None = Field(default=None, gt=0)
-    tokens: int | None = Field(default=None, gt=0)
+    # a trillion steps, a quintillion tokens: more is a typo, and a 400-digit number made the
+    # time-to-train arithmetic overflow (OverflowError)
+    steps: int | None = Field(default=None, gt=0, le=10**12)
+    tokens: int | None = Field(default=None, gt=0, le=10**18)
     lr: float | None = Field(default=None, gt=0)
 
 
@@ -243,7 +247,9 @@ class Inventory(_Strict):
     name: str = Field(min_length=1)
     scheduler: Literal["slurm", "local"] = "slurm"
     description: str = ""
-    partitions: list[Partition] = Field(min_length=1)
+    # the search runs once per partition: a bound on the partitions and on the GPUs in all keeps
+    # one plan within seconds (thousands of 131,072-node partitions took hours)
+    partitions: list[Partition] = Field(min_length=1, max_length=MAX_PARTITIONS)
     env: dict[str, str] = Field(default_factory=dict)
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     memory: MemoryKnobs = Field(default_factory=MemoryKnobs)
@@ -257,4 +263,8 @@ class Inventory(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"partition names must be unique, repeated: {', '.join(dup)}")
+        gpus = sum(p.nodes * p.gpus_per_node for p in self.partitions)
+        if gpus > MAX_GPUS:
+            raise ValueError(f"the partitions hold {gpus:,} GPUs in all, more than the {MAX_GPUS:,} jobctl plans for; "
+                             "list the partitions a recipe can use (an inventory per system)")
         return self

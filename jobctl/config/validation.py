@@ -127,10 +127,8 @@ def _show(value) -> str:
         return "an empty value"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (dict, list)):
-        text = repr(value)
-        return text if len(text) <= 60 else text[:57] + "..."
-    return repr(value)
+    text = repr(value)  # a message shows what was given, never all of a long value
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _close(value, options: list[str]) -> str | None:

@@ -61,6 +61,27 @@ def find_cluster(name_or_path: str) -> Path | None:
     )
 
 
+def shadowing(name_or_path: str, kind: str = "cluster") -> str | None:
+    """When a name (`--cluster dev`, a recipe name) is found in the current folder's clusters/
+    or recipes/ while the shipped or configured ones hold one of the same name (or, for
+    `local`, the embedded default), what to tell the user: a clone of someone's project must not
+    quietly swap the inventory a command runs on."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path or (os.altsep and os.altsep in name_or_path):
+        return None  # a path says itself what it is
+    here = (Path.cwd() / ("clusters" if kind == "cluster" else "recipes")).resolve()
+    dirs = cluster_dirs() if kind == "cluster" else [d for d in recipe_dirs() if d.is_dir()]
+    found = [d / f"{name_or_path}{ext}" for d in dirs for ext in (".yaml", ".yml") if (d / f"{name_or_path}{ext}").exists()]
+    if not found or found[0].parent.resolve() != here:
+        return None
+    others = [f for f in found[1:] if f.parent.resolve() != here]
+    if others:
+        return f"{kind} {name_or_path!r}: using {found[0]} from this folder, not {others[0]}"
+    if kind == "cluster" and name_or_path == "local":
+        return f"cluster 'local': using {found[0]} from this folder, not the embedded default (this machine, CPU only)"
+    return None
+
+
 def all_cluster_files() -> list[Path]:
     seen, out = set(), []
     for d in cluster_dirs():

@@ -17,7 +17,7 @@ from pathlib import Path
 from jobctl.backends import launch
 from jobctl.backends.base import SubmissionUncertain, SubmitRequest
 from jobctl.config import loader as config
-from jobctl.errors import SchedulerError, UsageError
+from jobctl.errors import ConfigError, ConfigIssue, SchedulerError, UsageError
 from jobctl.jobs import placement
 from jobctl.model import JOB_FOLDER_TOKEN, JobState, RetryPolicy, Scheduler
 from jobctl.planner import inputs as planner_inputs
@@ -97,6 +97,7 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
     command = launch.command_argv(raw)
     env = launch.job_environment(plan, recipe, inv, framework_env=fw.get("env") or {})
     env.update({str(k): str(v) for k, v in (launch_block.get("env") or {}).items()})
+    _no_nul(recipe_loaded.path, command, env)
     scheduler = Scheduler(inv.scheduler)
     if scheduler is Scheduler.SLURM:
         parameters = launch.slurm_parameters(plan, recipe, inv, part)
@@ -114,6 +115,16 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
         inventory_source=dict(inv_loaded.data), policy=RetryPolicy(hooks=bool(launch_block.get("hooks", False))),
         framework_files=_framework_files(fw),
     )
+
+
+def _no_nul(path: str, command: list[str], env: dict[str, str]) -> None:
+    """A NUL cannot be in an argument or an environment variable (the job's exec would fail on
+    the node): checked once `${...}` are resolved, where it may first appear."""
+    for where, text in [*((f"launch.command[{i}]", a) for i, a in enumerate(command)),
+                        *((f"the environment ({k})", f"{k}={v}") for k, v in env.items())]:
+        if "\x00" in text:
+            raise ConfigError([ConfigIssue(path, None, where, "holds a NUL character once its ${...} are resolved; "
+                                                              "an argument or environment value cannot")])
 
 
 FILE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -179,10 +190,20 @@ SECRET_SHOWN = "***"
 SECRET_MIN_CHARS = 6  # shorter values are also hidden under their own name, but not searched for elsewhere
 
 
+_ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
+
+
 def secrets(sub: Submission) -> dict[str, str]:
-    """The recipe's `launch.env` (tokens, keys: what a user puts there is theirs alone)."""
-    env = ((sub.recipe_source or {}).get("launch") or {}).get("env") or {}
-    return {str(k): str(v) for k, v in env.items() if v is not None}
+    """What a user's recipe brings that is theirs alone: `launch.env` (tokens, keys), and the
+    value of every environment variable it reads (`${oc.env:HF_TOKEN}` in a command line), by
+    name; the dry run hides them wherever they appear."""
+    source = sub.recipe_source or {}
+    env = (source.get("launch") or {}).get("env") or {}
+    out = {str(k): str(v) for k, v in env.items() if v is not None}
+    for name in _ENV_REF.findall(json.dumps(source)):
+        if os.environ.get(name):
+            out.setdefault(f"oc.env:{name}", os.environ[name])
+    return out
 
 
 def redact(item, hidden: dict[str, str]):

@@ -3,8 +3,10 @@ problem of every file reported at once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from jobctl.config import loader as config
-from jobctl.config.workspace import EMBEDDED_LOCAL, find_cluster, find_recipe
+from jobctl.config.workspace import EMBEDDED_LOCAL, find_cluster, find_recipe, shadowing
 from jobctl.errors import ConfigError, ConfigIssue
 from jobctl.planner.catalog import gpu_names, unknown_message
 from jobctl.planner.models import PRESETS
@@ -35,9 +37,11 @@ def _check_gpus(data: dict, where) -> list[ConfigIssue]:
 
 
 def load_recipe(path: str, overrides: list[str]):
-    """Load and validate a recipe (a path or a name from recipes/); ConfigError lists every problem."""
-
-    return config.load(find_recipe(path), "Recipe", overrides, checks=(_check_preset,))
+    """Load and validate a recipe (a path or a name from recipes/); ConfigError lists every problem.
+    Its `notes` say when a name was found in this folder's recipes/ instead of the shipped one."""
+    loaded = config.load(find_recipe(path), "Recipe", overrides, checks=(_check_preset,))
+    note = shadowing(path, "recipe")
+    return replace(loaded, notes=(note,)) if note else loaded
 
 
 def load_inventory(name_or_path: str, overrides: list[str] | None = None):
@@ -49,7 +53,9 @@ def load_inventory(name_or_path: str, overrides: list[str] | None = None):
 
         inv = schema.Inventory.model_validate(EMBEDDED_LOCAL)
         return config.Loaded("<embedded local>", inv, dict(EMBEDDED_LOCAL), None, {})
-    return config.load(path, "Inventory", overrides, checks=(_check_gpus,))
+    loaded = config.load(path, "Inventory", overrides, checks=(_check_gpus,))
+    note = shadowing(name_or_path)
+    return replace(loaded, notes=(note,)) if note else loaded
 
 
 def load_request(recipe: str, overrides: list[str], clusters: list[str]):

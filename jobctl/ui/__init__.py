@@ -21,8 +21,9 @@ _VIEWS = {
                      "render_plan", "render_plan_overview"), ("jobctl.ui.plans", True)),
     **dict.fromkeys(("attempts_table", "render_report", "report_gpu_table", "report_rank_table"),
                     ("jobctl.ui.report", True)),
-    **dict.fromkeys(("error", "info", "line"), ("jobctl.ui.terminal", True)),
-    **dict.fromkeys(("duration", "gib", "local_time", "print_json", "raw", "sanitized"), ("jobctl.ui.terminal", False)),
+    **dict.fromkeys(("error", "info", "line", "notes"), ("jobctl.ui.terminal", True)),
+    **dict.fromkeys(("duration", "gib", "local_time", "print_json", "raw", "sanitize", "sanitized"),
+                    ("jobctl.ui.terminal", False)),
     **dict.fromkeys(("render_watch", "watch_view"), ("jobctl.ui.watch", True)),
     "live_watch": ("jobctl.ui.watch", False),
 }

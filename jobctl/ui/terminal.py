@@ -29,12 +29,18 @@ def print_unsqueezed(renderable) -> None:
     (console(width=natural) if natural > con.width else con).print(renderable)
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Terminal control characters, and Unicode format characters that change what text appears to
+# say: bidi overrides and isolates (U+202A-202E, U+2066-2069: "cat\u202egnp.exe" shows as
+# "catexe.png"), marks, zero-width characters and joiners, line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+                      "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb]")
 
 
 def sanitize(text: str) -> str:
-    """Text without terminal control characters (escape sequences become visible \\x1b)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
+    """Text without terminal control characters (escape sequences become visible \\x1b) or
+    Unicode format characters (a bidi override becomes visible \\u202e)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 0x100
+                        else f"\\u{ord(m.group(0)):04x}", text)
 
 
 def clean(value):
@@ -92,6 +98,13 @@ def info(message: str) -> None:
     from rich.text import Text
 
     console(stderr=True).print(Text(message, style="dim"), soft_wrap=True)
+
+
+def notes(*loaded) -> None:
+    """What the user should know of where recipes and inventories were found (their `notes`)."""
+    for item in loaded:
+        for note in getattr(item, "notes", ()):
+            info(sanitize("note: " + note))  # paths from this folder: shown, never obeyed
 
 
 def gib(x) -> str:
