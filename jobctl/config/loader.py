@@ -377,7 +377,7 @@ def _load_chain(path: Path, issues: list[ConfigIssue], seen: tuple = (), shown: 
         return None, lines
     base_shown = os.path.normpath(os.path.join(os.path.dirname(shown), os.path.expanduser(base)))
     base_path = (path.parent / os.path.expanduser(base)).resolve()
-    if base_path.suffix not in (".yaml", ".yml"):
+    if base_path.suffix not in (".yaml", ".yml") and base_path.is_file():
         # only another recipe or inventory: any other file's lines would be quoted in the errors
         issues.append(ConfigIssue(shown, base_line, "base", "expected the path of a recipe or inventory YAML file "
                                                             "(.yaml or .yml)"))
