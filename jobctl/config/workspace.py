@@ -71,8 +71,9 @@ def shadowing(name_or_path: str, kind: str = "cluster") -> str | None:
         return None  # a path says itself what it is
     here = (Path.cwd() / ("clusters" if kind == "cluster" else "recipes")).resolve()
     dirs = cluster_dirs() if kind == "cluster" else [d for d in recipe_dirs() if d.is_dir()]
+    shipped = (REPO_ROOT / ("clusters" if kind == "cluster" else "recipes")).resolve()
     found = [d / f"{name_or_path}{ext}" for d in dirs for ext in (".yaml", ".yml") if (d / f"{name_or_path}{ext}").exists()]
-    if not found or found[0].parent.resolve() != here:
+    if not found or found[0].parent.resolve() != here or here == shipped:
         return None
     others = [f for f in found[1:] if f.parent.resolve() != here]
     if others:
