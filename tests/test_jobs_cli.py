@@ -280,7 +280,9 @@ def test_history_shows_attempt_chains_newest_first(capsys):
     by_id = {r["id"]: r for r in rows}
     assert by_id[first]["chain"] == by_id[third]["chain"] == [first, second, third]
     assert by_id[other]["chain"] == [] and by_id[third]["attempt"] == 3 and by_id[third]["parent_id"] == second
-    code, out, _ = jobctl(capsys, "history")
+    code, out, _ = jobctl(capsys, "history")  # each job's place in its chain, compactly
+    assert code == 0 and f"3 of #{first}" in out and f"1 of #{first}" in out
+    code, out, _ = jobctl(capsys, "history", "--wide")  # the whole chain
     assert code == 0 and f"#{first} → #{second} → #{third}" in out
     assert [r["id"] for r in jobctl_json(capsys, "history", "--limit", 2)] == [third, second]
     assert [r["id"] for r in jobctl_json(capsys, "history", "--recipe", "other")] == [other]

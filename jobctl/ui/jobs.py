@@ -2,56 +2,80 @@
 
 from __future__ import annotations
 
+from jobctl.ui.columns import Column, print_table
 from jobctl.ui.terminal import (
     STATE_STYLES,
     console,
     duration,
     local_time,
-    print_unsqueezed,
     short_duration,
 )
 
+# The jobs table at any width. Its columns, and how it degrades when the terminal is narrower
+# than the table, step by step (each step only as far as needed): long recipe and cluster names
+# and a long reason (sbatch's refusal) are cut first, then the columns least needed to tell
+# jobs apart go, the scheduler's id first.
+# The state, the reason (CUDA_OOM, NODE_FAIL, exit 1, signal 9 in full) and the place in an
+# attempt chain ("3 of #5") are never cut; `--wide` shows every cell in full.
+JOB_COLUMNS = {
+    "id": Column("id", right=True),
+    "sched": Column("sched"),
+    "recipe": Column("recipe"),
+    "cluster": Column("cluster"),
+    "state": Column("state"),
+    "N": Column("N", right=True),
+    "submitted": Column("submitted"),
+    "elapsed": Column("elapsed", right=True),
+    "reason": Column("reason", min_width=12),  # a scheduler's long pending reason is cut
+    "attempts": Column("attempts"),
+}
+JOB_STEPS = [("reason", 28), ("recipe", 24), ("cluster", 14), ("sched", None), ("recipe", 16), ("cluster", 10),
+             ("N", None), ("reason", 20), ("submitted", None), ("recipe", 10), ("cluster", 6), ("elapsed", None),
+             ("cluster", None)]
 
-def jobs_table(rows: list[dict], title: str | None = None, wide: bool = False):
-    """Jobs as `status` and `history` show them (rows from jobctl.jobs.status.job_row). At 80
-    columns: short cells that never wrap (long names end in an ellipsis), one space between
-    columns, the reason wrapping at words; `wide`: everything in full (node lists, years)."""
-    from rich import box
-    from rich.table import Table
+
+def chain_text(row: dict, wide: bool = False) -> str:
+    """A job's place in its attempt chain: "2 of #5" (its attempt, the chain's first job); with
+    `wide`, the whole chain "#5 → #6 → #7"."""
+    chain = row.get("chain") or []
+    if not chain:
+        return ""
+    if wide:
+        return " → ".join(f"#{i}" for i in chain)
+    return f"{chain.index(row['id']) + 1 if row['id'] in chain else row.get('attempt') or '?'} of #{chain[0]}"
+
+
+def job_cells(r: dict, wide: bool, year: str) -> dict:
     from rich.text import Text
 
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  padding=(0, 1) if wide else (0, 1, 0, 0))
-    fold = {"overflow": "fold"} if wide else {"no_wrap": True, "overflow": "ellipsis"}
-    table.add_column("id", justify="right", no_wrap=True)
-    table.add_column("scheduler id" if wide else "sched", **fold)
-    table.add_column("recipe", **fold, max_width=None if wide else 14)
-    table.add_column("cluster", **fold, max_width=None if wide else 8)
-    table.add_column("state", no_wrap=True)
-    table.add_column("nodes" if wide else "N", justify="right", **fold)
-    table.add_column("submitted", no_wrap=True)
-    table.add_column("elapsed", justify="right", no_wrap=True)
-    table.add_column("exit reason" if wide else "reason", overflow="fold" if wide else "ellipsis")
-    chains = any(r.get("chain") for r in rows)
-    if chains:
-        table.add_column("attempts", overflow="fold" if wide else "ellipsis")
+    nodes = "" if r["nodes"] is None else str(r["nodes"])
+    if r.get("node_list") and wide:
+        nodes += f" {r['node_list']}"
+    why = r.get("failure_kind") or exit_text(r.get("exit_code")) or r.get("detail") or r.get("reason") or ""
+    when = local_time(r.get("submitted_at"))
+    if not wide and when.startswith(year + "-"):
+        when = when[5:]  # this year's: "11-25 19:15"
+    return {"id": f"#{r['id']}", "sched": r.get("scheduler_job_id") or "", "recipe": r["recipe"],
+            "cluster": r["cluster"], "state": Text(r["state"], style=STATE_STYLES.get(r["state"], "bold red")),
+            "N": nodes, "submitted": when,
+            "elapsed": duration(r.get("elapsed_s")) if wide else short_duration(r.get("elapsed_s")),
+            "reason": why, "attempts": chain_text(r, wide)}
+
+
+def render_jobs(rows: list[dict], title: str | None = None, wide: bool = False) -> None:
+    """Jobs as `status` and `history` show them (rows from jobctl.jobs.status.job_row): one line
+    each at any width (columns narrowed, then dropped in JOB_COLUMNS' order); `wide`: every
+    cell in full (node lists, years, whole chains), as wide as it takes."""
     from datetime import datetime
 
     year = datetime.now().astimezone().strftime("%Y")
-    for r in rows:
-        nodes = "" if r["nodes"] is None else str(r["nodes"])
-        if r.get("node_list") and wide:
-            nodes += f" {r['node_list']}"
-        why = r.get("failure_kind") or exit_text(r.get("exit_code")) or r.get("detail") or r.get("reason") or ""
-        chain = " → ".join(f"#{i}" for i in r.get("chain") or [])
-        when = local_time(r.get("submitted_at"))
-        if not wide and when.startswith(year + "-"):
-            when = when[5:]  # this year's: "11-25 19:15"
-        cells = [f"#{r['id']}", Text(r.get("scheduler_job_id") or ""), Text(r["recipe"]), Text(r["cluster"]),
-                 Text(r["state"], style=STATE_STYLES.get(r["state"], "bold red")), Text(nodes), when,
-                 duration(r.get("elapsed_s")) if wide else short_duration(r.get("elapsed_s")), Text(why)]
-        table.add_row(*cells, *([Text(chain)] if chains else []))
-    return table
+    names = [n for n in JOB_COLUMNS if n != "attempts" or any(r.get("chain") for r in rows)]
+    columns = [JOB_COLUMNS[n] for n in names]
+    if wide:
+        columns = [Column("scheduler id" if c.header == "sched" else c.header, right=c.right) for c in columns]
+    cells = [[job_cells(r, wide, year)[n] for n in names] for r in rows]
+    steps = [(names.index(n), w) for n, w in JOB_STEPS if n in names]
+    print_table(columns, cells, title, width=10**6 if wide else None, steps=steps)
 
 
 def exit_text(reason: str | None) -> str:
@@ -65,9 +89,6 @@ def exit_text(reason: str | None) -> str:
     return ", ".join(([f"exit {code}"] if code else []) + ([f"signal {sig}"] if sig else []))
 
 
-def render_jobs(rows: list[dict], title: str | None = None, wide: bool = False) -> None:
-    table = jobs_table(rows, title, wide)
-    print_unsqueezed(table) if wide else console().print(table)
 
 
 def render_drift(cluster: str, rows: list[dict], drift: bool) -> None:
