@@ -71,22 +71,8 @@ def run(args) -> int:
     rec, invs = load_request(args.recipe, overrides, [args.cluster] if args.cluster else all_cluster_names())
     ui.notes(rec, *invs)
     if args.cluster:
-
-        result = plan_on(rec, invs[0], objective=args.objective, explain=args.explain, learn=not args.no_learn)
-        past = history_for(result.data)  # reads nothing when there is no history file
-        if past:
-            result.data["history"] = past
-        if not args.emit:
-            current = result.data["train"]["framework"] if result.feasible else (
-                args.framework or _recipe_framework(rec))
-            if args.explain:  # every framework planned: the rows (--framework all's table) and the advice
-                est = result.data.get("estimate") or {}
-                rows = compare_frameworks(rec, invs[0], args.objective, not args.no_learn, known={current: result.data})
-                result.data["frameworks"] = rows
-                advice = framework_advice(current, rows, result.feasible, est.get("step_time_s"))
-            else:  # only the frameworks that could change the advice
-                advice = framework_advice_for(rec, invs[0], current, result.data, args.objective, not args.no_learn)
-            result.data["framework_advice"] = advice
+        with ui.progress(f"planning {rec.path} on {invs[0].value.name}"):
+            result, past = _plan_one(args, rec, invs[0])
         if args.as_json:
             ui.print_json(result.data)
         elif args.emit and result.feasible:
@@ -95,14 +81,39 @@ def run(args) -> int:
             ui.render_plan(result.data)
             ui.render_history(past)
         return EXIT_OK if result.feasible else EXIT_NO_FIT
-    reports = [plan_on(rec, inv, objective=args.objective, alternatives=0, learn=not args.no_learn,
-                       summary=False).data for inv in invs]
+    reports = []
+    with ui.progress(f"planning {rec.path}") as shown:
+        for i, inv in enumerate(invs, 1):
+            shown.update(f"planning {rec.path} on {inv.value.name} ({i} of {len(invs)} clusters)")
+            reports.append(plan_on(rec, inv, objective=args.objective, alternatives=0, learn=not args.no_learn,
+                                   summary=False).data)
     reports.sort(key=lambda r: (not r["feasible"], _overview_key(r, args.objective)))
     if args.as_json:
         ui.print_json({"recipe": rec.path, "objective": args.objective, "clusters": reports})
     else:
         ui.render_plan_overview(reports, rec.path, wide=args.wide)
     return EXIT_OK if any(r["feasible"] for r in reports) else EXIT_NO_FIT
+
+
+def _plan_one(args, rec, inv):
+    """The plan on one cluster, what the history says of it, and (not for --emit) the advice on
+    the other frameworks."""
+    result = plan_on(rec, inv, objective=args.objective, explain=args.explain, learn=not args.no_learn)
+    past = history_for(result.data)  # reads nothing when there is no history file
+    if past:
+        result.data["history"] = past
+    if not args.emit:
+        current = result.data["train"]["framework"] if result.feasible else (
+            args.framework or _recipe_framework(rec))
+        if args.explain:  # every framework planned: the rows (--framework all's table) and the advice
+            est = result.data.get("estimate") or {}
+            rows = compare_frameworks(rec, inv, args.objective, not args.no_learn, known={current: result.data})
+            result.data["frameworks"] = rows
+            advice = framework_advice(current, rows, result.feasible, est.get("step_time_s"))
+        else:  # only the frameworks that could change the advice
+            advice = framework_advice_for(rec, inv, current, result.data, args.objective, not args.no_learn)
+        result.data["framework_advice"] = advice
+    return result, past
 
 
 def _recipe_framework(rec) -> str:
@@ -117,7 +128,8 @@ def _all_frameworks(args) -> int:
                          hint="jobctl plan RECIPE --cluster C --framework all")
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
     ui.notes(rec, *invs)
-    rows = compare_frameworks(rec, invs[0], args.objective, not args.no_learn)
+    with ui.progress(f"planning {rec.path} on {invs[0].value.name} with every framework"):
+        rows = compare_frameworks(rec, invs[0], args.objective, not args.no_learn)
     current = _recipe_framework(rec)
     if args.as_json:
         ui.print_json({"recipe": rec.path, "cluster": invs[0].value.name, "objective": args.objective,

@@ -36,7 +36,8 @@ def run(args) -> int:
         raise UsageError(f"--limit {args.limit}: expected 0 or a positive number")
     with History.open() as history:
         records = select(history, args.jobs, args.limit)
-        current = refresh_live(history, records)
+        with ui.progress(f"asking the scheduler about {len(records)} job(s)"):
+            current = refresh_live(history, records)
         records = [history.get(r.id) for r in records]  # the states just recorded
         rows = [job_row(history, r, current.get(r.id)) for r in records]
     if args.as_json:

@@ -112,7 +112,8 @@ def run(args) -> int:
         overrides = list(args.overrides) + combo
         rec = load_recipe(args.recipe, overrides)
         ui.notes(rec)
-        result = plan_on(rec, inv, objective=args.objective, alternatives=0, summary=False)
+        with ui.progress(f"planning {rec.path} on {inv.value.name}"):
+            result = plan_on(rec, inv, objective=args.objective, alternatives=0, summary=False)
         if not result.feasible:
             if args.as_json:
                 ui.print_json(result.data)
@@ -126,13 +127,14 @@ def run(args) -> int:
     for note in sweep_notes(subs, args.sweep) if args.sweep else ():
         ui.info(note)
     if args.dry_run:
-        if remote:  # rendered on the login node: its python, paths and sbatch
-            for i, sub in enumerate(subs):
-                sub.token = token if len(subs) == 1 else f"{token}.{i}"
-            out = placement.remote_for_inventory(inv, None).submit(subs, token=token, sync_dir=args.sync,
-                                                                    dry_run=True, check=args.check)
-        else:
-            out = dry_run(subs, check=args.check)
+        with ui.progress(f"rendering {len(subs)} job(s)" + (" on the login node" if remote else "")):
+            if remote:  # rendered on the login node: its python, paths and sbatch
+                for i, sub in enumerate(subs):
+                    sub.token = token if len(subs) == 1 else f"{token}.{i}"
+                out = placement.remote_for_inventory(inv, None).submit(subs, token=token, sync_dir=args.sync,
+                                                                        dry_run=True, check=args.check)
+            else:
+                out = dry_run(subs, check=args.check)
         if not args.show_secrets:
             hidden = {k: v for sub in subs for k, v in secrets(sub).items()}
             out = [redact(o, hidden) for o in out]

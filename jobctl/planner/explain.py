@@ -38,8 +38,8 @@ def _metric(c: Candidate, objective: str) -> float:
 
 
 RULES = {
-    "balanced": f"the fastest plan whose tokens/s per GPU stays within {SCALING_EFFICIENCY:.0%} of the best, "
-                "filling a node whenever the whole node is faster",
+    "balanced": f"the fastest plan within {SCALING_EFFICIENCY:.0%} of the best tokens/s per GPU (a whole node "
+                "when that is faster)",
     "throughput": f"the best tokens/s per GPU (cheapest GPU-hours), then the fewest nodes within "
                   f"{THROUGHPUT_TOLERANCE:.0%} of it",
     "time": "the fastest plan, whatever it costs in GPUs",
@@ -151,13 +151,20 @@ def _loss_reason(win: Candidate, alt: Candidate) -> str:
     return f"{PARTS[grew]} {share_a:.0%} of the step (winner {share_w:.0%})"
 
 
-def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str, limit: int = 6) -> list[str]:
-    """One line per dimension: the best alternative value and why it lost (or cannot fit)."""
+def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str, limit: int = 6) -> list[dict]:
+    """One entry per dimension: the best alternative value and why it lost (or cannot fit).
+
+    Each is {"change", "gpus", "per_gpu", "total", "reason", "text"}: the alternative's GPU count
+    and its tokens/s per GPU and in total relative to the winner's (-0.16: 16% lower), both
+    always, since alternatives may run on other GPU counts; "text" says all of it in a line.
+    Entries that compare nothing (a size that never fits, tp across the node boundary) have
+    gpus/per_gpu/total None."""
     win = result.best
     if win is None or win.estimate is None:
         return []
-    lines: list[str] = []
+    out: list[dict] = []
     others = [x for x in result.ranked if x.estimate is not None]
+    n_win = win.plan.world_size
     for dim in DIMENSIONS:
         if getattr(c, dim, None) is not None:
             continue  # pinned by the recipe: nothing to explain
@@ -168,17 +175,27 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
         if not alts:
             continue
         alt = max(alts, key=lambda x: _metric(x, objective))
-        worse = 1 - _metric(alt, objective) / _metric(win, objective)
-        if worse <= 0:
+        if _metric(alt, objective) >= _metric(win, objective):
             continue
-        unit = "tokens/s per GPU" if objective == "throughput" else "tokens/s"
-        on = f" on {alt.plan.world_size} GPUs" if alt.plan.world_size != win.plan.world_size else ""
-        lines.append(f"{dim}={getattr(alt.plan, dim)}: {worse:.1%} lower {unit}{on} — {_loss_reason(win, alt)}")
+        per = alt.tokens_per_s_per_gpu / win.tokens_per_s_per_gpu - 1
+        total = alt.estimate.tokens_per_s / win.estimate.tokens_per_s - 1
+        n = alt.plan.world_size
+        change = f"{dim}={getattr(alt.plan, dim)}"
+        reason = _loss_reason(win, alt)
+        on = f"on {n} GPUs" + (" (this plan: the same)" if n == n_win else f" (this plan: {n_win})")
+        out.append({"change": change, "gpus": n, "per_gpu": round(per, 4), "total": round(total, 4),
+                    "reason": reason,
+                    "text": f"{change} {on}: tokens/s per GPU {per:+.1%}, in total {total:+.1%} — {reason}"})
+
+    def note(change: str, reason: str) -> None:
+        out.append({"change": change, "gpus": None, "per_gpu": None, "total": None, "reason": reason,
+                    "text": f"{change} {reason}"})
+
     # (on a partition of one node, a larger tp is not slower but impossible: nothing to explain)
     if t.links is not None and t.nodes > 1 and win.plan.tp == t.gpus_per_node and w.model.heads % (2 * win.plan.tp) == 0:
         ratio = (t.links.intra_node_gbs * INTRA_NODE_EFFICIENCY) / (t.links.inter_node_gbs * NETWORK_EFFICIENCY)
-        lines.append(f"tp={2 * win.plan.tp} crosses the node boundary: {ratio:.1f}x slower all-reduce "
-                     f"({t.links.inter_node_gbs:g} GB/s network vs {t.links.intra_node_gbs:g} GB/s inside a node)")
+        note(f"tp={2 * win.plan.tp}", f"crosses the node boundary: {ratio:.1f}x slower all-reduce "
+             f"({t.links.inter_node_gbs:g} GB/s network vs {t.links.intra_node_gbs:g} GB/s inside a node)")
     for dim in ("tp", "pp"):
         if getattr(c, dim, None) is None and getattr(win.plan, dim) > 1:
             lower = 1
@@ -186,13 +203,13 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
                 smallest = result.smallest.get((dim, lower))
                 usable = t.gpu_memory_bytes - w.overheads.safety_margin_gib * GIB
                 if smallest is not None and smallest > usable:
-                    lines.append(f"{dim}={lower} never fits: its smallest layout needs {smallest / GIB:.1f} GiB per GPU "
-                                 f"({t.gpu_memory_bytes / GIB:.1f} GiB on a {t.gpu.key})")
+                    note(f"{dim}={lower}", f"never fits: its smallest layout needs {smallest / GIB:.1f} GiB per GPU "
+                         f"({t.gpu_memory_bytes / GIB:.1f} GiB on a {t.gpu.key})")
                 elif smallest is not None:  # what fits the GPU offloads more than the host holds
-                    lines.append(f"{dim}={lower} never fits: its layouts small enough for the GPU (from "
-                                 f"{smallest / GIB:.1f} GiB) need more host RAM than a {t.cluster}/{t.partition} "
-                                 f"node's {t.host_mem_bytes / GIB:.0f} GiB, or the framework refuses them")
-    return lines[:limit]
+                    note(f"{dim}={lower}", f"never fits: its layouts small enough for the GPU (from "
+                         f"{smallest / GIB:.1f} GiB) need more host RAM than a {t.cluster}/{t.partition} "
+                         f"node's {t.host_mem_bytes / GIB:.0f} GiB, or the framework refuses them")
+    return out[:limit]
 
 
 def _pinned_neighbours(w, t, c, dim, mine, objective, evaluations=None) -> list[Candidate]:

@@ -257,9 +257,14 @@ def add_model_states(add, params: float, state_elems: float, sb: StateBytes, opt
     def sharded(k):
         return f" / {k} (sharded)" if k > 1 else ""
 
-    def opt_formula():
-        return (f"{sb.label}; {state_elems / max(params, 1):.3g} state elements/param x {sb.state_elem:g} B"
-                + (f" + master {sb.master:g} B" if sb.master else "") + sharded(shard_o))
+    def opt_formula():  # the arithmetic first (the plan's one-line view shows it), then what it counts
+        k = state_elems / max(params, 1)
+        per = (f"{sb.master:g} B master + " if sb.master else "") + f"{k:.3g} x {sb.state_elem:g} B"
+        over = f" / {shard_o}" if shard_o > 1 else ""
+        return (f"{params:.4g} params x ({per}){over}; "
+                + ("the fp32 master copy and " if sb.master else "")
+                + f"{k:.3g} optimizer state elements per parameter"
+                + (f", sharded over {shard_o} ranks" if shard_o > 1 else "") + f"; {sb.label}")
 
     params_off = offload == "optimizer+params"
     add(weight_name, 0.0 if params_off else weights, "weights",
@@ -918,7 +923,8 @@ def _activation_items(w: Workload, tp: int, cp: int, sp: bool, recompute: str, r
                     f"{kept / GIB:.3g} GiB each")
         return "; ".join(f"{n_} {v / GIB:.3g}" for n_, v, _ in layer_activation_terms(w, plan, b))
     add("layer activations", acts, "activations", lambda:
-        f"{per_layer / GIB:.3g} GiB/layer x {layers:g} layers x {in_flight:g} micro-batch(es) in flight [{label()}]")
+        f"{per_layer / GIB:.3g} GiB/layer x {layers:g} layers x {in_flight:g} in flight; the micro-batches whose "
+        f"activations the schedule holds at once [{label()}]")
     # One layer's activations are rematerialised during its backward. On the stage that computes
     # the loss that happens after the logits and their gradients are freed (the output layer's
     # backward runs first): the two peaks never coexist, only the excess counts (the torchtitan

@@ -15,14 +15,14 @@ import importlib
 # needs nothing: JSON escapes them; raw cleans what goes to a terminal itself; the rest format
 # numbers or times).
 _VIEWS = {
-    **dict.fromkeys(("jobs_table", "render_doctor", "render_drift", "render_jobs"), ("jobctl.ui.jobs", True)),
-    **dict.fromkeys(("alternatives_table", "estimate_line", "memory_table", "render_dry_run", "render_explain",
+    **dict.fromkeys(("render_doctor", "render_drift", "render_jobs"), ("jobctl.ui.jobs", True)),
+    **dict.fromkeys(("memory_table", "render_dry_run", "render_explain",
                      "render_framework", "render_framework_table", "render_history", "render_memory_calc",
                      "render_plan", "render_plan_overview"), ("jobctl.ui.plans", True)),
     **dict.fromkeys(("attempts_table", "render_report", "report_gpu_table", "report_rank_table"),
                     ("jobctl.ui.report", True)),
     **dict.fromkeys(("error", "info", "line", "notes"), ("jobctl.ui.terminal", True)),
-    **dict.fromkeys(("duration", "gib", "local_time", "print_json", "raw", "sanitize", "sanitized"),
+    **dict.fromkeys(("duration", "gib", "local_time", "print_json", "progress", "raw", "sanitize", "sanitized"),
                     ("jobctl.ui.terminal", False)),
     **dict.fromkeys(("render_watch", "watch_view"), ("jobctl.ui.watch", True)),
     "live_watch": ("jobctl.ui.watch", False),

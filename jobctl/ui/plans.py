@@ -12,6 +12,7 @@ from jobctl.ui.terminal import (
     console,
     duration,
     gib,
+    para,
     print_unsqueezed,
     sanitize,
     short_duration,
@@ -41,107 +42,184 @@ def memory_table(mem: dict, title: str):
     return table
 
 
-def render_plan(report: dict) -> None:
+def short_formula(formula: str) -> str:
+    """A memory term's formula as the plan's one-line view shows it: its arithmetic, before the
+    first "; " or " [" (what the formula counts, and the term-by-term detail, are in --explain)."""
+    head = formula
+    for sep in (" [", "; "):
+        head = head.split(sep, 1)[0]
+    if not any(ch.isdigit() for ch in head) and "; " in formula:  # "offloaded; GPU keeps ..."
+        head = formula.split("; ", 1)[1].split("; ", 1)[0]
+    return head
+
+
+def memory_lines(mem: dict, title: str):
+    """The memory breakdown at a glance: one line per term (GiB, a bar, a short formula)."""
     from rich.text import Text
 
+    from jobctl.ui.columns import Column, print_table
+
+    usable = mem["gpu_usable_bytes"]
+    rows = [[t["name"], gib(t["bytes"]), Text(bar(t["bytes"], usable, 8), style="cyan"), short_formula(t["formula"])]
+            for t in mem["terms"] if t["bytes"] != 0 or t["group"] == "weights"]
+    share = mem["total_bytes"] / usable if usable else float("inf")
+    style = "bold green" if share <= 1 else "bold red"
+    rows.append([Text("total", style="bold"), Text(gib(mem["total_bytes"]), style=style),
+                 Text(bar(min(mem["total_bytes"], usable * 1.25), usable, 8), style=style),
+                 f"{share:.0%} of the {gib(usable)} GiB usable"])
+    columns = [Column("term", min_width=12), Column("GiB", right=True), Column(""),
+               Column("formula (--explain: derivation)", min_width=16)]
+    print_table(columns, rows, title, steps=[(0, 18), (3, 40)])
+
+
+def comparison_lines(why_not: list[dict], est: dict | None, gpus: int) -> None:
+    """Why the other values of each dimension lost: one line each, with the alternative's GPU
+    count and its tokens/s per GPU and in total against this plan's."""
+    from rich.text import Text
+
+    from jobctl.ui.columns import Column, print_table
+
+    rows = [[w["change"], str(w["gpus"]), f"{w['per_gpu']:+.1%}", f"{w['total']:+.1%}", w["reason"]]
+            for w in why_not if w.get("gpus") is not None]
+    if rows:
+        # tokens/s per GPU and in total, each against this plan's (the estimate line above)
+        print_table([Column("why not"), Column("GPUs", right=True), Column("per GPU", right=True),
+                     Column("total", right=True), Column("why it loses", min_width=20)], rows, rule=False)
+    for w in why_not:
+        if w.get("gpus") is None:
+            console().print(Text(f"  {w['text']}"), soft_wrap=False, overflow="ellipsis", crop=True)
+
+
+def render_plan(report: dict) -> None:
+    """`jobctl plan`: the plan at a glance (one screen at 80 columns); --explain adds every
+    term's derivation, the whole decision and the evidence behind each memory term."""
     con = console()
+    explain = bool(report.get("explain"))
     head = f"{report['recipe']} on {report['cluster']}/{report['partition']}"
     m = report.get("model") or {}
     if m:
         head += f" — {m['name']} ({m['params'] / 1e9:.2f}B params)"
-    con.print(Text(head, style="bold"))
+    para(head, style="bold")
     if report["feasible"]:
-        p = report["plan"]
-        con.print(Text(
-            f"fits: {p['nodes']} node(s) x {p['gpus_per_node']} {report['gpu']} = {p['world_size']} "
-            f"GPU{'s' if p['world_size'] != 1 else ''} | "
-            f"tp {p['tp']} · pp {p['pp']} · dp {p['dp']} · cp {p['cp']} | sharding {p['sharding']} | "
-            f"micro-batch {p['micro_batch_size']} x {p['grad_accum_steps']} accumulation x dp {p['dp']} "
-            f"= {p['global_batch_size']} sequences | recompute {p['recompute']} | offload {p['offload']} | "
-            f"sequence parallel {'on' if p['sequence_parallel'] else 'off'}", style="green"))
-        mem = report["memory"]
-        learned = report.get("learned")
-        if learned:
-            con.print(Text(f"memory calibrated by {learned['from']}: +{gib(learned['fixed_gap_bytes'])} GiB and "
-                           f"{learned['per_scaling']:.3g} x the activations and logits the model missed (the "
-                           "\"learned from an OOM\" term; `plan --no-learn` leaves it out)", style="yellow"),
-                      soft_wrap=True)
-        con.print(memory_table(mem, f"Memory per GPU (GiB = 2^30 bytes), most loaded rank: {mem['stage']} stage"))
-        host = mem["host_bytes_per_node"]
-        con.print(f"Host RAM per node: {gib(host)} GiB of {gib(mem['host_usable_bytes'])} GiB usable")
-        est = report.get("estimate")
-        if est:
-            con.print(Text(estimate_line(est), style="bold"))
-        for line in report.get("why_not", []):
-            con.print(Text("  why not " + line))
-        alts = report.get("alternatives") or []
-        if alts:
-            con.print(alternatives_table(alts))
-        choice = report.get("objective_choice")
-        if choice:
-            con.print(Text(f"objective {choice['name']}: {choice['rule']}", style="bold"))
-            for note in choice.get("notes", []):
-                con.print(Text("  " + note))
-            others = ", ".join(f"{k} → {v['gpus']} GPU{'s' if v['gpus'] != 1 else ''}, step "
-                               f"{duration(v['step_time_s'])}"
-                               for k, v in choice.get("others", {}).items() if v.get("step_time_s"))
-            if others:
-                con.print(Text(f"  other objectives (--objective): {others}", style="dim"))
-        for line in report.get("framework_advice") or []:
-            con.print(Text(line, style="yellow"))
-        s = report.get("search") or {}
-        if s:
-            con.print(Text(f"{s['considered']} layouts evaluated, {s['feasible']} fit, objective: "
-                           f"{report.get('objective', 'balanced')}", style="dim"))
-        if report.get("explain"):
-            render_explain(report["explain"])
+        _render_fit(report, explain)
     else:
-        con.print(Text("does not fit", style="bold red"))
+        para("does not fit", style="bold red")
         for r in report["reasons"]:
-            con.print(Text("  - " + r), soft_wrap=True)
+            para("- " + r, indent="  ")
         if report.get("closest"):
             c = report["closest"]
-            con.print(memory_table(c["memory"], "The layout that came closest (GiB)"))
+            title = "The layout that came closest (GiB)"
+            con.print(memory_table(c["memory"], title)) if explain else memory_lines(c["memory"], title)
         if report["suggestions"]:
-            con.print(Text("What would fit:", style="bold"))
+            para("What would fit:", style="bold")
             for s in report["suggestions"]:
-                con.print(Text("  - " + s), soft_wrap=True)
+                para("- " + s, indent="  ")
         for line in report.get("framework_advice") or []:
-            con.print(Text(line, style="yellow"))
+            para(line, "yellow")
 
 
-def estimate_line(est: dict) -> str:
-    line = (f"step {duration(est['step_time_s'])} · {est['tokens_per_s']:,.0f} tokens/s · "
-            f"{est['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU · MFU {est['mfu']:.1%}")
+def _render_fit(report: dict, explain: bool) -> None:
+    """A plan that fits: its layout, memory, speed, the alternatives and the objective's choice."""
+    con = console()
+    p = report["plan"]
+    gpus = p["world_size"]
+    para(
+        f"fits: {p['nodes']} node{'s' if p['nodes'] != 1 else ''} x {p['gpus_per_node']} {report['gpu']} = "
+        f"{gpus} GPU{'s' if gpus != 1 else ''} · tp {p['tp']} · pp {p['pp']}"
+        + (f" (v {p['virtual_stages']})" if p.get("virtual_stages", 1) > 1 else "")
+        + f" · dp {p['dp']} · cp {p['cp']}", style="green")
+    para(
+        f"{p['sharding']}" + (" · sequence parallel" if p["sequence_parallel"] else "")
+        + f" · recompute {p['recompute']}"
+        + (f" ({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
+        + f" · offload {p['offload']}", style="green")
+    para(
+        f"micro-batch {p['micro_batch_size']} x {p['grad_accum_steps']} accumulation x dp {p['dp']} = "
+        f"{p['global_batch_size']:,} sequences", style="green")
+    mem = report["memory"]
+    learned = report.get("learned")
+    if learned:
+        para(f"memory calibrated by {learned['from']}: +{gib(learned['fixed_gap_bytes'])} GiB and "
+             f"{learned['per_scaling']:.3g} x the activations and logits the model missed (the "
+             "\"learned from an OOM\" term; `plan --no-learn` leaves it out)", style="yellow")
+    title = f"Memory per GPU in GiB (2^30 B), on the most loaded rank ({mem['stage']} stage)"
+    if explain:
+        con.print(memory_table(mem, title))
+    else:
+        memory_lines(mem, title)
+    con.print(f"host RAM per node: {gib(mem['host_bytes_per_node'])} of {gib(mem['host_usable_bytes'])} "
+              "GiB usable")
+    est = report.get("estimate")
+    if est:
+        for text in estimate_lines(est, gpus):
+            para(text, style="bold")
+    why_not = report.get("why_not") or []
+    if explain:
+        for w in why_not:
+            para("why not " + w["text"], indent="  ")
+    else:
+        comparison_lines(why_not, est, gpus)
+    alts = report.get("alternatives") or []
+    if alts:
+        alternatives_lines(alts, gpus)
+    choice = report.get("objective_choice")
+    s = report.get("search") or {}
+    if choice:
+        para(f"objective {choice['name']}: {choice['rule']}", "bold")
+        for note in choice.get("notes", []):
+            para(note, indent="  ")
+        others = "; ".join(f"{k} → {v['gpus']} GPU{'s' if v['gpus'] != 1 else ''}, step "
+                           f"{duration(v['step_time_s'])}"
+                           for k, v in choice.get("others", {}).items() if v.get("step_time_s"))
+        if others:
+            para(f"other objectives (--objective): {others}", "dim", indent="  ")
+        if s:
+            para(f"{s['considered']} layouts evaluated, {s['feasible']} fit", style="dim", indent="  ")
+    elif s:
+        para(f"{s['considered']} layouts evaluated, {s['feasible']} fit, objective: "
+             f"{report.get('objective', 'balanced')}", style="dim")
+    for line in report.get("framework_advice") or []:
+        para(line, "yellow")
+    if explain:
+        render_explain(report["explain"])
+
+
+def estimate_lines(est: dict, gpus: int) -> list[str]:
+    """The step estimate: speed on one line, the time to train on the next."""
+    out = [f"step {duration(est['step_time_s'])} · {est['tokens_per_s']:,.0f} tokens/s in total on {gpus} "
+           f"GPU{'s' if gpus != 1 else ''}, {est['tokens_per_s_per_gpu']:,.0f} per GPU · MFU {est['mfu']:.1%}"]
     if est.get("time_to_train_s"):
-        line += f" · {est['steps']} steps: {duration(est['time_to_train_s'])}, {est['gpu_hours']:,.0f} GPU-hours"
-    return line
+        out.append(f"{est['steps']:,} steps: {duration(est['time_to_train_s'])}, {est['gpu_hours']:,.0f} GPU-hours")
+    return out
 
 
-def alternatives_table(alts: list[dict]):
-    from rich.table import Table
+def alternatives_lines(alts: list[dict], gpus: int) -> None:
+    """The next best layouts, one line each (the legend as in `plan --cluster all`)."""
+    from jobctl.ui.columns import Column, print_table
 
-    table = Table(title="Next best layouts", title_justify="left")
-    for col in ("layout", "GPUs", "GiB", "step", "tokens/s/GPU", "MFU"):
-        table.add_column(col, justify="left" if col == "layout" else "right")
+    rows = []
     for a in alts:
         p, m, e = a["plan"], a["memory"], a["estimate"] or {}
-        table.add_row(layout_text(p), str(p["world_size"]), gib(m["total_bytes"]), duration(e.get("step_time_s")),
-                      f"{e.get('tokens_per_s_per_gpu', 0):,.0f}", f"{e.get('mfu', 0):.1%}")
-    return table
+        rows.append([short_layout(p), f"{p['micro_batch_size']}x{p['grad_accum_steps']}", str(p["world_size"]),
+                     gib(m["total_bytes"]), duration(e.get("step_time_s")),
+                     f"{e.get('tokens_per_s_per_gpu', 0):,.0f}", f"{e.get('mfu', 0):.1%}"])
+    print_table([Column("next best layouts", min_width=12), Column("mbs"), Column("GPUs", right=True),
+                 Column("GiB", right=True), Column("step", right=True), Column("tok/s/GPU", right=True),
+                 Column("MFU", right=True)], rows, rule=False)
 
 
 def render_explain(ex: dict) -> None:
     from rich.text import Text
 
     con = console()
-    con.print(Text(f"Decision ({ex['objective']}): {ex['layouts_evaluated']} layouts evaluated, "
-                   f"{ex['feasible']} fit.", style="bold"))
+    para(f"Decision ({ex['objective']}): {ex['layouts_evaluated']} layouts evaluated, {ex['feasible']} fit.",
+         style="bold")
     for reason, n in sorted(ex["rejected"].items(), key=lambda x: -x[1]):
-        con.print(Text(f"  rejected, {reason}: {n}"))
+        para(f"rejected, {reason}: {n}", indent="  ")
     for i, wnr in enumerate(ex["winners"], 1):
-        con.print(Text(f"  #{i} {wnr['plan']} on {wnr['world_size']} GPU{'s' if wnr['world_size'] != 1 else ''}: {wnr['memory_gib']} GiB, "
-                       f"step {duration(wnr['step_time_s'])}, {wnr['tokens_per_s_per_gpu'] or 0:,.0f} tokens/s/GPU"))
+        para(f"#{i} {wnr['plan']} on {wnr['world_size']} GPU{'s' if wnr['world_size'] != 1 else ''}: "
+             f"{wnr['memory_gib']} GiB, step {duration(wnr['step_time_s'])}, "
+             f"{wnr['tokens_per_s_per_gpu'] or 0:,.0f} tokens/s/GPU", indent="  ")
     checks = ex.get("memory_checks") or []
     if checks:
         from rich.table import Table
@@ -163,30 +241,96 @@ def render_explain(ex: dict) -> None:
         con.print(notes)
 
 
+NODE_RANK = "<NODE_RANK>"  # what the dry run shows where each node's command differs: its rank
+
+
+def command_template(nodes: list[dict]) -> list[str] | None:
+    """The one command every node runs, with NODE_RANK where the nodes' commands differ (each
+    node's own rank there); None when they differ in anything else."""
+    argvs = [n["argv"] for n in nodes]
+    if not argvs or any(len(a) != len(argvs[0]) for a in argvs):
+        return None
+    template = list(argvs[0])
+    for i in range(len(template)):
+        if any(a[i] != template[i] for a in argvs):
+            if not all(a[i] == str(n["node_rank"]) for a, n in zip(argvs, nodes)):
+                return None
+            template[i] = NODE_RANK
+    return template
+
+
+def _tokens(argv: list[str]) -> list[str]:
+    """Shell-quoted words, an option kept with its value ("--nnodes 14") so a line never ends
+    between them."""
+    import shlex
+
+    words = [shlex.quote(a) if a != NODE_RANK else a for a in argv]
+    out: list[str] = []
+    for i, w in enumerate(words):
+        if out and out[-1].startswith("-") and " " not in out[-1] and not w.startswith("-") and i > 0:
+            out[-1] += " " + w
+        else:
+            out.append(w)
+    return out
+
+
+def word_lines(tokens: list[str], indent: str = "  ", hang: str = "    ") -> None:
+    """Tokens filling lines to the terminal's width, never cut inside one (a longer one has its
+    own line)."""
+    from rich.text import Text
+
+    con = console()
+    width = max(con.width, 20)
+    line = indent
+    for tok in tokens:
+        if line.strip() and len(line) + 1 + len(tok) > width:
+            con.print(Text(line), soft_wrap=True)
+            line = indent + hang
+        line += ("" if not line.strip() else " ") + tok
+    if line.strip():
+        con.print(Text(line), soft_wrap=True)
+
+
 def render_dry_run(items: list[dict]) -> None:
-    """What submit would do: parameters, environment, each node's command, the sbatch script."""
-    import json as _json
+    """What submit would do, as a Slurm user reads it: the sbatch script, the environment, then
+    the command once, its node rank shown as what varies (`--json` keeps one entry per node)."""
+    import shlex
 
     from rich.text import Text
 
     con = console()
     for item in items:
-        con.print(Text(f"{item['recipe']} -> {item['cluster']}/{item['partition']} ({item['scheduler']}), "
-                       f"job folder {item['job_folder']}", style="bold"), soft_wrap=True)
-        con.print(Text("parameters: " + _json.dumps(item["parameters"], default=str)), soft_wrap=True)
-        con.print(Text("environment:", style="bold"))
-        for k, v in item["env"].items():
-            con.print(Text(f"  {k}={v!r}" if len(v) < 200 else f"  {k}=<{len(v)} characters>"), soft_wrap=True)
-        for node in item["nodes"]:
-            con.print(Text(f"node {node['node_rank']} runs (argv, no shell): " + _json.dumps(node["argv"])),
-                      soft_wrap=True)
+        nodes = item["nodes"]
+        para(f"{item['recipe']} -> {item['cluster']}/{item['partition']} ({item['scheduler']}), "
+             f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}", style="bold")
+        con.print(Text(f"job folder: {item['job_folder']}"), soft_wrap=True)  # a path: never broken
         if "sbatch" in item:
-            con.print(Text("sbatch script:", style="bold"))
-            con.print(Text(item["sbatch"]), soft_wrap=True)
+            con.print(Text("sbatch script (as submitit writes it):", style="bold"))
+            con.print(Text(item["sbatch"].rstrip("\n")), soft_wrap=True)
+        else:
+            para("parameters: " + ", ".join(f"{k}={v}" for k, v in item["parameters"].items()))
+        con.print(Text("environment of the command, on every node:", style="bold"))
+        word_lines([f"{k}={shlex.quote(v)}" if len(v) < 200 else f"{k}=<{len(v)} characters>"
+                    for k, v in item["env"].items()])
+        template = command_template(nodes)
+        if template is not None:
+            varies = (f"; {NODE_RANK} is 0 to {len(nodes) - 1}" if NODE_RANK in template
+                      else "" if len(nodes) == 1 else " (the same on each)")
+            para(f"command on {'each of the ' + str(len(nodes)) + ' nodes' if len(nodes) > 1 else 'the node'}"
+                 f"{varies} (argv, run without a shell; shown shell-quoted):", style="bold")
+            word_lines(_tokens(template))
+        else:  # the nodes' commands differ beyond their rank: each one
+            for node in nodes:
+                con.print(Text(f"command on node {node['node_rank']} (argv, no shell, shown shell-quoted):",
+                               style="bold"))
+                word_lines(_tokens(node["argv"]))
+        files = item.get("framework_files") or {}
+        if files:
+            para("framework files: " + ", ".join(files.values()))
         if "check" in item:
             ok = item["check"]["ok"]
-            con.print(Text(("sbatch --test-only: OK " if ok else "sbatch --test-only: REFUSED ") + item["check"]["sbatch"],
-                           style="green" if ok else "bold red"), soft_wrap=True)
+            para(("sbatch --test-only: OK " if ok else "sbatch --test-only: REFUSED ") + item["check"]["sbatch"],
+                 style="green" if ok else "bold red")
 
 
 def short_layout(p: dict) -> str:

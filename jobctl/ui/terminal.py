@@ -107,14 +107,98 @@ def notes(*loaded) -> None:
             info(sanitize("note: " + note))  # paths from this folder: shown, never obeyed
 
 
+def para(text: str, style: str | None = None, indent: str = "", hang: str = "  ", stderr: bool = False) -> None:
+    """A paragraph wrapped at words to the terminal's width (80 through a pipe), its next lines
+    indented by `hang` more than the first: no trailing spaces, no word cut."""
+    import textwrap
+
+    from rich.text import Text
+
+    con = console(stderr=stderr)
+    for ln in textwrap.wrap(text, max(con.width, 20), initial_indent=indent, subsequent_indent=indent + hang,
+                            break_long_words=False, break_on_hyphens=False) or [""]:
+        con.print(Text(ln, style=style or ""), soft_wrap=True)
+
+
+PROGRESS_DELAY_S = 1.0  # work shorter than this shows no progress at all
+
+
+class Progress:
+    """What `progress` yields: `update(text)` says what is being done now."""
+
+    def __init__(self, message: str):
+        import threading
+
+        self.message = sanitize(message)
+        self._lock = threading.Lock()
+        self._status = None
+        self._done = False
+
+    def update(self, message: str) -> None:
+        with self._lock:
+            self.message = sanitize(message)
+            if self._status is not None:
+                self._status.update(self.message)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._status = console(stderr=True).status(self.message, spinner="dots")
+            self._status.start()
+
+    def _stop(self) -> None:
+        with self._lock:
+            self._done = True
+            if self._status is not None:
+                self._status.stop()
+
+
+class _Silent:
+    def update(self, message: str) -> None:
+        pass
+
+
+def progress(message: str):
+    """A context showing a spinner and `message` on stderr while slow work runs: only when
+    stderr is a terminal, and only once the work has taken PROGRESS_DELAY_S (quick commands
+    and pipes, scripts and CI see nothing). Erased when the work ends."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def run():
+        if not sys.stderr.isatty():
+            yield _Silent()
+            return
+        import os
+        import threading
+
+        try:
+            delay = float(os.environ.get("JOBCTL_PROGRESS_DELAY", PROGRESS_DELAY_S))
+        except ValueError:
+            delay = PROGRESS_DELAY_S
+        shown = Progress(message)
+        timer = threading.Timer(min(max(delay, 0.0), 60.0), shown._start)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield shown
+        finally:
+            timer.cancel()
+            shown._stop()
+
+    return run()
+
+
 def gib(x) -> str:
     return f"{x / GIB:,.2f}"
 
 
-def bar(value: float, scale: float) -> str:
+def bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
+    """`value` against `scale` as a bar of `width` characters (up to 1.25 x as long when over)."""
     if scale <= 0:
         return ""
-    n = min(value / scale, 1.25) * BAR_WIDTH
+    n = min(value / scale, 1.25) * width
     full = int(n)
     return "█" * full + ("▌" if n - full >= 0.5 else "")
 
