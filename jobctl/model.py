@@ -128,6 +128,57 @@ class JobStatus:
             object.__setattr__(self, "failure_kind", FailureKind(self.failure_kind))
 
 
+MAX_FIGURE_BYTES = 1 << 50  # 1 PiB: no GPU's figure is larger; a bigger one is damage
+MAX_GPU_INDEX = 1 << 16
+
+
+@dataclass(frozen=True)
+class OOMFigures:
+    """One CUDA OOM's figures, in bytes, on their whole way: read from PyTorch's message by the
+    classifier (runtime/classify.py), kept in the node's outcome record, joined by the monitor's
+    measured peak in recovery, used by the OOM ladder (planner/ladder.py). None: unknown.
+
+    "Tried to allocate 3.91 GiB. GPU 0 has a total capacity of 79.14 GiB of which 1.2 GiB is
+    free. Of the allocated memory 70.1 GiB is allocated by PyTorch, and 2.3 GiB is reserved by
+    PyTorch but unallocated." Sizes are printed with two decimals, so they are exact only to
+    0.005 of their unit. reserved_unallocated_bytes is printed by PyTorch >= 2.1 ("... reserved
+    by PyTorch but unallocated") and 1.0-1.3 ("... cached"), and is reserved minus allocated in
+    1.4-2.0. measured_peak_bytes is the highest use the job's GPU sampler saw before the failure.
+    """
+
+    tried_to_allocate_bytes: int | None = None
+    total_capacity_bytes: int | None = None
+    free_bytes: int | None = None
+    allocated_by_pytorch_bytes: int | None = None
+    reserved_unallocated_bytes: int | None = None
+    gpu_index: int | None = None
+    measured_peak_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, int]:
+        """The known figures (JSON: an outcome record, a plan's failure block)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None, where: str) -> "OOMFigures":
+        """Figures read back from a file (an outcome record, a plan's "failure" block): each a
+        whole number of bytes (a GPU index) in range, or absent/null; other keys are ignored.
+        UsageError naming `where` and the key otherwise."""
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise UsageError(f"{where}: the OOM figures are {type(data).__name__}, expected an object")
+        values = {}
+        for name in cls.__dataclass_fields__:
+            v = data.get(name)
+            if v is None:
+                continue
+            top = MAX_GPU_INDEX if name == "gpu_index" else MAX_FIGURE_BYTES
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not 0 <= v <= top:
+                raise UsageError(f"{where}: {name} = {v!r}, expected a whole number from 0 to {top:,}")
+            values[name] = int(v)
+        return cls(**values)
+
+
 class Scheduler(StrEnum):
     """Where a job runs: a Slurm cluster, or this machine (submitit's local executor)."""
 
@@ -234,6 +285,125 @@ class RetryPolicy:
                                  f"{', '.join(OVERRIDABLE)} and ACTION one of {', '.join(OVERRIDE_ACTIONS)}") from None
             overrides[k] = a
         return cls(overrides=overrides, **kwargs)
+
+
+# -- how a run ended ----------------------------------------------------------------------
+
+MAX_NODE_RANK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The class of one job's ending, why we think so, and the default next step."""
+
+    kind: FailureKind
+    summary: str  # one line for humans
+    evidence: str  # the log line or the state/exit status that decided it
+    retry: RetryAction  # what RETRY_TABLE says follows (a job's policy may override it)
+    oom: OOMFigures | None = None
+    node_rank: int | None = None  # the node it happened on, once a job's nodes are compared
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind.value, "summary": self.summary, "evidence": self.evidence,
+               "retry": self.retry.value, "oom": None if self.oom is None else self.oom.to_dict()}
+        return out if self.node_rank is None else out | {"node_rank": self.node_rank}
+
+    @classmethod
+    def from_dict(cls, data, where: str) -> "Failure":
+        """A failure read back from a job folder's record; UsageError naming `where` when it
+        is not one (an unknown kind, a missing summary, figures out of range)."""
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: the failure is {type(data).__name__}, expected an object")
+        try:
+            kind = FailureKind(data.get("kind"))
+            retry = RetryAction(data.get("retry") or RETRY_TABLE[kind].value)
+        except ValueError as e:
+            raise UsageError(f"{where}: {e}") from None
+        rank = data.get("node_rank")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 1 << 20):
+            raise UsageError(f"{where}: node_rank = {rank!r}, expected a node's rank")
+        oom = data.get("oom")
+        return cls(kind, _text(data.get("summary"), kind.value), _text(data.get("evidence"), ""), retry,
+                   None if oom is None else OOMFigures.from_dict(oom, where), rank)
+
+
+def _text(value, default: str) -> str:
+    return value if isinstance(value, str) else default
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one node's run ended (outcome-node<R>.json): written by the runner, read back (and
+    validated: the folder is on a shared file system) by recovery, watch, report and the local
+    backend. `failure` is None when the record has no classification (its classification
+    failed: `error` says why)."""
+
+    node_rank: int
+    exit_code: int | None
+    signal: int | None
+    duration_s: float
+    job_id: str
+    argv: tuple[str, ...] = ()
+    peak_memory_bytes_by_gpu: dict[str, int] = field(default_factory=dict)
+    failure: Failure | None = None
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code not in (0, None) or bool(self.signal)
+
+    def to_dict(self) -> dict:
+        out = {"node_rank": self.node_rank, "exit_code": self.exit_code, "signal": self.signal,
+               "duration_s": self.duration_s, "job_id": self.job_id, "argv": list(self.argv),
+               "peak_memory_bytes_by_gpu": dict(self.peak_memory_bytes_by_gpu),
+               "failure": None if self.failure is None else self.failure.to_dict()}
+        return out if self.error is None else out | {"error": self.error}
+
+    @classmethod
+    def all_valid(cls, records: list, where: str) -> list["Outcome"]:
+        """The records that read back as outcomes; damaged ones are left out, as a node that
+        wrote none (`where`: the folder they came from)."""
+        out = []
+        for data in records:
+            try:
+                out.append(cls.from_dict(data, where))
+            except UsageError:
+                continue
+        return out
+
+    @classmethod
+    def from_dict(cls, data, where: str) -> "Outcome":
+        """UsageError naming `where` and the key when the record is not an outcome."""
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: expected an object, found {type(data).__name__}")
+
+        def whole(key, top, optional=True):
+            v = data.get(key)
+            if v is None and optional:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int) or not -top <= v <= top:
+                raise UsageError(f"{where}: {key} = {v!r}, expected a whole number")
+            return v
+
+        rank = whole("node_rank", MAX_NODE_RANK, optional=False)
+        if rank < 0:
+            raise UsageError(f"{where}: node_rank = {rank}, expected 0 or more")
+        duration = data.get("duration_s", 0.0)
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < 1e9:
+            raise UsageError(f"{where}: duration_s = {duration!r}, expected seconds")
+        argv = data.get("argv") or []
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise UsageError(f"{where}: argv is not a list of strings")
+        peaks = data.get("peak_memory_bytes_by_gpu") or {}
+        if not isinstance(peaks, dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_FIGURE_BYTES for v in peaks.values()):
+            raise UsageError(f"{where}: peak_memory_bytes_by_gpu is not a map of GPU to bytes")
+        failure = data.get("failure")
+        error = data.get("error")
+        return cls(rank, whole("exit_code", 1 << 31), whole("signal", 1 << 16), float(duration),
+                   str(data.get("job_id", "")), tuple(argv), {str(k): v for k, v in peaks.items()},
+                   None if failure is None else Failure.from_dict(failure, where),
+                   error if isinstance(error, str) else None)
 
 
 # The job folder as argv and the environment name it before it exists: a rendered framework

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from jobctl.model import RETRY_TABLE, FailureKind
+from jobctl.model import RETRY_TABLE, Failure, FailureKind, OOMFigures
 from jobctl.model import RetryAction as Retry
 from jobctl.runtime.classify import (
     EVIDENCE_MAX_CHARS,
     SCAN_TAIL_CHARS,
-    Failure,
-    OOMFigures,
     classify,
     parse_oom,
     parse_size,

@@ -14,9 +14,9 @@ from jobctl import frameworks
 from jobctl.config.loader import resolve_launch
 from jobctl.config.workspace import all_cluster_names
 from jobctl.errors import ConfigError
-from jobctl.model import JOB_FOLDER_TOKEN
+from jobctl.model import JOB_FOLDER_TOKEN, OOMFigures
 from jobctl.planner import inputs
-from jobctl.planner.ladder import OOMInfo, next_plan
+from jobctl.planner.ladder import next_plan
 from jobctl.planner.memory import Workload
 from jobctl.planner.models import PRESETS
 from jobctl.planner.plan import Plan
@@ -78,7 +78,7 @@ def test_every_rung_of_the_oom_ladder_is_a_configuration_the_framework_runs(fram
         return
     plan, history = r.best.plan, ()
     for _ in range(30):
-        step = next_plan(w, t, Constraints(), plan, OOMInfo(), history=history)
+        step = next_plan(w, t, Constraints(), plan, OOMFigures(), history=history)
         if step is None:
             break
         assert uses_only_what_it_has(w.caps, step.plan, w) == [], step.plan.summary()

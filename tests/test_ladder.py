@@ -1,17 +1,16 @@
 """The OOM ladder against hand-derived steps: llama3.1-8b on one node of 8x H100 SXM."""
 
-import math
 from dataclasses import replace
 
 import pytest
 
+from jobctl.model import OOMFigures
 from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.ladder import (
     RUNGS,
     Calibration,
     CalibrationPoint,
     LadderStep,
-    OOMInfo,
     ladder,
     next_host_plan,
     next_plan,
@@ -89,7 +88,7 @@ def test_one_failure_calibrates_the_terms_the_rungs_shrink():
     m0 = mem(W, T, START)
     d = cap - free + tried
     gamma = (d - m0.total_bytes) / scaling_bytes(m0)
-    s = next_plan(W, T, Constraints(), START, OOMInfo(tried, cap, free))
+    s = next_plan(W, T, Constraints(), START, OOMFigures(tried, cap, free))
     assert s.calibration.per_scaling == pytest.approx(gamma) and s.calibration.fixed_gap_bytes == 0
     assert s.calibration.points == (CalibrationPoint(m0.total_bytes, scaling_bytes(m0), d,
                                                      "OOM message: in use + tried to allocate"),)
@@ -106,7 +105,7 @@ def test_a_failure_far_above_the_prediction_still_has_a_next_step():
     picks the plan whose calibrated need is the least, and says the evidence does not promise it fits."""
     m0 = mem(W, T, START)
     tried = 1000 * m0.total_bytes
-    s = next_plan(W, T, Constraints(), START, OOMInfo(tried, int(79.14 * GIB), int(0.2 * GIB)))
+    s = next_plan(W, T, Constraints(), START, OOMFigures(tried, int(79.14 * GIB), int(0.2 * GIB)))
     assert s is not None and not s.expected_to_fit
     assert s.memory.total_bytes < m0.total_bytes and s.calibrated_bytes < s.calibration.points[0].observed_bytes
     # it is the least-demanding step (by the calibration) among the single rungs and combinations
@@ -117,7 +116,7 @@ def test_ten_times_the_prediction_is_cured_by_a_small_enough_micro_batch_and_rec
     m0 = mem(W, T, START)
     cap, free = H100.memory_bytes, int(0.5 * GIB)
     tried = 10 * m0.total_bytes - (cap - free)  # the step wanted 10x what the model said
-    s = next_plan(W, T, Constraints(tp=1, pp=1), START, OOMInfo(tried, cap, free))
+    s = next_plan(W, T, Constraints(tp=1, pp=1), START, OOMFigures(tried, cap, free))
     gamma = (10 * m0.total_bytes - m0.total_bytes) / scaling_bytes(m0)
     m1 = mem(W, T, s.plan)
     assert s.expected_to_fit and m1.total_bytes + gamma * scaling_bytes(m1) <= USABLE
@@ -127,7 +126,7 @@ def test_ten_times_the_prediction_is_cured_by_a_small_enough_micro_batch_and_rec
 def test_measured_peak_is_evidence_too():
     m0 = mem(W, T, START)
     seen = m0.total_bytes + 20 * GIB  # the sampler saw 20 GiB more than predicted
-    s = next_plan(W, T, Constraints(), START, OOMInfo(measured_peak_bytes=seen))
+    s = next_plan(W, T, Constraints(), START, OOMFigures(measured_peak_bytes=seen))
     assert s.calibration.points[0].observed_bytes == max(seen, T.gpu_memory_bytes)
     assert s.calibration.points[0].source in ("measured peak", "no figures: more than the GPU's capacity")
 
@@ -174,7 +173,7 @@ def test_grid_next_plan_exists_until_the_bottom_and_never_predicts_more(mbs, tri
     the model or by the calibration."""
     c = Constraints(tp=1, pp=1)  # a short ladder: micro-batch, recompute, sharding, offload
     failed = plan(micro_batch_size=mbs, grad_accum_steps=GBS // (8 * mbs))
-    info = OOMInfo(int(tried * GIB), int(cap * GIB), int(free * GIB))
+    info = OOMFigures(int(tried * GIB), int(cap * GIB), int(free * GIB))
     history, cal = (), None
     for _ in range(30):
         s = next_plan(W, T, c, failed, info, history, cal)
@@ -307,7 +306,7 @@ def test_combines_rungs_when_no_single_rung_fits():
     # 170 GiB more than was there, with tp and pp pinned: neither micro-batch 1 alone nor full
     # recompute alone is calibrated to fit; both together are (checked below, by the model).
     c = Constraints(tp=1, pp=1)
-    s = next_plan(W, T, c, START, OOMInfo(170 * GIB, H100.memory_bytes, 0))
+    s = next_plan(W, T, c, START, OOMFigures(170 * GIB, H100.memory_bytes, 0))
     assert s.expected_to_fit and s.calibrated_bytes <= USABLE
     assert "+" in s.rung and set(s.rung.split("+")) <= set(RUNGS)
     assert s.plan.global_batch_size == GBS
@@ -316,7 +315,7 @@ def test_combines_rungs_when_no_single_rung_fits():
 
 
 def test_the_ladder_strictly_lowers_memory_and_keeps_the_batch():
-    steps = ladder(W, T, Constraints(), START, OOMInfo(tried_to_allocate_bytes=int(3.91 * GIB)))
+    steps = ladder(W, T, Constraints(), START, OOMFigures(tried_to_allocate_bytes=int(3.91 * GIB)))
     assert steps
     prev = peak(W, T, START)
     for s in steps:

@@ -104,7 +104,7 @@ def test_requeue_at_the_bottom_of_the_ladder_exits_3(capsys, tmp_path):
     rec, (inv,) = load_request("recipes/tiny.yaml", [], ["local"])
     report = plan_on(rec, inv).data
     while True:  # step down as far as the ladder goes
-        nxt = after_oom(rec, inv, report["plan"], {"partition": report["partition"]})
+        nxt = after_oom(rec, inv, report["plan"], partition=report["partition"])
         if not nxt.feasible:
             break
         report = nxt.data
@@ -170,6 +170,7 @@ def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkey
     from jobctl.jobs.recovery import failure_figures
     from jobctl.planning import load_request
     from jobctl.planning.oom import after_oom
+    from jobctl.runtime.outcome import read_outcomes
     from jobctl.store.folder import JobFolder
 
     code, _, err = jobctl(capsys, "submit", oom_recipe(tmp_path, budget=4), "--cluster", "dev",
@@ -178,8 +179,8 @@ def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkey
     (first,) = rows()
     assert first["state"] == "FAILED" and first["plan"]["micro_batch_size"] == 8
     folder = Path(first["job_folder"])
-    figures = failure_figures(json.loads((folder / "job.json").read_text()), JobFolder(folder).outcomes())
-    assert figures["tried_to_allocate_bytes"] == 2 * GIB  # 0.25 GiB x micro-batch 8, from the log
+    figures = failure_figures(read_outcomes(JobFolder(folder)))
+    assert figures.tried_to_allocate_bytes == 2 * GIB  # 0.25 GiB x micro-batch 8, from the log
 
     code, out, err = jobctl(capsys, "requeue", f"slurm:{first['scheduler_job_id']}", "--smaller", "--wait",
                             "--json")
@@ -192,7 +193,7 @@ def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkey
     assert (second["plan"]["micro_batch_size"], second["plan"]["grad_accum_steps"]) == (4, 4)
     # ... and the ladder was given the outcome's figures (they set the learned usable memory).
     rec, (inv,) = load_request(str(folder / "recipe.yaml"), [], [str(folder / "inventory.yaml")])
-    expected = after_oom(rec, inv, first["plan"], figures).data["ladder"]
+    expected = after_oom(rec, inv, first["plan"], figures, first["partition"]).data["ladder"]
     assert (new["rung"], new["reason"]) == (expected["rung"], expected["reason"])
 
     # Slurm cannot be reached (no sbatch here): exit 5, and nothing recorded.

@@ -6,8 +6,9 @@ from dataclasses import replace
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from jobctl.model import OOMFigures
 from jobctl.planner.catalog import GIB, gpu_names, lookup_gpu
-from jobctl.planner.ladder import OOMInfo, next_plan
+from jobctl.planner.ladder import next_plan
 from jobctl.planner.memory import Workload, estimate
 from jobctl.planner.models import ModelSpec
 from jobctl.planner.perf import Links
@@ -166,7 +167,7 @@ def test_the_ladder_from_a_fitting_plan_only_goes_down_and_ends(w, t, data):
     prev = estimate(w, t.gpu_memory_bytes, plan, t.host_mem_bytes).total_bytes
     # the first OOM may come with "Tried to allocate X", from tiny to 1000x the whole prediction
     tried = data.draw(st.one_of(st.none(), st.integers(0, 1000 * prev)), label="tried")
-    failure = OOMInfo(tried_to_allocate_bytes=tried)
+    failure = OOMFigures(tried_to_allocate_bytes=tried)
     start, history, cal = plan, (), None
     for _ in range(bound + 1):
         step = next_plan(w, t, c, plan, failure, history, cal)
@@ -182,7 +183,7 @@ def test_the_ladder_from_a_fitting_plan_only_goes_down_and_ends(w, t, data):
         assert step.calibrated_bytes < failed_calibrated  # ... and by the calibrated model
         assert step.expected_to_fit == (step.calibrated_bytes <= step.usable_bytes)
         history += (plan,)
-        plan, prev, failure, cal = step.plan, total, OOMInfo(), step.calibration
+        plan, prev, failure, cal = step.plan, total, OOMFigures(), step.calibration
     else:
         raise AssertionError(f"the ladder did not end within {bound} steps")
 

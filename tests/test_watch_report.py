@@ -132,10 +132,11 @@ def hooks_lines(folder: Path, rank: int, reserved_gib: list[float]) -> None:
 
 
 def oom_outcome(folder: Path, job_id: str) -> dict:
-    """The first node's outcome record after a real CUDA OOM log, written by runtime.outcome.write_outcome."""
+    """The first node's outcome record after a real CUDA OOM log, written by runtime.outcome.write_outcome
+    (as the file holds it)."""
     text = OOM_LOG.read_text()
     (folder / "logs" / "node-0.log").write_text(text[text.index("#---\n") + 5:])
-    return write_outcome(JobFolder(folder), 0, 1, None, 312.5, ["python", "train.py"], job_id)
+    return write_outcome(JobFolder(folder), 0, 1, None, 312.5, ["python", "train.py"], job_id).to_dict()
 
 
 def successor_json(folder: Path, child_id: int, child_folder: Path, failure: dict) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jobctl.backends.base import JobRef, SubmitRequest, Submitted
 from jobctl.errors import SchedulerError
-from jobctl.model import JobStatus, Scheduler
+from jobctl.model import JobStatus, Outcome, Scheduler
 from jobctl.store.folder import JobFolder
 from jobctl.store.private import owner_only
 
@@ -68,9 +68,9 @@ class LocalBackend:
             return JobStatus("COMPLETED", "0:0") if error is None else JobStatus("FAILED", "1:0", _first_line(error))
         if running(int(job.scheduler_job_id), meta.get("controller_start")):
             return JobStatus("RUNNING")
-        outcomes = folder.outcomes()
+        outcomes = Outcome.all_valid(folder.outcomes(), str(folder.path))
         if outcomes:  # the controller died after the command ended: the runner's own record of its exit
-            code = outcomes[0].get("exit_code")
+            code = outcomes[0].exit_code
             return JobStatus("COMPLETED", "0:0") if code == 0 else JobStatus("FAILED", f"{code}:0")
         return JobStatus("FAILED", reason="the local job's process is gone and left no result")
 
@@ -251,3 +251,4 @@ def stop(pid: int, started: str | None = None, grace_s: float = CANCEL_GRACE_S) 
                 return True
             time.sleep(0.1)
     return True
+

@@ -154,7 +154,9 @@ def _overview_key(report: dict, objective: str):
 def _after_oom(args) -> int:
     """--after-oom PLAN.json: the next plan down the OOM ladder, as `plan` would print it."""
     import json
+    from dataclasses import replace
 
+    from jobctl.model import OOMFigures
     from jobctl.planning.oom import after_oom  # the ladder, for this flag only: `plan` runs in loops
 
     if not args.cluster:
@@ -170,17 +172,17 @@ def _after_oom(args) -> int:
     if not isinstance(doc, dict):
         raise UsageError(f"--after-oom: {args.after_oom} holds {type(doc).__name__}, expected a JSON object")
     plan = doc.get("plan") if isinstance(doc.get("plan"), dict) else doc
-    failure = dict(doc.get("failure") or {})
-    if doc.get("partition"):
-        failure.setdefault("partition", doc["partition"])
+    failure = doc.get("failure") if isinstance(doc.get("failure"), dict) else {}
+    figures = OOMFigures.from_dict(failure, f"--after-oom {args.after_oom}: failure")
     if args.tried_to_allocate is not None:
         if not 0 < args.tried_to_allocate < 1 << 20:
             raise UsageError(f"--tried-to-allocate: expected a positive size in GiB, got {args.tried_to_allocate}")
-        failure["tried_to_allocate_bytes"] = int(args.tried_to_allocate * (1 << 30))
+        figures = replace(figures, tried_to_allocate_bytes=int(args.tried_to_allocate * (1 << 30)))
+    partition = doc.get("partition") or failure.get("partition")
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
     ui.notes(rec, *invs)
     prior = (doc.get("ladder") or {}).get("calibration") or (doc.get("learned") or {}).get("calibration")
-    result = after_oom(rec, invs[0], plan, failure, prior=prior)
+    result = after_oom(rec, invs[0], plan, figures, partition if isinstance(partition, str) else None, prior=prior)
     if args.as_json:
         ui.print_json(result.data)
     else:

@@ -13,7 +13,7 @@ from jobctl.jobs.memory import (
 from jobctl.model import JobState
 from jobctl.planner.ladder import Calibration
 from jobctl.planner.plan import layout_text
-from jobctl.runtime.outcome import job_failure
+from jobctl.runtime.outcome import job_failure, read_outcomes
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
 
@@ -50,12 +50,9 @@ def failure_of(record) -> dict | None:
         if data and isinstance(data.get("failure"), dict) and data["failure"].get("kind"):
             f = data["failure"]
             return {"kind": f["kind"], "summary": f.get("summary") or data.get("stopped")}
-    try:
-        failure = job_failure(folder.outcomes()) if folder else None
-    except (KeyError, TypeError):
-        failure = None
+    failure = job_failure(read_outcomes(folder)) if folder else None
     if failure:
-        return {"kind": failure["kind"], "summary": failure.get("summary")}
+        return {"kind": failure.kind.value, "summary": failure.summary}
     if record.failure_kind is not None:
         return {"kind": record.failure_kind.value, "summary": record.detail}
     return {"kind": record.state.value, "summary": record.detail or (f"exit {record.exit_code}" if record.exit_code

@@ -9,12 +9,12 @@ to sync. `next_submission` builds that next attempt from the folder; `jobctl req
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobctl.config import loader as config
 from jobctl.errors import InfeasibleError
 from jobctl.jobs.submission import Submission, prepare, submit_all
-from jobctl.model import FailureKind, RetryAction, RetryPolicy
+from jobctl.model import Failure, FailureKind, OOMFigures, Outcome, RetryAction, RetryPolicy
 from jobctl.planner.plan import Plan
 from jobctl.planning.oom import after_host_oom, after_oom
 from jobctl.runtime.outcome import job_failure, measured_peaks
@@ -23,7 +23,7 @@ from jobctl.store.folder import JobFolder
 from jobctl.store.history import History
 
 
-def recover(folder: JobFolder, outcomes: list[dict]) -> dict | None:
+def recover(folder: JobFolder, outcomes: list[Outcome]) -> dict | None:
     """After a run: record its failure, and when the policy says so, submit the next attempt
     (a smaller GPU plan after a CUDA OOM, less offload after a host OOM). Returns what was
     done (also written to successor.json or final.json). A CUDA OOM's calibration (what the
@@ -35,36 +35,59 @@ def recover(folder: JobFolder, outcomes: list[dict]) -> dict | None:
     if failure is None:
         return None
     policy = RetryPolicy.from_dict(job.get("policy"))
-    action = policy.action(failure["kind"])
-    if action is RetryAction.REQUEUE:
-        return _final(folder, f"{failure['kind']}: the scheduler requeues the same plan (submitit)", failure)
-    if action not in (RetryAction.LADDER, RetryAction.HOST):
-        return _final(folder, f"{failure['kind']}: not retried ({failure['summary']})", failure)
-    attempt = int(job.get("attempt", 1))
-    figures = failure_figures(job, outcomes)
-    calibration = None
+    why = stop_before_looking(failure, policy)
+    if why is not None:
+        return _final(folder, why, failure)
+    figures = failure_figures(outcomes)
+    step, bottom = None, None
     try:
-        step = next_submission(folder, job, figures, smaller=True, host=action is RetryAction.HOST)
-        calibration = step.calibration
+        step = next_submission(folder, job, figures, smaller=True,
+                               host=policy.action(failure.kind) is RetryAction.HOST)
     except InfeasibleError as e:
-        step, bottom = None, e.message
-    if calibration is None and failure["kind"] == FailureKind.CUDA_OOM:
+        bottom = e.message
+    calibration = step.calibration if step is not None else None
+    if calibration is None and failure.kind is FailureKind.CUDA_OOM:
         calibration = _calibration_only(folder, job, figures)
     _record_calibration(job, calibration)
     extra = {"calibration": calibration} if calibration else {}
-    if step is None:
-        return _final(folder, f"{failure['kind']}: {bottom}", failure, extra)
-    if attempt >= policy.max_attempts:
-        return _final(folder, f"{failure['kind']} on attempt {attempt} of {policy.max_attempts}: giving up before "
-                              f"the next step ({step.rung}) -- raise --max-attempts to allow more", failure, extra)
+    why = stop_after_looking(failure, int(job.get("attempt", 1)), policy.max_attempts,
+                             None if step is None else step.rung or "the next plan", bottom)
+    if why is not None:
+        return _final(folder, why, failure, extra)
     with History.open(job.get("history_path")) as history:
         (res,) = submit_all([step.submission], history)
-    out = step.summary(res) | {"failure": failure}
+    out = step.summary(res) | {"failure": failure.to_dict()}
     folder.write_json(layout.SUCCESSOR, out)
     return out
 
 
-def _record(job: dict, failure: dict | None, outcomes: list[dict]) -> None:
+# -- the decisions (pure: tests/test_recovery_decisions.py) ------------------------------------
+
+def stop_before_looking(failure: Failure, policy: RetryPolicy) -> str | None:
+    """Why the chain stops without looking for a next plan (None: look for one). Only the
+    ladder (CUDA OOM) and the host step (host OOM) submit a new job from here; a requeue is the
+    scheduler's (submitit's checkpointable runner), anything else waits for a person."""
+    action = policy.action(failure.kind)
+    if action is RetryAction.REQUEUE:
+        return f"{failure.kind}: the scheduler requeues the same plan (submitit)"
+    if action not in (RetryAction.LADDER, RetryAction.HOST):
+        return f"{failure.kind}: not retried ({failure.summary})"
+    return None
+
+
+def stop_after_looking(failure: Failure, attempt: int, max_attempts: int, rung: str | None,
+                       bottom: str | None) -> str | None:
+    """Why the chain stops once the next plan was looked for (None: submit it): the ladder's
+    bottom (`bottom`, no next plan), or `attempt` already the `max_attempts`-th."""
+    if bottom is not None or rung is None:
+        return f"{failure.kind}: {bottom or 'no next plan'}"
+    if attempt >= max_attempts:
+        return (f"{failure.kind} on attempt {attempt} of {max_attempts}: giving up before the next step "
+                f"({rung}) -- raise --max-attempts to allow more")
+    return None
+
+
+def _record(job: dict, failure: Failure | None, outcomes: list[Outcome]) -> None:
     """Tell the history what the job folder knows: the measured peak, and a CUDA OOM as the
     failure (so `jobctl plan` can warn about layouts that ran out of memory). Best effort: the
     folder stays the source of truth when the history is out of reach."""
@@ -78,41 +101,37 @@ def _record(job: dict, failure: dict | None, outcomes: list[dict]) -> None:
         with History.open(path) as history:
             if peaks:
                 history.set_measured_peak(int(job["jobctl_id"]), max(peaks))
-            if failure is not None and failure["kind"] == FailureKind.CUDA_OOM:
+            if failure is not None and failure.kind is FailureKind.CUDA_OOM:
                 # Other endings (a cancel kills the command too) are left to the scheduler's word.
-                history.transition(int(job["jobctl_id"]), "FAILED", failure.get("summary"),
-                                   failure_kind=failure["kind"], detail=failure.get("summary"))
+                history.transition(int(job["jobctl_id"]), "FAILED", failure.summary,
+                                   failure_kind=failure.kind, detail=failure.summary)
     except Exception:  # noqa: BLE001 - the history is a mirror: never let it cost the recovery
         pass
 
 
-def failure_figures(job: dict, outcomes: list[dict]) -> dict:
+def failure_figures(outcomes: list[Outcome]) -> OOMFigures:
     """What the ladder learns from a run's outcome records: the OOM message's figures (when
-    the failure was a CUDA OOM), the highest GPU memory peak measured on any node, and the
-    partition. Unknown figures are left out."""
-    failure = job_failure(outcomes) or {}
+    the failure was a CUDA OOM) and the highest GPU memory peak measured on any node."""
+    failure = job_failure(outcomes)
     peaks = measured_peaks(outcomes)
-    oom = failure.get("oom") or {}
-    info = {"tried_to_allocate_bytes": oom.get("tried_to_allocate_bytes"),
-            "total_capacity_bytes": oom.get("total_capacity_bytes"), "free_bytes": oom.get("free_bytes"),
-            "measured_peak_bytes": max(peaks) if peaks else None, "partition": job.get("partition")}
-    return {k: v for k, v in info.items() if v is not None}
+    oom = failure.oom if failure is not None and failure.oom is not None else OOMFigures()
+    return replace(oom, measured_peak_bytes=max(peaks) if peaks else None)
 
 
-def _final(folder: JobFolder, reason: str, failure: dict, extra: dict | None = None) -> dict:
-    out = {"stopped": reason, "failure": failure, **(extra or {})}
+def _final(folder: JobFolder, reason: str, failure: Failure, extra: dict | None = None) -> dict:
+    out = {"stopped": reason, "failure": failure.to_dict(), **(extra or {})}
     folder.write_json(layout.FINAL, out)
     return out
 
 
-def _calibration_only(folder: JobFolder, job: dict, figures: dict) -> dict | None:
+def _calibration_only(folder: JobFolder, job: dict, figures: OOMFigures) -> dict | None:
     """The calibration of a CUDA OOM when no next attempt was computed (the ladder's bottom)."""
     from jobctl.planning.oom import oom_calibration
 
     try:
         rec, inv = loaded_inputs(folder, job)
         report = folder.plan_report()
-        return oom_calibration(rec, inv, report["plan"], {"partition": job.get("partition"), **figures},
+        return oom_calibration(rec, inv, report["plan"], figures, job.get("partition"),
                                prior=prior_calibration(report))
     except Exception:  # noqa: BLE001 - a record only: never let it cost the verdict
         return None
@@ -166,11 +185,11 @@ def loaded_inputs(folder: JobFolder, job: dict):
     return rec, inv
 
 
-def next_submission(folder: JobFolder, job: dict, info: dict | None = None, *, smaller: bool = True,
+def next_submission(folder: JobFolder, job: dict, figures: OOMFigures | None = None, *, smaller: bool = True,
                     host: bool = False) -> NextAttempt:
     """The next attempt of the job in `folder` (job.json read into `job`), not yet submitted:
     its recipe, inventory and plan come from the folder; with `smaller`, the plan is the OOM
-    ladder's next one (global batch kept) given the failure figures `info` (with `host`: the
+    ladder's next one (global batch kept) given the failure's `figures` (with `host`: the
     host side's step, less offload), else the same plan. The parent and attempt + 1 are set.
     InfeasibleError at the ladder's bottom.
 
@@ -181,12 +200,11 @@ def next_submission(folder: JobFolder, job: dict, info: dict | None = None, *, s
     Plan.from_dict(report.get("plan"), str(folder.file(layout.PLAN)))  # refuse a damaged plan here, by name
     rung = reason = calibration = None
     if smaller:
-        figures = {"partition": job.get("partition"), **(info or {})}
-        figures = {k: v for k, v in figures.items() if v is not None}
         if host:
-            result = after_host_oom(rec, inv, report["plan"], figures)
+            result = after_host_oom(rec, inv, report["plan"], job.get("partition"))
         else:
-            result = after_oom(rec, inv, report["plan"], figures, prior=prior_calibration(report))
+            result = after_oom(rec, inv, report["plan"], figures, job.get("partition"),
+                               prior=prior_calibration(report))
         if not result.feasible:
             raise InfeasibleError(result.data["reasons"][0],
                                   hint="give the job more GPUs (resources.max_nodes, a larger partition) "

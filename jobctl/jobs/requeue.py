@@ -4,11 +4,14 @@ Everything comes from the job's folder, the failure figures too."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from jobctl.errors import UsageError
 from jobctl.jobs import placement
 from jobctl.jobs.recovery import failure_figures, next_submission
 from jobctl.jobs.status import refresh_live
 from jobctl.jobs.submission import submit_all
+from jobctl.runtime.outcome import read_outcomes
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
 
@@ -30,12 +33,12 @@ def requeue_record(history, record, *, smaller: bool, tried_to_allocate_bytes: i
     folder = _folder(record)
     # The history is the source of truth for the lineage: its id and attempt, not the file's.
     job = folder.job() | {"jobctl_id": record.id, "attempt": record.attempt}
-    info = {}
+    figures = None
     if smaller:
-        info = failure_figures(job, folder.outcomes())
+        figures = failure_figures(read_outcomes(folder))
         if tried_to_allocate_bytes is not None:
-            info["tried_to_allocate_bytes"] = tried_to_allocate_bytes
-    step = next_submission(folder, job, info, smaller=smaller)
+            figures = replace(figures, tried_to_allocate_bytes=tried_to_allocate_bytes)
+    step = next_submission(folder, job, figures, smaller=smaller)
     _note_earlier(history, record, say)
     (res,) = submit_all([step.submission], history, progress=say)
     return step.summary(res), res

@@ -14,7 +14,7 @@ from jobctl.jobs.attempts import attempts, chain_text, folder_of, lineage
 from jobctl.jobs.memory import SamplerTail, plan_memory, sampler_notes
 from jobctl.jobs.status import job_row, refresh, refresh_live, resolve, sync_copies
 from jobctl.model import JobState, JobStatus, RetryAction, RetryPolicy
-from jobctl.runtime.outcome import job_failure
+from jobctl.runtime.outcome import job_failure, read_outcomes
 from jobctl.store import folder as layout
 from jobctl.store.history import UnknownJobError
 
@@ -235,14 +235,14 @@ def pending_recovery(record) -> bool:
     folder = folder_of(record)
     if folder is None or not folder.exists(layout.JOB) or folder.recovery_decided():
         return False
-    records = [o for o in folder.outcomes() if isinstance(o.get("failure"), dict)]
-    if not any(o.get("node_rank") == 0 for o in records):  # the first node recovers, after its record
+    records = [o for o in read_outcomes(folder) if o.failure is not None]
+    if not any(o.node_rank == 0 for o in records):  # the first node recovers, after its record
         return False
     failure = job_failure(records)
     if failure is None:
         return False
     policy = RetryPolicy.from_dict((folder.read_json(layout.JOB) or {}).get("policy"))
-    return policy.action(failure["kind"]) is RetryAction.LADDER
+    return policy.action(failure.kind) is RetryAction.LADDER
 
 
 def _age_s(iso: str | None) -> float | None:

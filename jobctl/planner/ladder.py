@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 
 from jobctl.frameworks import Selective
+from jobctl.model import OOMFigures
 from jobctl.planner.catalog import GIB
 from jobctl.planner.memory import (
     MemoryBreakdown,
@@ -69,21 +70,6 @@ MIN_GAP_FRACTION = 0.02
 # Sharding from least to most sharded; hsdp shards weights too but only inside a node.
 SHARDING_ORDER = ("none", "zero1", "zero2", "hsdp", "zero3")
 RUNGS = ("micro-batch", "recompute", "sharding", "parallelism", "offload")
-
-
-@dataclass(frozen=True)
-class OOMInfo:
-    """Figures from PyTorch's OOM message and the job's monitor; any may be unknown.
-
-    "Tried to allocate 3.91 GiB. GPU 0 has a total capacity of 79.14 GiB of which
-    1.2 GiB is free" gives tried_to_allocate_bytes, total_capacity_bytes and free_bytes;
-    measured_peak_bytes is the highest use the monitor saw before the failure.
-    """
-
-    tried_to_allocate_bytes: int | None = None
-    total_capacity_bytes: int | None = None
-    free_bytes: int | None = None
-    measured_peak_bytes: int | None = None
 
 
 def scaling_bytes(mem: MemoryBreakdown) -> int:
@@ -171,11 +157,11 @@ class Calibration:
                                                   if self.fixed_gap_bytes else ""))
 
 
-def observed_demand(t: Target, predicted: int, failure: OOMInfo | None) -> tuple[int, str]:
+def observed_demand(t: Target, predicted: int, failure: OOMFigures | None) -> tuple[int, str]:
     """(D, where it comes from): the least the failed step needed. PyTorch's message gives
     what was in use (total − free) plus what it tried to allocate; the sampler's peak is a
     lower bound too; without figures, the GPU's capacity (it did not fit)."""
-    f = failure or OOMInfo()
+    f = failure or OOMFigures()
     capacity = f.total_capacity_bytes or t.gpu_memory_bytes
     floor = max(capacity, math.ceil(predicted * (1 + MIN_GAP_FRACTION)))
     candidates = [(floor, "no figures: more than the GPU's capacity")]
@@ -205,7 +191,7 @@ class LadderStep:
     expected_to_fit: bool = True  # False: the least-demanding step, though the evidence says it may not fit
 
 
-def next_plan(w: Workload, t: Target, c: Constraints, failed: Plan, failure: OOMInfo | None = None,
+def next_plan(w: Workload, t: Target, c: Constraints, failed: Plan, failure: OOMFigures | None = None,
               history: tuple[Plan, ...] = (), prior: Calibration | None = None) -> LadderStep | None:
     """The next plan to try after `failed` ran out of GPU memory, or None at the real bottom
     (no valid plan predicts less).
@@ -228,7 +214,7 @@ def next_plan(w: Workload, t: Target, c: Constraints, failed: Plan, failure: OOM
     demand, source = observed_demand(t, peak, failure)
     point = CalibrationPoint(peak, scaling_bytes(failed_mem), demand, source)
     cal = Calibration.fit(tuple((prior or Calibration()).points) + (point,))
-    f = failure or OOMInfo()
+    f = failure or OOMFigures()
     capacity = min(t.gpu_memory_bytes, f.total_capacity_bytes or t.gpu_memory_bytes)
     usable = capacity - int(w.overheads.safety_margin_gib * GIB)
     seen = set(history) | {failed}
@@ -307,7 +293,7 @@ def next_host_plan(w: Workload, t: Target, c: Constraints, failed: Plan) -> Ladd
     return None
 
 
-def ladder(w: Workload, t: Target, c: Constraints, start: Plan, failure: OOMInfo | None = None,
+def ladder(w: Workload, t: Target, c: Constraints, start: Plan, failure: OOMFigures | None = None,
            max_steps: int = 50) -> list[LadderStep]:
     """Every step of the ladder from `start` (which OOMed with `failure`), each later step as
     if its predecessor had OOMed too (no figures), until the bottom or max_steps."""

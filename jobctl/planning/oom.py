@@ -4,11 +4,11 @@ report with its `ladder` block, and the calibration the failure taught."""
 from __future__ import annotations
 
 from jobctl.errors import UsageError
+from jobctl.model import OOMFigures
 from jobctl.planner import inputs
 from jobctl.planner.ladder import (
     Calibration,
     CalibrationPoint,
-    OOMInfo,
     next_host_plan,
     next_plan,
     observed_demand,
@@ -22,45 +22,41 @@ from jobctl.planning.load import train_steps
 from jobctl.planning.plans import ClusterPlan, _no_fit, _report
 
 
-def oom_calibration(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None = None,
-                    prior: dict | None = None) -> dict:
+def _failed_on(recipe, inv, failed_plan: dict, partition: str | None):
+    """The failed plan, the target it ran on (its partition, else the inventory's first) and the
+    workload."""
+    failed = Plan.from_dict(failed_plan, "the failed plan")
+    part = next((p for p in inv.partitions if p.name == partition), None) or inv.partitions[0]
+    t = inputs.target(inv, part, recipe.train.precision)
+    return failed, t, inputs.workload(recipe, inv, cpu=t.gpu.is_cpu)
+
+
+def oom_calibration(recipe_loaded, inv_loaded, failed_plan: dict, figures: OOMFigures | None = None,
+                    partition: str | None = None, prior: dict | None = None) -> dict:
     """The calibration a CUDA OOM of `failed_plan` teaches (with the attempts before it,
     `prior`), without stepping down: what a job records when its chain stops."""
-    recipe, inv = recipe_loaded.value, inv_loaded.value
-    failed = Plan.from_dict(failed_plan, "the failed plan")
-    part = next((p for p in inv.partitions if p.name == (failure or {}).get("partition")), None) or inv.partitions[0]
-    t = inputs.target(inv, part, recipe.train.precision)
-    w = inputs.workload(recipe, inv, cpu=t.gpu.is_cpu)
+    failed, t, w = _failed_on(recipe_loaded.value, inv_loaded.value, failed_plan, partition)
     mem = estimate(w, t.gpu_memory_bytes, failed, t.host_mem_bytes, detail=False)
-    demand, source = observed_demand(t, mem.total_bytes, _oom_info(failure))
+    demand, source = observed_demand(t, mem.total_bytes, figures)
     points = Calibration.from_dict(prior).points + (CalibrationPoint(mem.total_bytes, scaling_bytes(mem), demand, source),)
     return Calibration.fit(points).to_dict()
 
 
-def _oom_info(failure: dict | None) -> OOMInfo:
-    return OOMInfo(**{k: int(v) for k, v in (failure or {}).items()
-                      if k in ("tried_to_allocate_bytes", "total_capacity_bytes", "free_bytes", "measured_peak_bytes")
-                      and v is not None})
-
-
-def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None = None,
-              history_plans: list[dict] | None = None, prior: dict | None = None) -> ClusterPlan:
-    """The next plan after `failed_plan` ran out of memory (the OOM ladder), as a plan report
-    with a `ladder` block: which rung, why, and the calibration the failure taught (added to
-    `prior`, the calibration of the attempts before it: the failed report's own ladder block)."""
-
+def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, figures: OOMFigures | None = None,
+              partition: str | None = None, history_plans: list[dict] | None = None,
+              prior: dict | None = None) -> ClusterPlan:
+    """The next plan after `failed_plan` ran out of memory on `partition` (the OOM ladder), as a
+    plan report with a `ladder` block: which rung, why, and the calibration the failure taught
+    (added to `prior`, the calibration of the attempts before it: the failed report's own
+    ladder block)."""
     recipe, inv = recipe_loaded.value, inv_loaded.value
-    failed = Plan.from_dict(failed_plan, "the failed plan")
-    part = next((p for p in inv.partitions if p.name == (failure or {}).get("partition")), None) or inv.partitions[0]
-    t = inputs.target(inv, part, recipe.train.precision)
-    w = inputs.workload(recipe, inv, cpu=t.gpu.is_cpu)
+    failed, t, w = _failed_on(recipe, inv, failed_plan, partition)
     if failed.global_batch_size != w.global_batch_size:
         raise UsageError(f"the failed plan's global batch ({failed.global_batch_size}) differs from the recipe's "
                          f"({w.global_batch_size}): the ladder keeps the global batch fixed")
-    info = _oom_info(failure)
     seen = tuple(Plan.from_dict(p) for p in (history_plans or []))
     try:
-        step = next_plan(w, t, inputs.constraints(recipe), failed, info, seen, Calibration.from_dict(prior))
+        step = next_plan(w, t, inputs.constraints(recipe), failed, figures, seen, Calibration.from_dict(prior))
     except ValueError as e:
         raise UsageError(f"cannot step down from this plan: {e}") from None
     if step is None:
@@ -88,14 +84,12 @@ def _ladder_report(recipe_loaded, w, t, step, failed: Plan) -> ClusterPlan:
     return ClusterPlan(data, res, w, True)
 
 
-def after_host_oom(recipe_loaded, inv_loaded, failed_plan: dict, failure: dict | None = None) -> ClusterPlan:
-    """The next plan after `failed_plan` ran out of host memory: less CPU offload (the GPU
-    plan is not what ran out). Not feasible, with the reason, when nothing is offloaded."""
+def after_host_oom(recipe_loaded, inv_loaded, failed_plan: dict, partition: str | None = None) -> ClusterPlan:
+    """The next plan after `failed_plan` ran out of host memory on `partition`: less CPU
+    offload (the GPU plan is not what ran out). Not feasible, with the reason, when nothing is
+    offloaded."""
     recipe, inv = recipe_loaded.value, inv_loaded.value
-    failed = Plan.from_dict(failed_plan, "the failed plan")
-    part = next((p for p in inv.partitions if p.name == (failure or {}).get("partition")), None) or inv.partitions[0]
-    t = inputs.target(inv, part, recipe.train.precision)
-    w = inputs.workload(recipe, inv, cpu=t.gpu.is_cpu)
+    failed, t, w = _failed_on(recipe, inv, failed_plan, partition)
     step = next_host_plan(w, t, inputs.constraints(recipe), failed)
     if step is None:
         why = ("the host ran out of memory with nothing offloaded to it: the training script's own host memory "

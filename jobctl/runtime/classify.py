@@ -51,7 +51,7 @@ import signal as _signal
 from dataclasses import dataclass
 from decimal import Decimal
 
-from jobctl.model import RETRY_TABLE, FailureKind, RetryAction
+from jobctl.model import RETRY_TABLE, Failure, FailureKind, OOMFigures
 
 # 8 MiB of log tail (characters; the same as bytes for ASCII logs). The lines that decide
 # the class sit near the end: the traceback, torchrun's summary, slurmstepd's epilogue.
@@ -65,33 +65,6 @@ EVIDENCE_MAX_CHARS = 500
 # can be long; its figures are read from up to this much of the line.
 _OOM_LINE_MAX_CHARS = 8192
 
-
-@dataclass(frozen=True)
-class OOMFigures:
-    """The figures of PyTorch's CUDA OOM message, in bytes; None where the message has none.
-
-    Sizes are printed with two decimals, so they are exact only to 0.005 of their unit.
-    reserved_unallocated_bytes is printed by PyTorch >= 2.1 ("... is reserved by PyTorch but
-    unallocated") and 1.0-1.3 ("... cached"), and is reserved minus allocated in 1.4-2.0.
-    """
-
-    tried_to_allocate_bytes: int | None = None
-    total_capacity_bytes: int | None = None
-    free_bytes: int | None = None
-    allocated_by_pytorch_bytes: int | None = None
-    reserved_unallocated_bytes: int | None = None
-    gpu_index: int | None = None
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The class of one job's ending, why we think so, and the default next step."""
-
-    kind: FailureKind
-    summary: str  # one line for humans
-    evidence: str  # the log line or the state/exit status that decided it
-    retry: RetryAction  # what RETRY_TABLE says follows (a job's policy may override it)
-    oom: OOMFigures | None = None
 
 
 # -- sizes ---------------------------------------------------------------------------

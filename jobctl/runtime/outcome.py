@@ -5,9 +5,10 @@ recovery, by `watch`, `report` and the local backend."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from jobctl.model import FailureKind
+from jobctl.model import Failure, FailureKind, Outcome
 from jobctl.runtime.classify import classify
 from jobctl.store.folder import JobFolder
 
@@ -17,8 +18,6 @@ LOG_TAIL_BYTES = 4 << 20  # the classifier reads the end of each node's log
 # OOM anywhere is the cause (the other ranks then fail in NCCL or are killed).
 PRECEDENCE = (FailureKind.CUDA_OOM, FailureKind.HOST_OOM, FailureKind.NCCL, FailureKind.NODE_FAIL,
               FailureKind.TIMEOUT, FailureKind.PREEMPTED)
-OOM_FIELDS = ("tried_to_allocate_bytes", "total_capacity_bytes", "free_bytes", "allocated_by_pytorch_bytes",
-              "reserved_unallocated_bytes", "gpu_index")
 
 
 def read_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
@@ -32,8 +31,14 @@ def read_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
         return ""
 
 
+def read_outcomes(folder: JobFolder) -> list[Outcome]:
+    """The nodes' outcome records in `folder`, by node; unreadable or damaged ones are left out
+    (as a node that wrote none)."""
+    return Outcome.all_valid(folder.outcomes(), str(folder.path))
+
+
 def write_outcome(folder: JobFolder, rank: int, exit_code: int | None, signal: int | None, duration_s: float,
-                  argv: list[str], job_id: str) -> dict:
+                  argv: list[str], job_id: str) -> Outcome:
     """The node's outcome record: exit, signal, duration, peak GPU memory per GPU (from its
     sampler's CSV), and the failure classification of its log."""
     peaks: dict = {}
@@ -46,38 +51,36 @@ def write_outcome(folder: JobFolder, rank: int, exit_code: int | None, signal: i
         except Exception:  # a torn last line must not cost the outcome record
             peaks = {}
     failure = classify(exit_code, signal=signal, log_text=read_tail(folder.log(rank)))
-    record = {
-        "node_rank": rank, "exit_code": exit_code, "signal": signal, "duration_s": round(duration_s, 3),
-        "job_id": job_id, "argv": argv, "peak_memory_bytes_by_gpu": peaks,
-        "failure": {"kind": failure.kind.value, "summary": failure.summary, "evidence": failure.evidence,
-                    "retry": failure.retry.value,
-                    "oom": None if failure.oom is None else {k: getattr(failure.oom, k) for k in OOM_FIELDS}},
-    }
-    folder.write_json(folder.outcome_path(rank).name, record)
+    record = Outcome(rank, exit_code, signal, round(duration_s, 3), job_id, tuple(argv), peaks, failure)
+    save_outcome(folder, record)
     return record
 
 
-def wait_for_outcomes(folder: JobFolder, nodes: int, timeout_s: float = OUTCOME_WAIT_S) -> list[dict]:
+def save_outcome(folder: JobFolder, record: Outcome) -> None:
+    folder.write_json(folder.outcome_path(record.node_rank).name, record.to_dict())
+
+
+def wait_for_outcomes(folder: JobFolder, nodes: int, timeout_s: float = OUTCOME_WAIT_S) -> list[Outcome]:
     """The outcome records of all nodes (those that arrive within the timeout)."""
     deadline = time.monotonic() + timeout_s
     while folder.outcome_count() < nodes and time.monotonic() <= deadline:
         time.sleep(1.0)
-    return folder.outcomes()
+    return read_outcomes(folder)
 
 
-def job_failure(outcomes: list[dict]) -> dict | None:
-    """The job's failure (the record's "failure" plus the node that had it), or None when every
-    node completed. A CUDA OOM on any node wins (PRECEDENCE)."""
-    failed = [o for o in outcomes if isinstance(o.get("failure"), dict) and o["failure"].get("kind") != "COMPLETED"]
+def job_failure(outcomes: list[Outcome]) -> Failure | None:
+    """The job's failure (with the node that had it), or None when every node completed. A
+    CUDA OOM on any node wins (PRECEDENCE)."""
+    failed = [o for o in outcomes if o.failure is not None and o.failure.kind is not FailureKind.COMPLETED]
     if not failed:
         return None
     for kind in PRECEDENCE:
         for o in failed:
-            if o["failure"]["kind"] == kind:
-                return o["failure"] | {"node_rank": o["node_rank"]}
-    return failed[0]["failure"] | {"node_rank": failed[0]["node_rank"]}
+            if o.failure.kind is kind:
+                return replace(o.failure, node_rank=o.node_rank)
+    return replace(failed[0].failure, node_rank=failed[0].node_rank)
 
 
-def measured_peaks(outcomes: list[dict]) -> list[int]:
+def measured_peaks(outcomes: list[Outcome]) -> list[int]:
     """Every GPU's peak memory the samplers saw, on every node."""
-    return [int(v) for o in outcomes for v in (o.get("peak_memory_bytes_by_gpu") or {}).values()]
+    return [v for o in outcomes for v in o.peak_memory_bytes_by_gpu.values()]

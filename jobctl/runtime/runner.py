@@ -23,7 +23,14 @@ from jobctl.backends import launch
 from jobctl.backends.slurm import SlurmBackend
 from jobctl.errors import UsageError
 from jobctl.model import JOB_FOLDER_TOKEN, RetryPolicy
-from jobctl.runtime.outcome import OUTCOME_WAIT_S, wait_for_outcomes, write_outcome
+from jobctl.runtime.outcome import (
+    OUTCOME_WAIT_S,
+    Outcome,
+    read_outcomes,
+    save_outcome,
+    wait_for_outcomes,
+    write_outcome,
+)
 from jobctl.store.folder import FINAL, RECOVERY_ERROR, JobFolder
 
 # The recovery the first node runs after every node has written its outcome, named
@@ -131,9 +138,9 @@ class NodeRunner:
             while not folder.recovery_decided() and time.monotonic() < deadline:
                 time.sleep(1.0)
         if code != 0:
-            raise RuntimeError(f"the command exited with code {code} on node {rank} "
-                               f"({outcome.get('failure', {}).get('kind', 'failed')}; see {log_path})")
-        return outcome
+            kind = outcome.failure.kind.value if outcome.failure else "failed"
+            raise RuntimeError(f"the command exited with code {code} on node {rank} ({kind}; see {log_path})")
+        return outcome.to_dict()  # submitit's pickled result: plain data
 
     def checkpoint(self, *args, **kwargs):
         import submitit
@@ -164,14 +171,13 @@ class _PeerWatcher:
         self._done.set()
         self._thread.join(timeout=5)
 
-    def _failed_peer(self) -> dict | None:
+    def _failed_peer(self) -> Outcome | None:
         try:
-            outcomes = self.folder.outcomes()
+            outcomes = read_outcomes(self.folder)
         except Exception:  # a record being written: look again next time
             return None
         for o in outcomes:
-            if o.get("node_rank") != self.rank and str(o.get("job_id")) == self.job_id and (
-                    o.get("exit_code") not in (0, None) or o.get("signal")):
+            if o.node_rank != self.rank and o.job_id == self.job_id and o.failed:
                 return o
         return None
 
@@ -180,8 +186,8 @@ class _PeerWatcher:
             peer = self._failed_peer()
             if peer is None:
                 continue
-            kind = (peer.get("failure") or {}).get("kind", "failed")
-            note = f"jobctl: node {peer.get('node_rank')} failed ({kind}); stopping node {self.rank}'s command\n"
+            kind = peer.failure.kind.value if peer.failure else "failed"
+            note = f"jobctl: node {peer.node_rank} failed ({kind}); stopping node {self.rank}'s command\n"
             try:
                 self.log.write(note.encode())
             except (OSError, ValueError):
@@ -210,13 +216,13 @@ def _start_sampler(folder: JobFolder, rank: int, interval_s: float):
         return None
 
 
-def _outcome(folder: JobFolder, rank: int, code, signal, duration_s: float, argv, job_id: str) -> dict:
+def _outcome(folder: JobFolder, rank: int, code, signal, duration_s: float, argv, job_id: str) -> Outcome:
     try:
         return write_outcome(folder, rank, code, signal, duration_s, argv, job_id)
     except Exception as e:  # the record is best effort; the exit code still decides the job's state
-        record = {"node_rank": rank, "exit_code": code, "signal": signal, "duration_s": round(duration_s, 3),
-                  "job_id": job_id, "argv": argv, "error": f"outcome classification failed: {e}"}
-        folder.write_json(folder.outcome_path(rank).name, record)
+        record = Outcome(rank, code, signal, round(duration_s, 3), job_id, tuple(argv),
+                         error=f"outcome classification failed: {e}")
+        save_outcome(folder, record)
         return record
 
 
