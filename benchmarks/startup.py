@@ -56,7 +56,7 @@ t0 = t(); res = plan_on(rec, inv); mark("search (plan_on)", t0)
 t0 = t(); from jobctl import ui; import io, contextlib
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
-    ui.print_json(res.data)
+    ui.print_json(res.to_dict())
 mark("JSON (ui.print_json)", t0)
 print(json.dumps({"phases": out, "feasible": res.feasible, "json_chars": len(buf.getvalue())}))
 """

@@ -21,7 +21,7 @@ def test_llama31_8b_full_finetune_adamw_does_not_fit_one_80gb_gpu():
     # (12 B/param): 16 B/param = 128.5 GB of model states alone.
     r = plan("llama8b", "h100", *ONE_GPU, "framework=generic", "parallelism.offload=none")
     assert not r.feasible
-    closest = r.data["closest"]["memory"]
+    closest = r.to_dict()["closest"]["memory"]
     states = closest["weights_bytes"] + closest["grads_bytes"] + closest["optimizer_bytes"]
     assert states == 16 * 8_030_261_248
     assert states / 2**30 > 80
@@ -34,9 +34,9 @@ def test_7b_full_finetune_8bit_adam_and_checkpointing_does_not_fit_24gb(precisio
     r = plan("llama2-7b-24gb", "rtx4090", "train.method=full", "train.optimizer=adam8bit",
              f"train.precision={precision}", "parallelism.recompute=full", "parallelism.offload=none")
     assert not r.feasible
-    mem = r.data["closest"]["memory"]
+    mem = r.to_dict()["closest"]["memory"]
     assert mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"] >= 6 * 6_738_415_616
-    assert any("lora" in s or "offload" in s for s in r.data["suggestions"])
+    assert any("lora" in s or "offload" in s for s in r.to_dict()["suggestions"])
 
 
 def test_7b_full_finetune_fits_24gb_with_cpu_optimizer_offload():
@@ -44,22 +44,22 @@ def test_7b_full_finetune_fits_24gb_with_cpu_optimizer_offload():
     # fp32 master, Adam states and gradients (16 B/param = 100 GiB) go to host RAM (128 GiB).
     r = plan("llama2-7b-24gb", "rtx4090", "train.method=full", "framework=deepspeed",
              "parallelism.offload=optimizer")
-    assert r.feasible, r.data["reasons"]
-    mem = r.data["memory"]
+    assert r.feasible, r.to_dict()["reasons"]
+    mem = r.to_dict()["memory"]
     assert mem["optimizer_bytes"] == 0
     assert mem["host_bytes_per_node"] > 16 * 6_738_415_616
 
 
 def test_7b_lora_fits_24gb():
     r = plan("llama2-7b-24gb", "rtx4090")
-    assert r.feasible, r.data["reasons"]
-    assert r.data["plan"]["world_size"] == 1
+    assert r.feasible, r.to_dict()["reasons"]
+    assert r.to_dict()["plan"]["world_size"] == 1
 
 
 def test_405b_fits_128_h100_only_with_tensor_and_pipeline_parallelism():
     r = plan("llama405b", "h100")
-    assert r.feasible, r.data["reasons"]
-    p = r.data["plan"]
+    assert r.feasible, r.to_dict()["reasons"]
+    p = r.to_dict()["plan"]
     assert p["world_size"] <= 128 and p["tp"] > 1 and p["pp"] > 1
     # without offload (Megatron can offload the optimizer: --optimizer-cpu-offload)
     for pin in ("parallelism.tp=1", "parallelism.pp=1"):
@@ -73,7 +73,7 @@ def test_70b_zero3_on_8x80gb_is_not_60gb_per_gpu():
              "parallelism.pp=1", "parallelism.cp=1", "parallelism.dp=8", "parallelism.offload=none",
              "train.seq_len=4096", "train.global_batch_size=64")
     assert not r.feasible
-    mem = r.data["closest"]["memory"]
+    mem = r.to_dict()["closest"]["memory"]
     assert mem["weights_bytes"] + mem["grads_bytes"] + mem["optimizer_bytes"] == pytest.approx(
         70_553_706_496 * 16 / 8, rel=1e-6)
 

@@ -95,7 +95,7 @@ def plans(framework: str) -> list[dict]:
         rec_over = [o for o in overrides if not o.startswith("partitions.")]
         rec = load_recipe(f"recipes/{recipe}.yaml", rec_over)
         inv = load_inventory(cluster, inv_over)
-        data = plan_on(rec, inv, alternatives=0).data
+        data = plan_on(rec, inv, alternatives=0).to_dict()
         assert data["feasible"], (recipe, cluster, overrides, data["reasons"])
         assert data["framework"]["name"] == framework
         out.append({"plan": data["plan"], "framework": data["framework"], "case": [recipe, cluster, overrides]})

@@ -54,7 +54,7 @@ def test_no_plan_uses_a_feature_its_framework_lacks(recipe, framework):
     for cluster in all_cluster_names():
         inv = load_inventory(cluster, [])
         for objective in OBJECTIVES:
-            data = plan_on(rec, inv, objective=objective, alternatives=3).data
+            data = plan_on(rec, inv, objective=objective, alternatives=3).to_dict()
             if not data["feasible"]:
                 continue
             w = inputs.workload(rec.value, inv.value)
@@ -95,7 +95,7 @@ def test_generic_is_custom_and_custom_gets_only_data_parallelism_and_fsdp_by_def
 
 def test_custom_supports_widen_the_search(tmp_path):
     base = load_recipe("recipes/llama70b.yaml", ["framework=custom"])
-    data = plan_on(base, load_inventory("h100", [])).data
+    data = plan_on(base, load_inventory("h100", [])).to_dict()
     assert data["feasible"] is False or (data["plan"]["tp"], data["plan"]["pp"]) == (1, 1)
     text = (tmp_path / "r.yaml")
     doc = json.loads(json.dumps(base.data))
@@ -104,7 +104,7 @@ def test_custom_supports_widen_the_search(tmp_path):
     import yaml
 
     text.write_text(yaml.safe_dump(doc))
-    wide = plan_on(load_recipe(str(text), []), load_inventory("h100", [])).data
+    wide = plan_on(load_recipe(str(text), []), load_inventory("h100", [])).to_dict()
     assert wide["feasible"] and wide["plan"]["tp"] * wide["plan"]["pp"] > 1
     assert wide["plan"]["sharding"] in ("none", "zero1") and wide["plan"]["offload"] == "none"
 

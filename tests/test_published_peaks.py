@@ -12,9 +12,12 @@ two stay expected failures whatever their error. Reserved memory is the caching 
 view: jobctl's total minus the CUDA context and the NCCL buffers (which the allocator does not
 see: both are cudaMalloc'd outside it). Within 10% each is the issue's target."""
 
+from pathlib import Path
+
 import pytest
 
 from jobctl.planning import load_inventory, load_recipe, plan_on
+from jobctl_measure import megatron_functional as mf
 
 GIB = 1 << 30
 INVENTORY = ["partitions.0.nodes=64", "partitions.0.gpu_memory_gib=96"]
@@ -24,7 +27,7 @@ def predicted_reserved_gib(model: str, overrides: list[str]) -> float:
     rec = load_recipe("recipes/llama8b.yaml", [f"model={model}", "framework=torchtitan", "train.seq_len=8192",
                                                "parallelism.cp=1", "parallelism.sharding=zero3", *overrides])
     inv = load_inventory("h100", INVENTORY)
-    d = plan_on(rec, inv, alternatives=0, summary=False, learn=False).data
+    d = plan_on(rec, inv, alternatives=0, summary=False, learn=False).to_dict()
     assert d["feasible"], d["reasons"]
     outside = sum(t["bytes"] for t in d["memory"]["terms"] if t["name"] in ("cuda context", "nccl buffers"))
     return (d["memory"]["total_bytes"] - outside) / GIB
@@ -70,7 +73,9 @@ def test_published_peak_within_10_percent(model, published_gib, layout):
 # tests/functional_tests/test_cases/gpt/<case>/ (model_config.yaml and golden_values_*.json; each
 # entry names the file and the commit it was read at). "mem-max-allocated-bytes" is
 # torch.cuda.memory_stats' peak allocated bytes on the last global rank; the comparison is with
-# jobctl's tensor terms on the last pipeline stage (benchmarks/megatron_memory.py builds both).
+# jobctl's tensor terms on the last pipeline stage (jobctl_measure/megatron_functional.py builds
+# both; benchmarks/megatron_memory.py prints them).
+MEGATRON_DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "megatron_functional_memory.yaml"
 MEGATRON_XFAIL = {
     ("gpt3_mcore_te_tp2_pp2_cp2", "h100"):
         "measured 2026-11-26: -13%; the A100 golden file of the same configuration is 9% lower than this "
@@ -82,25 +87,18 @@ MEGATRON_XFAIL = {
 
 
 def _megatron_rows():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import megatron_memory
     rows = []
-    for e in megatron_memory.load():
+    for e in mf.load(MEGATRON_DATA):
         key = (e["case"], e["gpu"])
         marks = [pytest.mark.xfail(strict=True, reason=MEGATRON_XFAIL[key])] if key in MEGATRON_XFAIL else []
         rows.append(pytest.param(e, id=f"{e['case'].replace('gpt3_mcore_', '').replace('gpt3_', '')}-{e['gpu']}",
                                  marks=marks))
-    return rows, megatron_memory
+    return rows
 
 
-MEGATRON_ROWS, _MM = _megatron_rows()
-
-
-@pytest.mark.parametrize("entry", MEGATRON_ROWS)
+@pytest.mark.parametrize("entry", _megatron_rows())
 def test_megatron_functional_test_peak_within_10_percent(entry):
-    row = _MM.compare(entry)
+    row = mf.compare(entry)
     assert "skipped" not in row, row.get("skipped")
-    published = _MM._last(entry["mem_max_allocated_bytes"])  # the golden file's last logged step
+    published = mf.last_logged(entry["mem_max_allocated_bytes"])  # the golden file's last logged step
     assert row["peak_modelled"] == pytest.approx(published, rel=0.10), row["layout"]

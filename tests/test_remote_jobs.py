@@ -158,7 +158,7 @@ def test_concurrent_submissions_with_one_token_make_one_job(tmp_path, monkeypatc
     monkeypatch.setenv("JOBCTL_HOME", str(tmp_path))
     monkeypatch.chdir(ROOT)
     rec, inv = load_recipe("recipes/tiny.yaml", []), load_inventory("local")
-    report = plan_on(rec, inv).data
+    report = plan_on(rec, inv).to_dict()
     calls = []
 
     from jobctl.backends.base import Submitted

@@ -11,21 +11,17 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
 from jobctl import cli
 from jobctl.planning import learn
 from jobctl.store.history import History, default_path
 
+REPO = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
 
 
 @pytest.fixture(autouse=True)
-def _env(monkeypatch, tmp_path):
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("JOBCTL_CLUSTERS", raising=False)
-    monkeypatch.setenv("COLUMNS", "4000")  # no wrapping by rich
+def _env(repo_cli_home):
+    # conftest.py's repo_cli_home: the repository root, a fresh JOBCTL_HOME, no wrapping by rich
     yield
     _stop_leftovers()
 
@@ -102,12 +98,12 @@ def test_requeue_at_the_bottom_of_the_ladder_exits_3(capsys, tmp_path):
     from jobctl.store.folder import JobFolder
 
     rec, (inv,) = load_request("recipes/tiny.yaml", [], ["local"])
-    report = plan_on(rec, inv).data
+    report = plan_on(rec, inv).to_dict()
     while True:  # step down as far as the ladder goes
         nxt = after_oom(rec, inv, report["plan"], partition=report["partition"])
         if not nxt.feasible:
             break
-        report = nxt.data
+        report = nxt.to_dict()
     sub = prepare(rec, inv, report)
     with History.open() as h:
         jid = h.prepare(recipe_name=sub.recipe_name, recipe_text=sub.recipe_text, plan=sub.plan, cluster="local",
@@ -193,7 +189,7 @@ def test_requeue_smaller_after_a_cuda_oom_on_slurm(slurm_cluster, capsys, monkey
     assert (second["plan"]["micro_batch_size"], second["plan"]["grad_accum_steps"]) == (4, 4)
     # ... and the ladder was given the outcome's figures (they set the learned usable memory).
     rec, (inv,) = load_request(str(folder / "recipe.yaml"), [], [str(folder / "inventory.yaml")])
-    expected = after_oom(rec, inv, first["plan"], figures, first["partition"]).data["ladder"]
+    expected = after_oom(rec, inv, first["plan"], figures, first["partition"]).ladder
     assert (new["rung"], new["reason"]) == (expected["rung"], expected["reason"])
 
     # Slurm cannot be reached (no sbatch here): exit 5, and nothing recorded.

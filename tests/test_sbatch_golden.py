@@ -56,8 +56,8 @@ def _script(recipe: str, inventory: str, overrides: list[str], sweeps: list[str]
     for extra in ([[s] for s in sweeps] or [[]]):
         rec = load_recipe(recipe, overrides + extra)
         result = plan_on(rec, inv, alternatives=0)
-        assert result.feasible, result.data["reasons"]
-        subs.append(prepare(rec, inv, result.data, overrides + extra))
+        assert result.feasible, result.reasons
+        subs.append(prepare(rec, inv, result.to_dict(), overrides + extra))
     out = dry_run(subs)
     scripts = {o["sbatch"] for o in out}
     assert len(scripts) == 1, "one sbatch call per group of equal resources"

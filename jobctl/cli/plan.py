@@ -5,17 +5,8 @@ from __future__ import annotations
 from jobctl import ui
 from jobctl.config.workspace import all_cluster_names
 from jobctl.errors import EXIT_NO_FIT, EXIT_OK, UsageError
-from jobctl.planning import (
-    DEFAULT_OBJECTIVE,
-    OBJECTIVES,
-    compare_frameworks,
-    framework_advice,
-    framework_advice_for,
-    framework_names,
-    load_request,
-    plan_on,
-)
-from jobctl.planning.learn import history_for
+from jobctl.planning import DEFAULT_OBJECTIVE, OBJECTIVES, framework_names, load_request
+from jobctl.planning.service import plan_after_oom_file, plan_cluster, plan_clusters, plan_frameworks
 
 HELP = "plan a recipe: which layout fits, its memory term by term, or why nothing fits"
 EPILOG = """examples:
@@ -54,7 +45,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-
     if args.after_oom:
         return _after_oom(args)
     if args.emit and not args.cluster:
@@ -72,53 +62,23 @@ def run(args) -> int:
     ui.notes(rec, *invs)
     if args.cluster:
         with ui.progress(f"planning {rec.path} on {invs[0].value.name}"):
-            result, past = _plan_one(args, rec, invs[0])
+            report = plan_cluster(rec, invs[0], objective=args.objective, explain=args.explain,
+                                  learn=not args.no_learn, advise=not args.emit)
         if args.as_json:
-            ui.print_json(result.data)
-        elif args.emit and result.feasible:
-            ui.render_framework(result.data["framework"])
+            ui.print_json(report.to_dict())
+        elif args.emit and report.feasible:
+            ui.render_framework(report.framework)
         else:
-            ui.render_plan(result.data)
-            ui.render_history(past)
-        return EXIT_OK if result.feasible else EXIT_NO_FIT
-    reports = []
+            ui.render_plan(report.to_dict())
+            ui.render_history(report.history or {})
+        return EXIT_OK if report.feasible else EXIT_NO_FIT
     with ui.progress(f"planning {rec.path}") as shown:
-        for i, inv in enumerate(invs, 1):
-            shown.update(f"planning {rec.path} on {inv.value.name} ({i} of {len(invs)} clusters)")
-            reports.append(plan_on(rec, inv, objective=args.objective, alternatives=0, learn=not args.no_learn,
-                                   summary=False).data)
-    reports.sort(key=lambda r: (not r["feasible"], _overview_key(r, args.objective)))
+        reports = plan_clusters(rec, invs, objective=args.objective, learn=not args.no_learn, progress=shown.update)
     if args.as_json:
-        ui.print_json({"recipe": rec.path, "objective": args.objective, "clusters": reports})
+        ui.print_json({"recipe": rec.path, "objective": args.objective, "clusters": [r.to_dict() for r in reports]})
     else:
-        ui.render_plan_overview(reports, rec.path, wide=args.wide)
-    return EXIT_OK if any(r["feasible"] for r in reports) else EXIT_NO_FIT
-
-
-def _plan_one(args, rec, inv):
-    """The plan on one cluster, what the history says of it, and (not for --emit) the advice on
-    the other frameworks."""
-    result = plan_on(rec, inv, objective=args.objective, explain=args.explain, learn=not args.no_learn)
-    past = history_for(result.data)  # reads nothing when there is no history file
-    if past:
-        result.data["history"] = past
-    if not args.emit:
-        current = result.data["train"]["framework"] if result.feasible else (
-            args.framework or _recipe_framework(rec))
-        if args.explain:  # every framework planned: the rows (--framework all's table) and the advice
-            est = result.data.get("estimate") or {}
-            rows = compare_frameworks(rec, inv, args.objective, not args.no_learn, known={current: result.data})
-            result.data["frameworks"] = rows
-            advice = framework_advice(current, rows, result.feasible, est.get("step_time_s"))
-        else:  # only the frameworks that could change the advice
-            advice = framework_advice_for(rec, inv, current, result.data, args.objective, not args.no_learn)
-        result.data["framework_advice"] = advice
-    return result, past
-
-
-def _recipe_framework(rec) -> str:
-    f = rec.value.framework
-    return f if isinstance(f, str) else f.name
+        ui.render_plan_overview([r.to_dict() for r in reports], rec.path, wide=args.wide)
+    return EXIT_OK if any(r.feasible for r in reports) else EXIT_NO_FIT
 
 
 def _all_frameworks(args) -> int:
@@ -129,65 +89,25 @@ def _all_frameworks(args) -> int:
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
     ui.notes(rec, *invs)
     with ui.progress(f"planning {rec.path} on {invs[0].value.name} with every framework"):
-        rows = compare_frameworks(rec, invs[0], args.objective, not args.no_learn)
-    current = _recipe_framework(rec)
+        out = plan_frameworks(rec, invs[0], objective=args.objective, learn=not args.no_learn)
     if args.as_json:
-        ui.print_json({"recipe": rec.path, "cluster": invs[0].value.name, "objective": args.objective,
-                       "recipe_framework": current, "frameworks": rows})
+        ui.print_json(out)
     else:
-        ui.render_framework_table(rows, rec.path, invs[0].value.name, current, args.objective)
-    return EXIT_OK if any(r["feasible"] for r in rows) else EXIT_NO_FIT
-
-
-def _overview_key(report: dict, objective: str):
-    """Clusters side by side, best first: by time to train (or step time), then GPUs."""
-    est = report.get("estimate") or {}
-    if not report["feasible"] or not est:
-        return (float("inf"),)
-    if objective == "gpus":
-        return (report["plan"]["world_size"], est["step_time_s"])
-    if objective == "throughput":
-        return (-est["tokens_per_s_per_gpu"],)  # balanced and time: the fastest first
-    return (est.get("time_to_train_s") or est["step_time_s"],)
+        ui.render_framework_table(out["frameworks"], rec.path, out["cluster"], out["recipe_framework"], args.objective)
+    return EXIT_OK if any(r["feasible"] for r in out["frameworks"]) else EXIT_NO_FIT
 
 
 def _after_oom(args) -> int:
     """--after-oom PLAN.json: the next plan down the OOM ladder, as `plan` would print it."""
-    import json
-    from dataclasses import replace
-
-    from jobctl.model import OOMFigures
-    from jobctl.planning.oom import after_oom  # the ladder, for this flag only: `plan` runs in loops
-
     if not args.cluster:
         raise UsageError("--after-oom needs --cluster", hint="jobctl plan RECIPE --cluster C --after-oom PLAN.json")
-    try:
-        with open(args.after_oom, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"--after-oom: file not found: {args.after_oom}") from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--after-oom: {args.after_oom} is not a JSON plan: {e}",
-                         hint="save one with `jobctl plan RECIPE --cluster C --json > plan.json`") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"--after-oom: {args.after_oom} holds {type(doc).__name__}, expected a JSON object")
-    plan = doc.get("plan") if isinstance(doc.get("plan"), dict) else doc
-    failure = doc.get("failure") if isinstance(doc.get("failure"), dict) else {}
-    figures = OOMFigures.from_dict(failure, f"--after-oom {args.after_oom}: failure")
-    if args.tried_to_allocate is not None:
-        if not 0 < args.tried_to_allocate < 1 << 20:
-            raise UsageError(f"--tried-to-allocate: expected a positive size in GiB, got {args.tried_to_allocate}")
-        figures = replace(figures, tried_to_allocate_bytes=int(args.tried_to_allocate * (1 << 30)))
-    partition = doc.get("partition") or failure.get("partition")
     rec, invs = load_request(args.recipe, list(args.overrides), [args.cluster])
     ui.notes(rec, *invs)
-    prior = (doc.get("ladder") or {}).get("calibration") or (doc.get("learned") or {}).get("calibration")
-    result = after_oom(rec, invs[0], plan, figures, partition if isinstance(partition, str) else None, prior=prior)
+    report = plan_after_oom_file(rec, invs[0], args.after_oom, args.tried_to_allocate)
     if args.as_json:
-        ui.print_json(result.data)
+        ui.print_json(report.to_dict())
     else:
-        lad = result.data.get("ladder")
-        if lad:
-            ui.info(f"after the OOM: {lad['rung']} — {lad['reason']}")
-        ui.render_plan(result.data)
-    return EXIT_OK if result.feasible else EXIT_NO_FIT
+        if report.ladder:
+            ui.info(f"after the OOM: {report.ladder['rung']} — {report.ladder['reason']}")
+        ui.render_plan(report.to_dict())
+    return EXIT_OK if report.feasible else EXIT_NO_FIT

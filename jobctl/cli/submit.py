@@ -113,14 +113,14 @@ def run(args) -> int:
         rec = load_recipe(args.recipe, overrides)
         ui.notes(rec)
         with ui.progress(f"planning {rec.path} on {inv.value.name}"):
-            result = plan_on(rec, inv, objective=args.objective, alternatives=0, summary=False)
-        if not result.feasible:
+            report = plan_on(rec, inv, objective=args.objective, alternatives=0, summary=False)
+        if not report.feasible:
             if args.as_json:
-                ui.print_json(result.data)
+                ui.print_json(report.to_dict())
             else:
-                ui.render_plan(result.data)
+                ui.render_plan(report.to_dict())
             return EXIT_NO_FIT
-        sub = prepare(rec, inv, result.data, overrides)
+        sub = prepare(rec, inv, report.to_dict(), overrides)
         sub.sweep_id = sweep_id
         sub.policy = replace(policy, hooks=sub.policy.hooks)  # hooks: the recipe's launch.hooks
         subs.append(sub)

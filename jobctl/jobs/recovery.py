@@ -206,10 +206,10 @@ def next_submission(folder: JobFolder, job: dict, figures: OOMFigures | None = N
             result = after_oom(rec, inv, report["plan"], figures, job.get("partition"),
                                prior=prior_calibration(report))
         if not result.feasible:
-            raise InfeasibleError(result.data["reasons"][0],
+            raise InfeasibleError(result.reasons[0],
                                   hint="give the job more GPUs (resources.max_nodes, a larger partition) "
                                        "or a shorter sequence, then submit it again")
-        report = result.data
+        report = result.to_dict()
         lad = report.get("ladder") or {}
         rung, reason, calibration = lad.get("rung"), lad.get("reason"), lad.get("calibration")
     sub = prepare(rec, inv, report, job.get("overrides") or [])

@@ -12,8 +12,9 @@ from jobctl.planning.compare import (
     framework_names,
 )
 from jobctl.planning.load import load_inventory, load_recipe, load_request, train_steps
-from jobctl.planning.plans import DEFAULT_OBJECTIVE, ClusterPlan, framework_block, learned_block, plan_on
+from jobctl.planning.plans import DEFAULT_OBJECTIVE, framework_block, learned_block, plan_on
+from jobctl.planning.report import PlanReport
 
-__all__ = ["DEFAULT_OBJECTIVE", "FRAMEWORK_GAP", "OBJECTIVES", "ClusterPlan", "compare_frameworks", "framework_advice",
+__all__ = ["DEFAULT_OBJECTIVE", "FRAMEWORK_GAP", "OBJECTIVES", "PlanReport", "compare_frameworks", "framework_advice",
            "framework_advice_for", "framework_block", "framework_names", "learned_block", "load_inventory",
            "load_recipe", "load_request", "plan_on", "train_steps"]

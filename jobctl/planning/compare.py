@@ -9,6 +9,7 @@ from jobctl.planner.plan import Plan
 from jobctl.planner.search import DEFAULT_OBJECTIVE, search
 from jobctl.planning.load import train_steps
 from jobctl.planning.plans import _Best, _best_on, _partitions, _workloads
+from jobctl.planning.report import PlanReport
 
 
 # A recipe's framework is "far slower" than another on the same GPUs beyond this step-time ratio.
@@ -25,18 +26,18 @@ def compare_frameworks(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJEC
     """The recipe planned with each framework on one inventory, as rows: {framework, feasible,
     gpus, layout, plan, step_time_s, tokens_per_s_per_gpu, memory_bytes, reason}. Each framework
     is the recipe's workload with that framework's capability table (the recipe is not read
-    again). `known`: {framework: plan report} already computed (not planned again)."""
+    again). `known`: {framework: PlanReport} already computed (not planned again)."""
     rows = []
     for name in framework_names():
-        data = (known or {}).get(name)
-        if data is None:
+        report = (known or {}).get(name)
+        if report is None:
             rows.append(_framework_row(name, _best_on(recipe_loaded.value, inv_loaded.value, objective, learn, name)))
             continue
         row = _framework_row(name, None)
-        if data["feasible"]:
-            _fill_row(row, data["plan"], data.get("estimate") or {}, data["memory"])
+        if report.feasible:
+            _fill_row(row, report.plan, report.estimate or {}, report.memory)
         else:
-            row["reason"] = (data.get("reasons") or ["does not fit"])[0]
+            row["reason"] = (report.reasons or ["does not fit"])[0]
         rows.append(row)
     return rows
 
@@ -61,7 +62,7 @@ def _fill_row(row: dict, plan: dict, est: dict, mem: dict) -> None:
                memory_bytes=mem["total_bytes"])
 
 
-def framework_advice_for(recipe_loaded, inv_loaded, current: str, report: dict, objective: str = DEFAULT_OBJECTIVE,
+def framework_advice_for(recipe_loaded, inv_loaded, current: str, report: PlanReport, objective: str = DEFAULT_OBJECTIVE,
                          learn: bool = True) -> list[str]:
     """framework_advice without planning every framework. When the recipe's framework fits,
     another is planned only if a search for its fastest plan, from a floor of FRAMEWORK_GAP x
@@ -69,11 +70,11 @@ def framework_advice_for(recipe_loaded, inv_loaded, current: str, report: dict, 
     faster has no plan (for any objective) that the advice would name. When it does not fit,
     every framework is planned (the advice names the fastest that fits)."""
     recipe, inv = recipe_loaded.value, inv_loaded.value
-    if not report["feasible"]:  # the fastest that fits: planned where anything fits at all
+    if not report.feasible:  # the fastest that fits: planned where anything fits at all
         rows = [_framework_row(name, _best_on(recipe, inv, objective, learn, name)) for name in framework_names()
                 if name != current and _fits_at_all(recipe, inv, learn, name)]
         return framework_advice(current, rows, False, None)
-    est = report.get("estimate") or {}
+    est = report.estimate or {}
     if not est.get("tokens_per_s"):
         return []
     floor = FRAMEWORK_GAP * est["tokens_per_s"]

@@ -19,7 +19,8 @@ from jobctl.planner.perf import estimate_step
 from jobctl.planner.plan import Plan
 from jobctl.planner.search import DEFAULT_OBJECTIVE, Candidate, SearchResult
 from jobctl.planning.load import train_steps
-from jobctl.planning.plans import ClusterPlan, _no_fit, _report
+from jobctl.planning.plans import fit_report, no_fit
+from jobctl.planning.report import PlanReport
 
 
 def _failed_on(recipe, inv, failed_plan: dict, partition: str | None):
@@ -44,7 +45,7 @@ def oom_calibration(recipe_loaded, inv_loaded, failed_plan: dict, figures: OOMFi
 
 def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, figures: OOMFigures | None = None,
               partition: str | None = None, history_plans: list[dict] | None = None,
-              prior: dict | None = None) -> ClusterPlan:
+              prior: dict | None = None) -> PlanReport:
     """The next plan after `failed_plan` ran out of memory on `partition` (the OOM ladder), as a
     plan report with a `ladder` block: which rung, why, and the calibration the failure taught
     (added to `prior`, the calibration of the attempts before it: the failed report's own
@@ -60,31 +61,29 @@ def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, figures: OOMFigures 
     except ValueError as e:
         raise UsageError(f"cannot step down from this plan: {e}") from None
     if step is None:
-        data = _no_fit(recipe_loaded, inv, None, ["the ladder is at its bottom: no plan on this partition that the "
-                                                  "framework runs predicts less memory than the failed one while "
-                                                  "keeping the global batch"], [], w)
-        data["partition"] = t.partition
-        return ClusterPlan(data, None, w, False)
+        return no_fit(recipe_loaded, inv, None, ["the ladder is at its bottom: no plan on this partition that the "
+                                                 "framework runs predicts less memory than the failed one while "
+                                                 "keeping the global batch"], [], w, t.partition)
 
     return _ladder_report(recipe_loaded, w, t, step, failed)
 
 
-def _ladder_report(recipe_loaded, w, t, step, failed: Plan) -> ClusterPlan:
+def _ladder_report(recipe_loaded, w, t, step, failed: Plan) -> PlanReport:
     """A ladder step as a plan report with its `ladder` block."""
     recipe = recipe_loaded.value
     est = estimate_step(w, step.plan, t.links, t.gpus_per_node, train_steps(recipe)) if t.links else None
 
     # the step as a search's result (one plan, nothing else considered), for the plan report
     res = SearchResult(target=t, best=Candidate(step.plan, step.memory, est), feasible_count=1)
-    data = _report(recipe_loaded, w, res, inputs.constraints(recipe), DEFAULT_OBJECTIVE, False, 0, why_not=False)
-    data["ladder"] = {"rung": step.rung, "reason": step.reason, "usable_bytes": step.usable_bytes,
-                      "calibrated_bytes": step.calibrated_bytes, "expected_to_fit": step.expected_to_fit,
-                      "calibration": step.calibration.to_dict() if step.calibration.points else None,
-                      "failed_plan": failed.to_dict()}
-    return ClusterPlan(data, res, w, True)
+    report = fit_report(recipe_loaded, w, res, inputs.constraints(recipe), DEFAULT_OBJECTIVE, False, 0, why_not=False)
+    report.ladder = {"rung": step.rung, "reason": step.reason, "usable_bytes": step.usable_bytes,
+                     "calibrated_bytes": step.calibrated_bytes, "expected_to_fit": step.expected_to_fit,
+                     "calibration": step.calibration.to_dict() if step.calibration.points else None,
+                     "failed_plan": failed.to_dict()}
+    return report
 
 
-def after_host_oom(recipe_loaded, inv_loaded, failed_plan: dict, partition: str | None = None) -> ClusterPlan:
+def after_host_oom(recipe_loaded, inv_loaded, failed_plan: dict, partition: str | None = None) -> PlanReport:
     """The next plan after `failed_plan` ran out of host memory on `partition`: less CPU
     offload (the GPU plan is not what ran out). Not feasible, with the reason, when nothing is
     offloaded."""
@@ -96,7 +95,5 @@ def after_host_oom(recipe_loaded, inv_loaded, failed_plan: dict, partition: str 
                "(data loader workers, prefetching, pinned buffers) is what to reduce, or ask for a partition with "
                "more RAM per node" if failed.offload == "none" else
                "the host ran out of memory, and bringing the offloaded states back does not fit the GPUs")
-        data = _no_fit(recipe_loaded, inv, None, [why], [], w)
-        data["partition"] = t.partition
-        return ClusterPlan(data, None, w, False)
+        return no_fit(recipe_loaded, inv, None, [why], [], w, t.partition)
     return _ladder_report(recipe_loaded, w, t, step, failed)

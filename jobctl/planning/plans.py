@@ -1,5 +1,5 @@
 """Plan a recipe on one inventory: search each partition, keep the best plan by the objective,
-and report it as plain data (the JSON contract) with the search that chose it.
+and report it (planning.report.PlanReport: the JSON contract, with the search that chose it).
 
 This is the edge between files and the pure planner; `cli.plan` renders its result.
 """
@@ -18,20 +18,11 @@ from jobctl.planner.memory import estimate
 from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
 from jobctl.planning.learn import learned_calibration
 from jobctl.planning.load import train_steps
-
-
-@dataclass
-class ClusterPlan:
-    """The outcome on one inventory, as plain data (the JSON contract) plus rich objects."""
-
-    data: dict
-    search: object = None
-    workload: object = None
-    feasible: bool = False
+from jobctl.planning.report import PlanReport
 
 
 def plan_on(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJECTIVE, explain: bool = False,
-            alternatives: int = 5, learn: bool = True, summary: bool = True) -> ClusterPlan:
+            alternatives: int = 5, learn: bool = True, summary: bool = True) -> PlanReport:
     """Search every partition of one inventory (or the pinned resources.partition) and keep
     the best plan by `objective`. With `learn`, the memory model of a partition where this
     workload (model, sequence length) ran out of GPU memory before is calibrated by what that
@@ -41,19 +32,18 @@ def plan_on(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJECTIVE, expla
     inv = inv_loaded.value
     best = _best_on(recipe, inv, objective, learn)
     if best.missing_partition:
-        return ClusterPlan(_no_fit(recipe_loaded, inv, None, [best.missing_partition], []))
+        return no_fit(recipe_loaded, inv, None, [best.missing_partition], [])
     cons, steps = inputs.constraints(recipe), train_steps(recipe)
-    if best.found:
-        w, tgt, res = best.workload, best.target, best.result
-        data = _report(recipe_loaded, w, res, cons, objective, explain, alternatives)
-        if summary:
-            data["objective_choice"] = objective_summary(w, tgt, cons, res, steps, every=explain)
-        if best.learned:  # the evidence itself, so a chain that OOMs again builds on it
-            data["learned"]["calibration"] = {k: v for k, v in best.learned.items() if k != "from"}
-        return ClusterPlan(data, res, w, True)
     w, tgt, res = best.workload, best.target, best.result
+    if best.found:
+        report = fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives)
+        if summary:
+            report.objective_choice = objective_summary(w, tgt, cons, res, steps, every=explain)
+        if best.learned:  # the evidence itself, so a chain that OOMs again builds on it
+            report.learned["calibration"] = {k: v for k, v in best.learned.items() if k != "from"}
+        return report
     tips = suggestions(w, tgt, cons, res) if not res.reasons or res.considered else []
-    return ClusterPlan(_no_fit(recipe_loaded, inv, res, res.reasons, tips, w), res, w, False)
+    return no_fit(recipe_loaded, inv, res, res.reasons, tips, w)
 
 
 @dataclass
@@ -131,38 +121,30 @@ def _candidate(c, w, t) -> dict:
     return {"plan": c.plan.to_dict(), "memory": mem.to_dict(), "estimate": c.estimate.to_dict() if c.estimate else None}
 
 
-def _report(recipe_loaded, w, res, cons, objective, explain, alternatives, why_not: bool = True) -> dict:
+def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, why_not: bool = True) -> PlanReport:
     """The plan report of a search's best plan (`why_not`: with the lines saying why the other
     values of each dimension lost, which take more searches)."""
     best = res.best
     t = res.target
-    out = {
-        "recipe": recipe_loaded.path,
-        "cluster": t.cluster,
-        "partition": t.partition,
-        "gpu": t.gpu.key,
-        "feasible": True,
-        "objective": objective,
-        "model": _model_info(w),
-        "train": {"seq_len": w.seq_len, "global_batch_size": w.global_batch_size, "optimizer": w.optimizer,
-                  "precision": w.precision, "method": w.method, "framework": w.framework.name, "attention": w.attention},
-        "plan": best.plan.to_dict(),
-        "framework": framework_block(w, best.plan),
-        "memory": best.memory.to_dict(),
-        "estimate": best.estimate.to_dict() if best.estimate else None,
-        "alternatives": [_candidate(c, w, t) for c in res.ranked[1:1 + alternatives]],
-        "why_not": why_lost(w, t, cons, res, objective) if why_not else [],
-        "search": {"considered": res.considered, "feasible": res.feasible_count, "rejected": dict(res.rejected)},
-        "reasons": [],
-        "suggestions": [],
-    }
+    memory = best.memory.to_dict()
+    report = PlanReport(
+        recipe=recipe_loaded.path, cluster=t.cluster, partition=t.partition, gpu=t.gpu.key, feasible=True,
+        objective=objective, model=_model_info(w),
+        train={"seq_len": w.seq_len, "global_batch_size": w.global_batch_size, "optimizer": w.optimizer,
+               "precision": w.precision, "method": w.method, "framework": w.framework.name, "attention": w.attention},
+        plan=best.plan.to_dict(), framework=framework_block(w, best.plan), memory=memory,
+        estimate=best.estimate.to_dict() if best.estimate else None,
+        alternatives=[_candidate(c, w, t) for c in res.ranked[1:1 + alternatives]],
+        why_not=why_lost(w, t, cons, res, objective) if why_not else [],
+        search={"considered": res.considered, "feasible": res.feasible_count, "rejected": dict(res.rejected)},
+        result=res, workload=w)
     if w.overheads.learned_from:
-        out["learned"] = learned_block(w)
+        report.learned = learned_block(w)
     if explain:
-        out["explain"] = explain_search(res)
-        out["explain"]["memory_checks"] = memory_checks(w, best.plan, out["memory"]["terms"])
-        out["explain"]["memory_evidence"] = MEMORY_EVIDENCE
-    return out
+        report.explain = explain_search(res)
+        report.explain["memory_checks"] = memory_checks(w, best.plan, memory["terms"])
+        report.explain["memory_evidence"] = MEMORY_EVIDENCE
+    return report
 
 
 def framework_block(w, plan) -> dict:
@@ -176,23 +158,17 @@ def learned_block(w) -> dict:
     return {"from": o.learned_from, "fixed_gap_bytes": o.learned_gap_bytes, "per_scaling": o.learned_per_scaling}
 
 
-def _no_fit(recipe_loaded, inv, res, reasons, tips, w=None) -> dict:
+def no_fit(recipe_loaded, inv, res, reasons, tips, w=None, partition: str | None = None) -> PlanReport:
+    """The report of a recipe that does not fit (`res`: the search that says why, with the
+    layout that came closest; `partition`: where, when there was no search)."""
     closest = res.closest if res is not None else None
-    out = {
-        "recipe": recipe_loaded.path,
-        "cluster": inv.name,
-        "partition": res.target.partition if res is not None else None,
-        "gpu": res.target.gpu.key if res is not None else None,
-        "feasible": False,
-        "model": _model_info(w) if w is not None else None,
-        "plan": None,
-        "memory": None,
-        "closest": {"plan": closest.plan.to_dict(), "memory": closest.memory.to_dict()} if closest else None,
-        "search": {"considered": res.considered, "feasible": 0, "rejected": dict(res.rejected)} if res else None,
-        "reasons": list(reasons),
-        "suggestions": list(tips),
-    }
-    return out
+    return PlanReport(
+        recipe=recipe_loaded.path, cluster=inv.name, partition=res.target.partition if res is not None else partition,
+        gpu=res.target.gpu.key if res is not None else None, feasible=False,
+        model=_model_info(w) if w is not None else None,
+        closest={"plan": closest.plan.to_dict(), "memory": closest.memory.to_dict()} if closest else None,
+        search={"considered": res.considered, "feasible": 0, "rejected": dict(res.rejected)} if res else None,
+        reasons=list(reasons), suggestions=list(tips), result=res, workload=w)
 
 
 def gib(x: float) -> float:
