@@ -4,9 +4,7 @@ and CANCELLED recorded in the history."""
 from __future__ import annotations
 
 from jobctl import ui
-from jobctl.jobs.cancel import cancel_records
-from jobctl.jobs.status import resolve
-from jobctl.store.history import History
+from jobctl.jobs.commands import cancel_jobs
 
 HELP = "cancel jobs (scancel for Slurm, a signal for local jobs) and record it"
 EPILOG = """examples:
@@ -25,11 +23,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-
-    with History.open() as history:
-        records = resolve(history, args.jobs)  # all known, or nothing is cancelled
-        results = cancel_records(history, records, say=ui.info)
-    ordered = [results[r.id] for r in records]  # in the order asked
+    ordered = cancel_jobs(args.jobs, say=ui.info)  # all known, or nothing is cancelled; in the order asked
     if args.as_json:
         ui.print_json(ordered)
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jobctl import ui
 from jobctl.errors import EXIT_OK, EXIT_STATE
-from jobctl.store.history import check_file, reset_file
+from jobctl.jobs.commands import check_history
 
 HELP = "check the history database; with --reset, move a damaged one aside"
 EPILOG = """examples:
@@ -25,10 +25,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    report = check_file()
-    if args.reset:
-        moved = reset_file()
-        report["reset_to"] = str(moved) if moved else None
+    report = check_history(args.reset)
     if args.as_json:
         ui.print_json(report)
     else:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from jobctl import ui
 from jobctl.errors import UsageError
-from jobctl.jobs.status import job_row
+from jobctl.jobs.commands import history_rows
 from jobctl.model import parse_state
-from jobctl.store.history import History
 
 HELP = "list past jobs from the history (no scheduler call), newest first"
 EPILOG = """examples:
@@ -33,17 +32,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-
     if args.limit < 0:
         raise UsageError(f"--limit {args.limit}: expected 0 (all) or a positive number")
     states = [parse_state(s) for item in args.state for s in item.split(",") if s.strip()] or None
-    with History.open() as history:
-        limit = None if args.limit == 0 else args.limit
-        records = history.list(recipe=args.recipe, state=states, cluster=args.cluster,
-                               limit=None if limit is None else limit + 1)
-        more = limit is not None and len(records) > limit
-        records = records[:limit]
-        rows = [job_row(history, r) for r in records]
+    limit = None if args.limit == 0 else args.limit
+    rows, more = history_rows(args.recipe, states, args.cluster, limit)
     if args.as_json:
         ui.print_json(rows)
         return 0

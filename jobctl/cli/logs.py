@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from jobctl import ui
 from jobctl.errors import EXIT_INTERRUPTED
-from jobctl.jobs.logs import follow, log_paths, no_log, open_tails
-from jobctl.jobs.status import resolve, sync_copies
-from jobctl.store.history import History
+from jobctl.jobs.commands import show_logs
 
 HELP = "print a job's log (logs/node-N.log in its folder); -f follows it until the job ends"
 EPILOG = """examples:
@@ -27,22 +25,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-
     try:
-        with History.open() as history:
-            rec = resolve(history, [args.job])[0]
-            sync_copies(history, [rec])  # a remote job: copy what changed in its folder
-            rec = history.get(rec.id)
-            paths = log_paths(rec, args.node)
-            if args.follow and not rec.terminal:
-                rec = follow(history, rec, paths, args.node, ui.raw, ui.info)
-                ui.info(f"#{rec.id}: {rec.state.value}" + (f" ({rec.ending})" if rec.ending else ""))
-                return 0
-            tails = open_tails(paths, ui.info)
-            if not tails:
-                raise no_log(rec, args.node, paths)
-            for t in tails:
-                t.pump(ui.raw)
-            return 0
+        show_logs(args.job, args.node, args.follow, ui.raw, ui.info)
+        return 0
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED  # Ctrl-C while following: the usual way out, nothing to report

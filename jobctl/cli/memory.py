@@ -40,7 +40,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-
     result = calculate(
         params=args.params, model_size_gb=args.model_size_gb, model=args.model, gpu_memory_gb=args.gpu_memory_gb,
         num_gpus=args.num_gpus, optimizer=args.optimizer, precision=args.precision, zero_stage=args.zero_stage,

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from jobctl import ui
 from jobctl.errors import EXIT_OK, UsageError
+from jobctl.jobs.commands import job_report
 from jobctl.jobs.memory import memory_series
-from jobctl.jobs.report import build
-from jobctl.jobs.status import resolve
-from jobctl.store.history import History
 
 HELP = "predicted vs measured GPU memory of a job, and its attempt chain (--plot PNG)"
 EPILOG = """examples:
@@ -39,9 +37,7 @@ def run(args) -> int:
         import_pyplot()  # fail before any work when the optional extra is missing
         if not Path(args.plot).expanduser().resolve().parent.is_dir():
             raise UsageError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist")
-    with History.open() as history:
-        (record,) = resolve(history, [args.job])
-        rep, samples = build(history, record)
+    rep, samples = job_report(args.job)
     if args.plot:
         series = memory_series(samples)
         if series:

@@ -5,11 +5,8 @@ a CUDA out-of-memory. Everything comes from the job's folder; the failure figure
 from __future__ import annotations
 
 from jobctl import ui
-from jobctl.errors import EXIT_OK, UsageError
-from jobctl.jobs.requeue import requeue
-from jobctl.jobs.status import resolve
-from jobctl.jobs.watch import wait_for
-from jobctl.store.history import History
+from jobctl.errors import UsageError
+from jobctl.jobs.commands import requeue_job
 
 HELP = "submit a job again as a new attempt: the same plan, or --smaller (the OOM ladder's next)"
 EPILOG = """examples:
@@ -38,24 +35,15 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-
     if args.tried_to_allocate is not None:
         if not args.smaller:
             raise UsageError("--tried-to-allocate goes with --smaller", hint="jobctl requeue JOB --smaller "
                              "--tried-to-allocate GIB")
         if not 0 < args.tried_to_allocate < 1 << 20:
             raise UsageError(f"--tried-to-allocate: expected a positive size in GiB, got {args.tried_to_allocate}")
-    with History.open() as history:
-        (record,) = resolve(history, [args.job])
-        tried = None if args.tried_to_allocate is None else int(args.tried_to_allocate * (1 << 30))
-        say = (lambda text: None) if args.as_json else ui.info
-        out, res = requeue(history, record, smaller=args.smaller, tried_to_allocate_bytes=tried, say=say)
-        if not args.as_json:
-            ui.info(f"#{out['jobctl_id']}: attempt {out['attempt']}, parent #{record.id}"
-                    + (f"; {out['rung']}: {out['reason']}" if out["rung"] else "; the same plan"))
-        code = EXIT_OK
-        if args.wait:
-            code = wait_for([res], history, say=None if args.as_json else ui.info)
+    tried = None if args.tried_to_allocate is None else int(args.tried_to_allocate * (1 << 30))
+    out, code = requeue_job(args.job, smaller=args.smaller, tried_to_allocate_bytes=tried, wait=args.wait,
+                            say=None if args.as_json else ui.info)
     if args.as_json:
         ui.print_json(out)
     elif not args.wait:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from jobctl import ui
 from jobctl.errors import UsageError
-from jobctl.jobs.status import job_row, refresh_live, select
-from jobctl.store.history import History
+from jobctl.jobs.commands import status_rows
 
 HELP = "show jobs with fresh states from the scheduler (one query for all)"
 EPILOG = """examples:
@@ -31,15 +30,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-
     if args.limit < 0:
         raise UsageError(f"--limit {args.limit}: expected 0 or a positive number")
-    with History.open() as history:
-        records = select(history, args.jobs, args.limit)
-        with ui.progress(f"asking the scheduler about {len(records)} job(s)"):
-            current = refresh_live(history, records)
-        records = [history.get(r.id) for r in records]  # the states just recorded
-        rows = [job_row(history, r, current.get(r.id)) for r in records]
+    with ui.progress("asking the schedulers"):
+        rows = status_rows(args.jobs, args.limit)
     if args.as_json:
         ui.print_json(rows)
         return 0

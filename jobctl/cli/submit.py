@@ -7,26 +7,11 @@ import re
 
 from jobctl import ui
 from jobctl.errors import EXIT_BACKEND, EXIT_NO_FIT, EXIT_OK, UsageError
-from jobctl.jobs import placement
-from jobctl.jobs.submission import (
-    dry_run,
-    prepare,
-    redact,
-    secrets,
-    submit,
-    sweep_notes,
-)
-from jobctl.jobs.watch import wait_for
+from jobctl.jobs.commands import submit_jobs
+from jobctl.jobs.requests import prepare_request, render_request, submission_token
+from jobctl.jobs.submission import sweep_notes
 from jobctl.model import RetryPolicy
-from jobctl.planning import (
-    DEFAULT_OBJECTIVE,
-    OBJECTIVES,
-    load_inventory,
-    load_recipe,
-    plan_on,
-)
-from jobctl.remote.client import new_token
-from jobctl.store.history import History
+from jobctl.planning import DEFAULT_OBJECTIVE, OBJECTIVES, load_inventory
 
 HELP = "plan and submit a recipe (Slurm through submitit, or this machine)"
 EPILOG = """examples:
@@ -73,23 +58,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON on stdout")
 
 
-def sweep_combinations(sweeps: list[str]) -> list[list[str]]:
-    """--sweep a=1,2 --sweep b=x,y -> [[a=1, b=x], [a=1, b=y], [a=2, b=x], [a=2, b=y]]."""
-    axes = []
-    for item in sweeps:
-        if "=" not in item or item.startswith("="):
-            raise UsageError(f"--sweep {item!r}: expected key=value1,value2", hint="e.g. --sweep train.lr=1e-4,3e-4")
-        key, values = item.split("=", 1)
-        vals = [v for v in values.split(",") if v != ""]
-        if not vals:
-            raise UsageError(f"--sweep {item!r}: no values after '='")
-        axes.append([f"{key}={v}" for v in vals])
-    return [list(c) for c in itertools.product(*axes)] if axes else [[]]
-
-
 def run(args) -> int:
-    from dataclasses import replace
-
     if args.check and not args.dry_run:
         raise UsageError("--check goes with --dry-run", hint="jobctl submit RECIPE -c CLUSTER --dry-run --check")
     if not 1 <= args.max_attempts <= 100:
@@ -98,46 +67,23 @@ def run(args) -> int:
                                         memory_snapshot=args.memory_snapshot)
     inv = load_inventory(args.cluster)
     ui.notes(inv)
-    remote = inv.value.login is not None
-    if args.sync and not remote:
+    if args.sync and inv.value.login is None:
         raise UsageError(f"--sync is for clusters reached over SSH; {inv.value.name!r} has no `login:` block",
                          hint="run the job from this directory instead (its command runs where jobctl is started)")
-    if args.token is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", args.token):
-        raise UsageError(f"--token {args.token!r}: expected 1 to 128 letters, digits, '.', '_' or '-'")
-    token = args.token or new_token()
-    subs = []
-    combos = sweep_combinations(args.sweep)
-    sweep_id = new_token()[:12] if len(combos) > 1 else None
-    for combo in combos:
-        overrides = list(args.overrides) + combo
-        rec = load_recipe(args.recipe, overrides)
-        ui.notes(rec)
-        with ui.progress(f"planning {rec.path} on {inv.value.name}"):
-            report = plan_on(rec, inv, objective=args.objective, alternatives=0, summary=False)
-        if not report.feasible:
-            if args.as_json:
-                ui.print_json(report.to_dict())
-            else:
-                ui.render_plan(report.to_dict())
-            return EXIT_NO_FIT
-        sub = prepare(rec, inv, report.to_dict(), overrides)
-        sub.sweep_id = sweep_id
-        sub.policy = replace(policy, hooks=sub.policy.hooks)  # hooks: the recipe's launch.hooks
-        subs.append(sub)
-    for note in sweep_notes(subs, args.sweep) if args.sweep else ():
+    token = submission_token(args.token)
+    with ui.progress(f"planning {args.recipe} on {inv.value.name}") as shown:
+        req = prepare_request(args.recipe, args.overrides, args.sweep, inv, policy, args.objective,
+                              loaded=ui.notes, planning=shown.update)
+    if req.no_fit is not None:
+        ui.print_json(req.no_fit.to_dict()) if args.as_json else ui.render_plan(req.no_fit.to_dict())
+        return EXIT_NO_FIT
+    for note in sweep_notes(req.submissions, args.sweep) if args.sweep else ():
         ui.info(note)
     if args.dry_run:
-        with ui.progress(f"rendering {len(subs)} job(s)" + (" on the login node" if remote else "")):
-            if remote:  # rendered on the login node: its python, paths and sbatch
-                for i, sub in enumerate(subs):
-                    sub.token = token if len(subs) == 1 else f"{token}.{i}"
-                out = placement.remote_for_inventory(inv, None).submit(subs, token=token, sync_dir=args.sync,
-                                                                        dry_run=True, check=args.check)
-            else:
-                out = dry_run(subs, check=args.check)
-        if not args.show_secrets:
-            hidden = {k: v for sub in subs for k, v in secrets(sub).items()}
-            out = [redact(o, hidden) for o in out]
+        where = " on the login node" if inv.value.login is not None else ""
+        with ui.progress(f"rendering {len(req.submissions)} job(s){where}"):
+            out = render_request(req.submissions, inv, token=token, sync_dir=args.sync, check=args.check,
+                                 show_secrets=args.show_secrets)
         if args.as_json:
             ui.print_json(out if len(out) > 1 else out[0])
         else:
@@ -146,9 +92,7 @@ def run(args) -> int:
             return EXIT_BACKEND
         return EXIT_OK
     say = None if args.as_json else ui.info
-    with History.open() as history:
-        results = submit(subs, inv, history, token=token, sync_dir=args.sync, progress=say)
-        code = wait_for(results, history, say=say) if args.wait else EXIT_OK
+    results, code = submit_jobs(req.submissions, inv, token=token, sync_dir=args.sync, wait=args.wait, say=say)
     if args.as_json:
         ui.print_json(results)
     elif not args.wait:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from jobctl import ui
 from jobctl.errors import EXIT_JOB_FAILED, EXIT_OK, UsageError
-from jobctl.jobs.watch import Watcher, follow, pick
-from jobctl.store.history import History
+from jobctl.jobs.commands import watch_live, watch_snapshot
 
 HELP = "watch a job live: state, GPU memory vs the plan, its OOM retries"
 EPILOG = """examples:
@@ -37,19 +36,18 @@ def run(args) -> int:
 
     if not args.interval_s > 0:
         raise UsageError(f"--interval-s {args.interval_s}: expected a positive number of seconds")
-    with History.open() as history:
-        record = pick(history, args.job)
-        if record is None:
-            if args.as_json:
-                ui.print_json(None)
-            ui.info("no active job to watch (name one: jobctl watch JOB; `jobctl history` lists them)")
-            return EXIT_OK
-        if args.as_json or args.once or not sys.stdout.isatty():
-            snap = Watcher(history, record).poll()
-            if args.as_json:
-                ui.print_json(snap)
-            else:
-                ui.render_watch(snap)
-            return EXIT_JOB_FAILED if snap["ended"] and not snap["completed"] else EXIT_OK
-        with ui.live_watch() as show:
-            return follow(history, record, args.interval_s, show)
+    once = args.as_json or args.once or not sys.stdout.isatty()
+    snap = watch_snapshot(args.job) if once else None
+    code = None if once else watch_live(args.job, args.interval_s, ui.live_watch)
+    if snap is None and code is None:
+        if args.as_json:
+            ui.print_json(None)
+        ui.info("no active job to watch (name one: jobctl watch JOB; `jobctl history` lists them)")
+        return EXIT_OK
+    if not once:
+        return code
+    if args.as_json:
+        ui.print_json(snap)
+    else:
+        ui.render_watch(snap)
+    return EXIT_JOB_FAILED if snap["ended"] and not snap["completed"] else EXIT_OK
