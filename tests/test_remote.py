@@ -1,4 +1,5 @@
-"""jobctl.remote.ssh against a real OpenSSH sshd on 127.0.0.1 (a free port), started by this module.
+"""jobctl.remote.ssh, with its files, tree sync and the version check, against a real OpenSSH sshd
+on 127.0.0.1 (a free port), started by this module.
 
 The session fixture `sshd` (root only; skips otherwise unless JOBCTL_REQUIRE_SLURM is set)
 installs openssh-server if needed, creates the user `jobctl-rtest`, makes host and client
@@ -26,8 +27,10 @@ from pydantic import ValidationError
 
 from jobctl.config.schema import Inventory, Login
 from jobctl.errors import ConfigError, InfeasibleError, SchedulerError, UsageError
+from jobctl.remote.client import check_version, remote_version
 from jobctl.remote.protocol import error_from_payload
-from jobctl.remote.ssh import MANIFEST, Remote
+from jobctl.remote.ssh import Remote
+from jobctl.remote.sync import MANIFEST, sync_tree
 
 SSHD = "/usr/sbin/sshd"
 
@@ -309,8 +312,8 @@ def test_one_connection_serves_many_commands(sshd):
         transport = r._client.get_transport()
         for i in range(15):
             assert r.run(["echo", str(i)], idempotent=True).stdout == f"{i}\n"
-        r.put_text("x", "rtest/reuse.txt")
-        assert r.get_text("rtest/reuse.txt") == "x"
+        r.files.put_text("x", "rtest/reuse.txt")
+        assert r.files.get_text("rtest/reuse.txt") == "x"
         assert r.json_command(["python3", "-c", "print(42)"], idempotent=True) == 42
         assert r.connect_count == 1 and r._client.get_transport() is transport
     for _ in range(50):  # sshd's log is written by another process
@@ -348,13 +351,13 @@ def test_drop_during_idempotent_command_is_retried(sshd):
 
 def test_drop_during_non_idempotent_command_is_not_retried(sshd):
     with Remote(sshd.login()) as r:
-        r.makedirs("rtest")
-        r.put_text("", "rtest/count")
+        r.files.makedirs("rtest")
+        r.files.put_text("", "rtest/count")
         _drop_soon(r)
         with pytest.raises(SchedulerError) as ei:
             r.run(["sh", "-c", "echo ran >> ~/rtest/count; sleep 1.5"], idempotent=False)
         assert ei.value.exit_code == 5 and "may or may not have run" in ei.value.message
-        assert r.get_text("rtest/count") == "ran\n"  # it did run, once: a blind retry would have doubled it
+        assert r.files.get_text("rtest/count") == "ran\n"  # it did run, once: a blind retry would have doubled it
 
 
 def test_unreachable_host_and_bounded_retries(sshd):
@@ -410,22 +413,23 @@ def test_error_from_payload_by_exit_code():
 def test_sftp_round_trip(sshd, tmp_path):
     with Remote(sshd.login()) as r:
         assert r.workdir == str(sshd.home / "jobctl")
-        path = r.put_text("héllo\n$(x)\n", "rtest/a/b/c.txt")
+        path = r.files.put_text("héllo\n$(x)\n", "rtest/a/b/c.txt")
         assert path == str(sshd.home / "rtest/a/b/c.txt")
-        assert r.get_text("~/rtest/a/b/c.txt") == "héllo\n$(x)\n"
+        assert r.files.get_text("~/rtest/a/b/c.txt") == "héllo\n$(x)\n"
         st = os.stat(path)
         assert st.st_mode & 0o777 == 0o600 and st.st_uid == pwd.getpwnam(USER).pw_uid
-        r.put_text("v2", path, mode=0o640)  # absolute path, overwrite
-        assert r.get_text(path) == "v2" and os.stat(path).st_mode & 0o777 == 0o640
+        r.files.put_text("v2", path, mode=0o640)  # absolute path, overwrite
+        assert r.files.get_text(path) == "v2" and os.stat(path).st_mode & 0o777 == 0o640
         blob = tmp_path / "run.sh"
         blob.write_bytes(bytes(range(256)) * 1000)
         blob.chmod(0o755)
-        dest = r.put_file(blob, "rtest/bin/run.sh")
+        dest = r.files.put_file(blob, "rtest/bin/run.sh")
         assert Path(dest).read_bytes() == blob.read_bytes() and os.stat(dest).st_mode & 0o777 == 0o755
-        assert r.makedirs("rtest/x/y/z") == str(sshd.home / "rtest/x/y/z") and Path(sshd.home / "rtest/x/y/z").is_dir()
-        assert r.get_text("rtest/missing", missing_ok=True) is None
+        assert r.files.makedirs("rtest/x/y/z") == str(sshd.home / "rtest/x/y/z")
+        assert Path(sshd.home / "rtest/x/y/z").is_dir()
+        assert r.files.get_text("rtest/missing", missing_ok=True) is None
         with pytest.raises(SchedulerError, match="cannot read"):
-            r.get_text("rtest/missing")
+            r.files.get_text("rtest/missing")
         assert not list((sshd.home / "rtest").rglob("*.jobctl-tmp"))
 
 
@@ -449,8 +453,8 @@ def test_sync_tree_sends_only_changes_and_respects_gitignore(sshd, tmp_path):
     _git(tree, "add", "a.py", "pkg", ".gitignore")
     remote_root = sshd.home / "rtest/tree"
     with Remote(sshd.login()) as r:
-        r.put_text("mine\n", "rtest/tree/outputs/keep.txt")  # not sent by sync: never touched
-        first = r.sync_tree(tree, "rtest/tree")
+        r.files.put_text("mine\n", "rtest/tree/outputs/keep.txt")  # not sent by sync: never touched
+        first = sync_tree(r, tree, "rtest/tree")
         assert (first.uploaded, first.unchanged, first.deleted, first.skipped) == (7, 0, 0, 0)
         assert first.bytes_uploaded > 300_000
         assert not (remote_root / "run.log").exists() and not (remote_root / "build").exists()
@@ -458,7 +462,7 @@ def test_sync_tree_sends_only_changes_and_respects_gitignore(sshd, tmp_path):
         assert os.stat(remote_root / "run.sh").st_mode & 0o777 == 0o755
         assert (remote_root / MANIFEST).is_file()
 
-        second = r.sync_tree(tree, "rtest/tree")
+        second = sync_tree(r, tree, "rtest/tree")
         assert (second.uploaded, second.unchanged, second.deleted) == (0, 7, 0)
 
         (tree / "a.py").write_text("print('changed')\n")
@@ -466,13 +470,13 @@ def test_sync_tree_sends_only_changes_and_respects_gitignore(sshd, tmp_path):
         os.utime(tree / "pkg/mod.py", (later, later))  # touched, same content: not sent
         (tree / "pkg/extra.py").write_text("y = 2\n")
         (tree / "new.txt").unlink()
-        third = r.sync_tree(tree, "rtest/tree")
+        third = sync_tree(r, tree, "rtest/tree")
         assert (third.uploaded, third.unchanged, third.deleted) == (2, 5, 1)
         assert (remote_root / "a.py").read_text() == "print('changed')\n"
         assert not (remote_root / "new.txt").exists()
 
         (remote_root / "pkg/mod.py").unlink()  # removed behind jobctl's back: sent again
-        fourth = r.sync_tree(tree, "rtest/tree")
+        fourth = sync_tree(r, tree, "rtest/tree")
         assert (fourth.uploaded, fourth.unchanged) == (1, 6)
         assert (remote_root / "outputs/keep.txt").read_text() == "mine\n"
         assert r.connect_count == 1
@@ -481,7 +485,7 @@ def test_sync_tree_sends_only_changes_and_respects_gitignore(sshd, tmp_path):
         (plain / "sub").mkdir(parents=True)
         for rel in (".gitignore", "x.log", "sub/y.txt"):
             (plain / rel).write_text("*.log\n")
-        res = r.sync_tree(plain, "rtest/plain")
+        res = sync_tree(r, plain, "rtest/plain")
         assert res.uploaded == 3 and (sshd.home / "rtest/plain/x.log").exists()
 
 
@@ -515,7 +519,7 @@ Host inlinejump
         seen = r.run(["sh", "-c", "echo $SSH_CONNECTION"], idempotent=True).stdout.split()
         assert seen[0] == "127.0.0.1" and int(seen[1]) != jump_port  # the target's client is the jump host's sshd
         assert r.run(["whoami"], idempotent=True).stdout == f"{USER}\n"
-        assert r.get_text("rtest/none", missing_ok=True) is None  # SFTP through the jump too
+        assert r.files.get_text("rtest/none", missing_ok=True) is None  # SFTP through the jump too
     # Inline ProxyJump; the jump host uses the login's key; explicit login values win over the config.
     login = Login(host="inlinejump", user=USER, key_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts),
                   ssh_config=str(cfg))
@@ -526,16 +530,16 @@ Host inlinejump
 def test_version_check(sshd):
     script = '#!/bin/sh\n[ "$*" = "-m jobctl --version" ] && echo "jobctl 0.0.9" && exit 0\nexit 2\n'
     with Remote(sshd.login(remote_python="~/rtest/bin/fakepy"), cluster="rtest") as r:
-        r.put_text(script, "rtest/bin/fakepy", mode=0o700)
-        assert r.remote_version() == "0.0.9"
-        assert r.check_version("0.0.9") == "0.0.9"
+        r.files.put_text(script, "rtest/bin/fakepy", mode=0o700)
+        assert remote_version(r) == "0.0.9"
+        assert check_version(r, "0.0.9") == "0.0.9"
         with pytest.raises(UsageError) as ei:
-            r.check_version("0.1.0")
+            check_version(r, "0.1.0")
         assert "remote jobctl 0.0.9 != local 0.1.0" in ei.value.message
         assert "`jobctl remote bootstrap rtest`" in ei.value.hint
     with Remote(sshd.login(remote_python="python3"), cluster="rtest") as r:  # no jobctl for that user
         with pytest.raises(UsageError, match="jobctl is not usable") as ei:
-            r.remote_version()
+            remote_version(r)
         assert "jobctl remote bootstrap rtest" in ei.value.hint
 
 
@@ -562,7 +566,7 @@ def test_no_key_material_in_logs_or_repr(sshd, caplog, tmp_path):
     texts = []
     with Remote(sshd.login()) as r:
         r.run(["true"], idempotent=True)
-        r.put_text("t", "rtest/secretless")
+        r.files.put_text("t", "rtest/secretless")
         texts += [repr(r), str(r)]
     locked = _keygen(tmp_path / "locked", passphrase="s3cret-pass")
     empty = tmp_path / "kh"

@@ -1,1 +1,2 @@
-"""Clusters reached over SSH: the paramiko transport, the wire format, the laptop's side."""
+"""Clusters reached over SSH: the paramiko transport (ssh, keys, sshconfig), files and tree sync
+over it (files, sync), the wire format (protocol), the laptop's side (client, bootstrap)."""

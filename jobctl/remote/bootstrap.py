@@ -14,7 +14,7 @@ import shlex
 
 from jobctl import __version__
 from jobctl.errors import SchedulerError, UsageError
-from jobctl.remote.client import check_same_jobctl
+from jobctl.remote.client import check_same_jobctl, python_argv
 
 PIP_TIMEOUT_S = 1200.0
 
@@ -75,8 +75,8 @@ def install(remote, say) -> dict:
         wheel = build_wheel(tmp)
         target = posixpath.join(remote.workdir, "wheels", os.path.basename(wheel))
         say(f"uploading {os.path.basename(wheel)} to {remote}:{target}")
-        remote.put_file(wheel, target, mode=0o644)
-    python = remote.python_argv()
+        remote.files.put_file(wheel, target, mode=0o644)
+    python = python_argv(remote)
     probe = remote.run([*python, "-c", "import sys; print(sys.prefix)"], idempotent=True, timeout_s=120)
     created = None
     if probe.rc != 0:
@@ -104,7 +104,7 @@ def check(remote, sbatch_version: str, say) -> dict:
 
     version = check_same_jobctl(remote)
     say(f"{remote}: jobctl {version} (the same build as here), {sbatch_version}")
-    return {"remote_version": version, "local_version": __version__, "remote_python": shlex.join(remote.python_argv()),
+    return {"remote_version": version, "local_version": __version__, "remote_python": shlex.join(python_argv(remote)),
             "sbatch": sbatch_version}
 
 

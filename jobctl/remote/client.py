@@ -2,7 +2,9 @@
 
 A cluster whose inventory has a `login:` block is driven through its login node: jobctl runs
 itself there (`jobctl remote agent ACTION`, jobctl.jobs.agent) as short-lived commands answering
-JSON, over one connection per cluster for the whole command (`session`), version-checked once.
+JSON, over one connection per cluster for the whole command (`session`), version-checked once:
+`python_argv` is the login block's python, `remote_version` what `python -m jobctl --version`
+says there, `check_same_jobctl` refuses anything but this very build.
 
 The login node's history is the source of truth for its jobs (their in-job OOM recovery
 writes there). This history mirrors it: each remote job has a row here with the same
@@ -18,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
+import shlex
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -75,6 +79,40 @@ def session(cluster: str, inventory):
     return remote
 
 
+def python_argv(remote, remote_python: str | None = None) -> list[str]:
+    """login.remote_python as argv (it may be several words, e.g. `conda run -n env python`), ~ expanded."""
+    argv = shlex.split(remote_python or remote.login.remote_python)
+    if not argv:
+        raise UsageError("login.remote_python is empty", hint="set it to the python that has jobctl installed")
+    if argv[0] == "~" or argv[0].startswith("~/"):
+        argv[0] = remote.files.remote_path(argv[0])
+    return argv
+
+
+def remote_version(remote, remote_python: str | None = None) -> str:
+    """The version of `remote_python -m jobctl --version` on the login node."""
+    argv = [*python_argv(remote, remote_python), "-m", "jobctl", "--version"]
+    res = remote.run(argv, idempotent=True, timeout_s=120)
+    m = re.fullmatch(r"jobctl (\S+)", res.stdout.strip())
+    if res.rc != 0 or not m:
+        why = (res.stderr.strip().splitlines() or res.stdout.strip().splitlines() or [f"exit code {res.rc}"])[-1]
+        raise UsageError(f"jobctl is not usable with `{shlex.join(argv[:-3])}` on {remote}: {why[:300]}",
+                         hint=f"run `jobctl remote bootstrap {remote.cluster}`, or set login.remote_python to a "
+                         "python that has jobctl")
+    return m.group(1)
+
+
+def check_version(remote, local: str | None = None) -> str:
+    """The remote jobctl version; UsageError unless it equals `local` (default: this jobctl's)."""
+    if local is None:
+        local = __version__
+    version = remote_version(remote)
+    if version != local:
+        raise UsageError(f"remote jobctl {version} != local {local} on {remote}",
+                         hint=f"run `jobctl remote bootstrap {remote.cluster}` to install jobctl {local} there")
+    return version
+
+
 def check_same_jobctl(remote) -> str:
     """Refuse (UsageError, exit 2) unless the login node runs this very jobctl: the same
     version, built from the same sources (agent.source_digest); returns the version."""
@@ -82,7 +120,7 @@ def check_same_jobctl(remote) -> str:
     try:
         answer = agent(remote, "version", {})
     except JobctlError:
-        remote.check_version()  # no jobctl there, or one without the agent: say which, and how to fix it
+        check_version(remote)  # no jobctl there, or one without the agent: say which, and how to fix it
         raise
     if answer.get("version") != __version__:
         raise UsageError(f"remote jobctl {answer.get('version')} != local {__version__} on {remote}",
@@ -103,7 +141,7 @@ def close_all() -> None:
 def agent(remote, action: str, request: dict, *, timeout_s: float = 600.0):
     """Run `jobctl remote agent ACTION` on the login node; every action is safe to repeat
     (submissions by their token), so a dropped connection is retried."""
-    return remote.json_command(agent_argv(remote.python_argv(), action), idempotent=True,
+    return remote.json_command(agent_argv(python_argv(remote), action), idempotent=True,
                                input_text=json.dumps(request, default=str), timeout_s=timeout_s)
 
 
@@ -126,9 +164,9 @@ def _remote_folder(record) -> str | None:
         return None
 
 
-def mirror(history, cluster: str, remote, described: list[dict]) -> dict[int, int]:
+def mirror(history, cluster: str, files, described: list[dict]) -> dict[int, int]:
     """Record the login node's jobs (agent.describe) in this history and copy their folders'
-    changed files; {remote id: local id}."""
+    changed files (read through `files`, a Remote's files); {remote id: local id}."""
     id_map: dict[int, int] = {}
     for d in sorted(described, key=lambda d: d["id"]):  # parents before children
         rec = history.find_by_token(d["token"])
@@ -167,7 +205,7 @@ def mirror(history, cluster: str, remote, described: list[dict]) -> dict[int, in
             history.set_measured_peak(rec.id, int(d["measured_peak_bytes"]))
     for d in described:
         if d.get("files"):
-            _copy_files(remote, _mirror_folder(cluster, id_map[d["id"]], d["recipe_name"]), d["files"], id_map)
+            _copy_files(files, _mirror_folder(cluster, id_map[d["id"]], d["recipe_name"]), d["files"], id_map)
     return id_map
 
 
@@ -187,7 +225,7 @@ def _safe_name(name: str) -> bool:
     return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts) and "\\" not in name
 
 
-def _copy_files(remote, folder: Path, files: list[dict], id_map: dict[int, int]) -> None:
+def _copy_files(remote_files, folder: Path, files: list[dict], id_map: dict[int, int]) -> None:
     """Bring the copy of a job folder up to date: files whose size or time changed; files that only
     grow (logs, CSVs) from where the copy ends."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -211,11 +249,11 @@ def _copy_files(remote, folder: Path, files: list[dict], id_map: dict[int, int])
         local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         have = local.stat().st_size if local.exists() else 0
         if name.endswith(APPENDED) and name in seen and 0 < have <= f["size"]:
-            data = remote.get_bytes(f["path"], offset=have)
+            data = remote_files.get_bytes(f["path"], offset=have)
             with os.fdopen(os.open(local, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "ab") as out:
                 out.write(data)
         else:
-            data = remote.get_bytes(f["path"])
+            data = remote_files.get_bytes(f["path"])
             data = _translate(name, data, id_map, folder)
             tmp = local.with_name(local.name + ".part")
             tmp.unlink(missing_ok=True)
@@ -267,7 +305,7 @@ class RemoteBackend:
         """Ask the login node once about `records`, mirror the answer; {local id: described job}."""
         remote = self.remote
         answer = agent(remote, action, {"tokens": [r.token for r in records]})
-        ids = mirror(self.history, self.cluster, remote, answer["records"])
+        ids = mirror(self.history, self.cluster, remote.files, answer["records"])
         return {ids[d["id"]]: d for d in answer["records"]}
 
     def refresh(self, records) -> dict[str, JobStatus]:
@@ -291,7 +329,7 @@ class RemoteBackend:
         remote = self.remote
         answer = agent(remote, "requeue", {"token": record.token, "smaller": smaller,
                                            "tried_to_allocate_bytes": tried_to_allocate_bytes})
-        id_map = mirror(self.history, self.cluster, remote, answer["records"])
+        id_map = mirror(self.history, self.cluster, remote.files, answer["records"])
         out = dict(answer["job"])
         out["remote_job_folder"] = out.get("job_folder")
         out["jobctl_id"] = id_map[out["jobctl_id"]]
@@ -320,19 +358,23 @@ class RemoteBackend:
                 raise UsageError(f"--sync {sync_dir}: not a directory")
             import hashlib
 
+            from jobctl.remote.sync import sync_tree
+
             tag = hashlib.sha256(str(src).encode()).hexdigest()[:8]
             chdir = posixpath.join(workdir, "trees", f"{src.name}-{tag}")
-            res = remote.sync_tree(src, chdir)
+            res = sync_tree(remote, src, chdir)
             say(f"synced {src} to {remote}:{chdir}: {res.uploaded} file(s) uploaded, {res.unchanged} unchanged, {res.deleted} removed")
         inv_data = {k: v for k, v in self.inventory.data.items() if k != "login"}
         inv_data["workdir"] = posixpath.join(workdir, "jobs")
-        request = {"token": token, "inventory": remote.put_text(json.dumps(inv_data, default=str),
-                                                                 posixpath.join(stage, "inventory.json")),
+        request = {"token": token, "inventory": remote.files.put_text(json.dumps(inv_data, default=str),
+                                                                       posixpath.join(stage, "inventory.json")),
                    "sweep_id": subs[0].sweep_id, "chdir": chdir, "dry_run": dry_run, "check": check, "jobs": []}
         for i, sub in enumerate(subs):
             request["jobs"].append({
-                "recipe": remote.put_text(json.dumps(sub.recipe_source, default=str), posixpath.join(stage, f"recipe-{i}.json")),
-                "plan": remote.put_text(json.dumps(sub.plan_report, default=str), posixpath.join(stage, f"plan-{i}.json")),
+                "recipe": remote.files.put_text(json.dumps(sub.recipe_source, default=str),
+                                                posixpath.join(stage, f"recipe-{i}.json")),
+                "plan": remote.files.put_text(json.dumps(sub.plan_report, default=str),
+                                              posixpath.join(stage, f"plan-{i}.json")),
                 "overrides": sub.overrides, "recipe_path": sub.recipe_path, "policy": sub.policy.to_dict(),
                 "token": sub.token})
         if dry_run:
@@ -357,7 +399,7 @@ class RemoteBackend:
                 if history.get(jid).state.value == "PREPARED":
                     history.mark_submit_failed(jid, e.message)
             raise
-        mirror(history, inv.name, remote, answer["records"])
+        mirror(history, inv.name, remote.files, answer["records"])
         results = []
         for jid in ids:
             rec = history.get(jid)

@@ -1,18 +1,21 @@
-"""Reach a cluster's login node over SSH (paramiko) and run jobctl there as short-lived JSON commands.
+"""Reach a cluster's login node over SSH (paramiko): the transport that jobctl's remote commands share.
 
-The only module that imports paramiko (docs/architecture.md, decision 1). One `Remote` holds one SSH
-connection for the whole jobctl command; commands, SFTP and version checks share it.
+One `Remote` holds one SSH connection for the whole jobctl command; commands (`run`,
+`json_command`), its `files` (SFTP, jobctl.remote.files), tree sync (jobctl.remote.sync) and the
+version checks (jobctl.remote.client) all go over it. paramiko is imported only by this module and
+its helpers in jobctl.remote (keys, sshconfig, files, sync): docs/architecture.md, decision 1.
 
-Host keys are checked strictly, as `ssh -o StrictHostKeyChecking=yes` would: an unknown or a
-changed key is refused (SchedulerError, exit 4) with the fingerprint and the way to fix it; a key
-is never added behind the user's back. ~/.ssh/config is honoured for HostName, User, Port,
-IdentityFile, ProxyJump, ProxyCommand and UserKnownHostsFile; values in the inventory's `login:`
-block win over it, as options on the ssh command line do.
+Host keys are checked strictly, as `ssh -o StrictHostKeyChecking=yes` would (jobctl.remote.keys):
+an unknown or a changed key is refused (SchedulerError, exit 5) with the fingerprint and the way to
+fix it; a key is never added behind the user's back. ~/.ssh/config is honoured for HostName, User,
+Port, IdentityFile, ProxyJump, ProxyCommand and UserKnownHostsFile (jobctl.remote.sshconfig);
+values in the inventory's `login:` block win over it, as options on the ssh command line do.
 
 Dropped connections: work that is safe to repeat (`idempotent=True`, all SFTP operations) is
 retried after a reconnect with exponential backoff (RETRY_DELAYS_S). A command that is not safe to
-repeat is retried only when it certainly was not sent; once sent, a drop raises a SchedulerError
-saying it may or may not have run (submissions carry their own idempotency token for that case).
+repeat is retried only when it certainly was not sent; once sent, a drop raises OutcomeUnknownError
+(a SchedulerError) saying it may or may not have run (submissions carry their own idempotency token
+for that case).
 
 Errors from a remote jobctl reach `json_command` as a JSON object on stdout (or as the last line
 of stderr) with a non-zero exit code:
@@ -23,29 +26,24 @@ same JobctlError class, so the local exit code is the remote one.
 
 from __future__ import annotations
 
-import base64
-import getpass
-import hashlib
 import json
 import logging
 import os
-import posixpath
-import re
 import select
 import shlex
 import socket
-import stat
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import paramiko
 
 from jobctl.errors import SchedulerError, UsageError
+from jobctl.remote import keys
+from jobctl.remote.files import RemoteFiles
 from jobctl.remote.protocol import error_from_payload
+from jobctl.remote.sshconfig import Hop, resolve
 
 if TYPE_CHECKING:  # the pydantic models, for annotations only (remote/ does not read YAML)
     from jobctl.config.schema import Inventory, Login
@@ -56,10 +54,6 @@ DEFAULT_TIMEOUT_S = 300.0
 KEEPALIVE_S = 30
 # Waits before each reconnect after a drop: 4 retries, at most 7.5 s of waiting in all.
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
-MANIFEST = ".jobctl-manifest.json"
-GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-_KEYSCAN_TYPES = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa", "ecdsa-sha2-nistp256": "ecdsa",
-                  "ecdsa-sha2-nistp384": "ecdsa", "ecdsa-sha2-nistp521": "ecdsa"}
 T = TypeVar("T")
 
 
@@ -77,28 +71,6 @@ class RemoteResult:
     stderr: str
 
 
-@dataclass(frozen=True)
-class SyncResult:
-    """Counts of one `sync_tree`: files sent, left alone, removed (sent before, now gone), skipped."""
-
-    uploaded: int
-    unchanged: int
-    deleted: int
-    skipped: int
-    bytes_uploaded: int
-
-
-@dataclass(frozen=True)
-class _Hop:
-    """One resolved SSH endpoint (the login node or a ProxyJump host)."""
-
-    alias: str
-    hostname: str
-    port: int
-    user: str
-    key_files: tuple[str, ...]
-
-
 class _Dropped(Exception):
     """The connection went away; `sent`: the command may have reached the remote side."""
 
@@ -114,141 +86,6 @@ class _Unreachable(_Dropped):
 
 class _CommandTimeout(Exception):
     """The command outlived its timeout (the connection itself is fine)."""
-
-
-class _UnknownHostKey(paramiko.SSHException):
-    def __init__(self, name: str, key: paramiko.PKey):
-        super().__init__(f"unknown host key for {name}")
-        self.name, self.key = name, key
-
-
-class _StrictPolicy(paramiko.RejectPolicy):
-    """RejectPolicy that keeps the offered key, so the error can show its fingerprint."""
-
-    def missing_host_key(self, client, hostname, key):
-        raise _UnknownHostKey(hostname, key)
-
-
-def _check_key_mode(path: str) -> None:
-    """Refuse a private key that others can read, as OpenSSH does ("UNPROTECTED PRIVATE KEY
-    FILE": a key owned by the user with any group/other permission bit)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return  # a missing key is reported by the loader below, with its own words
-    if st.st_uid == os.getuid() and st.st_mode & 0o077:
-        raise UsageError(f"ssh key {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                         "OpenSSH refuses such a key, and so does jobctl",
-                         hint=f"chmod 600 {shlex.quote(path)}")
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's SHA256 fingerprint of a public key (as `ssh-keygen -l` prints it)."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
-
-
-def _key_name(host: str, port: int) -> str:
-    """How known_hosts names an endpoint."""
-    return host if port == 22 else f"[{host}]:{port}"
-
-
-def _load_known_hosts(keys: paramiko.HostKeys, files: list[str]) -> dict[tuple[str, str], str]:
-    """Read known_hosts files as OpenSSH does, into `keys`: a line it cannot parse is skipped
-    (paramiko alone rejects the whole file for one), `@cert-authority` lines are skipped
-    (host certificates are not checked here: such a host is unknown, and says so), and the keys
-    of `@revoked` lines are returned ({(type, base64): "file:line"}) and never accepted, whatever
-    host they are listed under (stricter than OpenSSH, which matches the line's hosts)."""
-    revoked: dict[tuple[str, str], str] = {}
-    entries = []
-    for file in files:
-        try:
-            text = Path(file).read_text(errors="replace")
-        except OSError as e:
-            raise UsageError(f"cannot read known_hosts {file}: {e.strerror or e}") from e
-        for number, line in enumerate(text.splitlines(), 1):
-            fields = line.split()
-            if not fields or fields[0].startswith("#"):
-                continue
-            if fields[0] == "@revoked":
-                if len(fields) >= 4:
-                    revoked[(fields[2], fields[3])] = f"{file}:{number}"
-                continue
-            if fields[0].startswith("@"):  # @cert-authority, or a marker OpenSSH does not know either
-                continue
-            try:
-                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
-            except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError, TypeError) as e:
-                log.debug("known_hosts %s:%d skipped: %s", file, number, e)
-                continue
-            if entry is not None:
-                entries.append(entry)
-    for entry in entries:
-        if (entry.key.get_name(), entry.key.get_base64()) in revoked:
-            continue
-        for host in entry.hostnames:
-            keys.add(host, entry.key.get_name(), entry.key)
-    return revoked
-
-
-def _known_hosts_lines(path: str, name: str) -> list[int]:
-    """Line numbers of `path` holding a key for `name` (hashed entries included)."""
-    found = []
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return found
-    for number, line in enumerate(text.splitlines(), 1):
-        fields = line.split()
-        if fields and fields[0].startswith("@"):  # revoked or a CA: not a key the host is known by
-            continue
-        if not fields or fields[0].startswith("#"):
-            continue
-        for pattern in fields[0].split(","):
-            if pattern == name or (pattern.startswith("|1|") and pattern.count("|") == 3
-                                   and paramiko.HostKeys.hash_host(name, pattern.split("|")[2]) == pattern):
-                found.append(number)
-                break
-    return found
-
-
-def _keyscan(hop: _Hop, key: paramiko.PKey, known_hosts: str) -> str:
-    port = f"-p {hop.port} " if hop.port != 22 else ""
-    kind = _KEYSCAN_TYPES.get(key.get_name())
-    kind = f"-t {kind} " if kind else ""
-    return f"ssh-keyscan {port}{kind}{shlex.quote(hop.hostname)} >> {shlex.quote(known_hosts)}"
-
-
-def _read_ssh_config(path: str) -> paramiko.SSHConfig:
-    file = Path(path).expanduser()
-    if not file.is_file():
-        return paramiko.SSHConfig()
-    try:
-        return paramiko.SSHConfig.from_path(str(file))
-    except Exception as e:  # paramiko raises several kinds for a bad file
-        raise UsageError(f"cannot read ssh config {file}: {e}", hint="fix the file, or point `login.ssh_config` "
-                         "at another one") from e
-
-
-def _lookup(cfg: paramiko.SSHConfig, host: str, path: str) -> dict:
-    try:
-        return dict(cfg.lookup(host))
-    except Exception as e:  # e.g. `Match exec` without the `invoke` package
-        raise UsageError(f"cannot resolve {host!r} with ssh config {path}: {e}") from e
-
-
-def _port(value: Any, where: str) -> int:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        port = -1
-    if not 0 < port < 65536:
-        raise UsageError(f"{where}: port must be 1..65535, got {value!r}")
-    return port
-
-
-def _identity_files(entry: dict) -> tuple[str, ...]:
-    paths = (os.path.expanduser(p) for p in entry.get("identityfile", []))
-    return tuple(p for p in paths if os.path.isfile(p))
 
 
 def _is_drop(e: BaseException, transport: paramiko.Transport | None) -> bool:
@@ -273,8 +110,9 @@ class Remote:
     """One SSH connection to a cluster's login node; use as a context manager (not thread-safe).
 
     >>> with Remote.for_inventory(inv) as r:
-    ...     r.check_version()
-    ...     r.json_command([*r.python_argv(), "-m", "jobctl", "status", "--json"], idempotent=True)
+    ...     client.check_version(r)
+    ...     r.json_command([*client.python_argv(r), "-m", "jobctl", "status", "--json"], idempotent=True)
+    ...     r.files.put_text("hello", "~/jobctl/hello.txt")
     """
 
     def __init__(self, login: Login, *, cluster: str | None = None,
@@ -283,32 +121,13 @@ class Remote:
         self.cluster = cluster or login.host
         self._retry_delays_s = tuple(retry_delays_s)
         self._sleep = sleep
-        cfg_path = str(Path(login.ssh_config).expanduser())
-        self._cfg = _read_ssh_config(cfg_path)
-        entry = _lookup(self._cfg, login.host, cfg_path)
-        if login.key_file:
-            key_file = os.path.expanduser(login.key_file)
-            if not os.path.isfile(key_file):
-                raise UsageError(f"login.key_file {login.key_file!r} does not exist",
-                                 hint="point it at your private key, or leave it out to use ~/.ssh/config and the agent")
-            keys: tuple[str, ...] = (key_file,)
-        else:
-            keys = _identity_files(entry)
-        self._hop = _Hop(login.host, entry.get("hostname", login.host),
-                         login.port or _port(entry.get("port", 22), f"{cfg_path}: Host {login.host}"),
-                         login.user or entry.get("user") or getpass.getuser(), keys)
-        jump = entry.get("proxyjump", "")
-        self._proxy_jump = "" if jump.lower() == "none" else jump
-        command = entry.get("proxycommand", "")
-        self._proxy_command = "" if command.lower() == "none" else command
-        user_file = login.known_hosts
-        if "known_hosts" not in login.model_fields_set and entry.get("userknownhostsfile"):
-            user_file = entry["userknownhostsfile"].split()[0]
-        self.known_hosts = os.path.expanduser(user_file)
+        self._route = resolve(login)
+        self._hop = self._route.target
+        self.known_hosts = self._route.known_hosts
+        self.files = RemoteFiles(self)  # the login node's files, over this connection
         self._client: paramiko.SSHClient | None = None
         self._jumps: list[paramiko.SSHClient] = []
         self._sftp: paramiko.SFTPClient | None = None
-        self._home: str | None = None
         self._checked_keys = False
         self.connect_count = 0
 
@@ -322,6 +141,7 @@ class Remote:
 
     # -- identity (no secrets: never the key, only where it is) --------------------------------------
 
+    login = property(lambda self: self._login, doc="The inventory's `login:` block this connection was made from.")
     host = property(lambda self: self._hop.hostname)
     user = property(lambda self: self._hop.user)
     port = property(lambda self: self._hop.port)
@@ -329,7 +149,7 @@ class Remote:
     @property
     def workdir(self) -> str:
         """login.workdir as an absolute remote path (asks the remote side for the home directory)."""
-        return self.remote_path(self._login.workdir)
+        return self.files.remote_path(self._login.workdir)
 
     def __repr__(self) -> str:
         return f"Remote(host={self.host!r}, user={self.user!r}, port={self.port})"
@@ -385,26 +205,17 @@ class Remote:
 
     def _check_key_files(self) -> None:
         # Fail on an unusable key file here, clearly, instead of as an obscure auth failure.
-        if self._checked_keys:
-            return
-        for path in self._hop.key_files:
-            _check_key_mode(path)
-            try:
-                paramiko.PKey.from_path(path)
-            except (paramiko.PasswordRequiredException, TypeError):  # TypeError: cryptography's way of saying so
-                pass  # passphrase-protected: the agent may hold it (we never ask for passphrases)
-            except (OSError, ValueError, paramiko.SSHException) as e:
-                raise UsageError(f"cannot use ssh key {path}: {type(e).__name__}: {e}",
-                                 hint="point login.key_file (or IdentityFile) at an OpenSSH private key") from e
-        self._checked_keys = True
+        if not self._checked_keys:
+            keys.check_key_files(self._hop.key_files)
+            self._checked_keys = True
 
     def _open_sock(self):
         """What to talk SSH over when the login node is not reached directly (ProxyCommand, ProxyJump)."""
-        if self._proxy_command:
-            return paramiko.ProxyCommand(self._proxy_command)
-        if not self._proxy_jump:
+        if self._route.proxy_command:
+            return paramiko.ProxyCommand(self._route.proxy_command)
+        if not self._route.proxy_jump:
             return None
-        hops = [self._jump_hop(spec.strip()) for spec in self._proxy_jump.split(",") if spec.strip()]
+        hops = self._route.jump_hops()
         sock = None
         for hop, nxt in zip(hops, [*hops[1:], self._hop]):
             client = self._connect_hop(hop, sock)
@@ -421,55 +232,24 @@ class Remote:
                 raise _Unreachable(e) from e
         return sock
 
-    def _jump_hop(self, spec: str) -> _Hop:
-        """A ProxyJump entry, `[user@]host[:port]` or `ssh://[user@]host[:port]`, resolved by the ssh config."""
-        m = re.fullmatch(r"(?:ssh://)?(?:(?P<user>[^@]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:]+))(?::(?P<port>\d+))?",
-                         spec)
-        if not m:
-            raise UsageError(f"cannot parse ProxyJump {spec!r}", hint="use [user@]host[:port]")
-        alias = m["v6"] or m["host"]
-        entry = _lookup(self._cfg, alias, self._login.ssh_config)
-        port = _port(m["port"] or entry.get("port", 22), f"ProxyJump {spec}")
-        keys = _identity_files(entry) or self._hop.key_files
-        return _Hop(alias, entry.get("hostname", alias), port, m["user"] or entry.get("user") or getpass.getuser(), keys)
-
-    def _connect_hop(self, hop: _Hop, sock) -> paramiko.SSHClient:
+    def _connect_hop(self, hop: Hop, sock) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        known = [f for f in (GLOBAL_KNOWN_HOSTS, self.known_hosts) if os.path.isfile(f)]
+        known = [f for f in (keys.GLOBAL_KNOWN_HOSTS, self.known_hosts) if os.path.isfile(f)]
         # host keys only ever come from these files; nothing is saved
-        revoked = _load_known_hosts(client.get_host_keys(), known)
-        client.set_missing_host_key_policy(_StrictPolicy())
+        revoked = keys.load_known_hosts(client.get_host_keys(), known)
+        client.set_missing_host_key_policy(keys.StrictPolicy())
         timeout = self._login.connect_timeout_s
-        name = _key_name(hop.hostname, hop.port)
         log.debug("ssh connect %s@%s:%s%s", hop.user, hop.hostname, hop.port, " (via jump)" if sock else "")
         try:
             client.connect(hop.hostname, hop.port, username=hop.user, key_filename=list(hop.key_files) or None,
                            allow_agent=True, look_for_keys=not hop.key_files, timeout=timeout,
                            banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout, sock=sock)
-        except _UnknownHostKey as e:
+        except keys.UnknownHostKey as e:
             client.close()
-            if (e.key.get_name(), e.key.get_base64()) in revoked:
-                where = revoked[(e.key.get_name(), e.key.get_base64())]
-                raise SchedulerError(
-                    f"the host key of {name} ({e.key.get_name()} {fingerprint(e.key)}) is REVOKED ({where}); "
-                    "refusing to connect", hint="ask the cluster admins for the login node's current key") from None
-            raise SchedulerError(
-                f"the host key of {name} is not in {self.known_hosts}: it offers {e.key.get_name()} "
-                f"{fingerprint(e.key)}; refusing to connect (strict host-key checking)",
-                hint=f"check that {fingerprint(e.key)} is the login node's key (out of band: the cluster's "
-                f"documentation or admins), then add it: {_keyscan(hop, e.key, self.known_hosts)}") from None
+            raise keys.unknown_key_error(e, hop.hostname, hop.port, revoked, self.known_hosts) from None
         except paramiko.BadHostKeyException as e:
             client.close()
-            lines = [f"{f}:{n}" for f in known for n in _known_hosts_lines(f, name)] or known
-            raise SchedulerError(
-                f"the host key of {name} has CHANGED and is refused: it offers {e.key.get_name()} "
-                f"{fingerprint(e.key)}, but {', '.join(lines)} holds {e.expected_key.get_name()} "
-                f"{fingerprint(e.expected_key)}. Someone may be intercepting the connection (man-in-the-middle), "
-                "or the node was reinstalled",
-                hint=f"ask the cluster admins whether the key changed; only if they confirm {fingerprint(e.key)}, "
-                f"delete the old entry ({', '.join(lines)}) with `ssh-keygen -R {shlex.quote(name)} -f "
-                f"{shlex.quote(self.known_hosts)}` and add the new one: {_keyscan(hop, e.key, self.known_hosts)}",
-            ) from None
+            raise keys.changed_key_error(e, hop.hostname, hop.port, known, self.known_hosts) from None
         except paramiko.PasswordRequiredException:
             client.close()
             raise SchedulerError(f"ssh authentication as {hop.user}@{hop.hostname}:{hop.port} failed: the key "
@@ -614,42 +394,12 @@ class Remote:
                 if res.rc == 127 else None)
         raise SchedulerError(f"`{shlex.join(argv[:4])} ...` failed on {self} with exit code {res.rc}: {tail}", hint)
 
-    # -- jobctl on the login node --------------------------------------------------------------------
+    # -- SFTP over the same connection (self.files; every operation is safe to repeat) -----------------
 
-    def python_argv(self, remote_python: str | None = None) -> list[str]:
-        """login.remote_python as argv (it may be several words, e.g. `conda run -n env python`), ~ expanded."""
-        argv = shlex.split(remote_python or self._login.remote_python)
-        if not argv:
-            raise UsageError("login.remote_python is empty", hint="set it to the python that has jobctl installed")
-        if argv[0] == "~" or argv[0].startswith("~/"):
-            argv[0] = self.remote_path(argv[0])
-        return argv
+    def sftp_op(self, what: str, op: Callable[[paramiko.SFTPClient], T]) -> T:
+        """op(the SFTP client), retried after a reconnect if the connection drops (it must be safe to
+        repeat); an SFTP error is raised as SchedulerError("cannot {what} on ...")."""
 
-    def remote_version(self, remote_python: str | None = None) -> str:
-        """The version of `remote_python -m jobctl --version` on the login node."""
-        argv = [*self.python_argv(remote_python), "-m", "jobctl", "--version"]
-        res = self.run(argv, idempotent=True, timeout_s=120)
-        m = re.fullmatch(r"jobctl (\S+)", res.stdout.strip())
-        if res.rc != 0 or not m:
-            why = (res.stderr.strip().splitlines() or res.stdout.strip().splitlines() or [f"exit code {res.rc}"])[-1]
-            raise UsageError(f"jobctl is not usable with `{shlex.join(argv[:-3])}` on {self}: {why[:300]}",
-                             hint=f"run `jobctl remote bootstrap {self.cluster}`, or set login.remote_python to a "
-                             "python that has jobctl")
-        return m.group(1)
-
-    def check_version(self, local: str | None = None) -> str:
-        """The remote jobctl version; UsageError unless it equals `local` (default: this jobctl's)."""
-        if local is None:
-            from jobctl import __version__ as local
-        remote = self.remote_version()
-        if remote != local:
-            raise UsageError(f"remote jobctl {remote} != local {local} on {self}",
-                             hint=f"run `jobctl remote bootstrap {self.cluster}` to install jobctl {local} there")
-        return remote
-
-    # -- files (SFTP over the same connection; every operation is safe to repeat) --------------------
-
-    def _sftp_op(self, what: str, op: Callable[[paramiko.SFTPClient], T]) -> T:
         def attempt() -> T:
             transport = self._transport()
             try:
@@ -666,217 +416,3 @@ class Remote:
         except (OSError, paramiko.SSHException) as e:
             reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
             raise SchedulerError(f"cannot {what} on {self}: {reason}") from e
-
-    def remote_path(self, path: str) -> str:
-        """An absolute remote path: `~` and relative paths are taken from the remote home directory."""
-        if path.startswith("~") and not (path == "~" or path.startswith("~/")):
-            raise UsageError(f"remote path {path!r}: only ~ and ~/... are supported, not ~user")
-        if path.startswith("/"):
-            return posixpath.normpath(path)
-        if self._home is None:
-            self._home = self._sftp_op("find the home directory", lambda sftp: sftp.normalize("."))
-        rest = path[1:].lstrip("/") if path.startswith("~") else path
-        return posixpath.normpath(posixpath.join(self._home, rest))
-
-    @staticmethod
-    def _mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
-        missing = []
-        while path not in ("", "/"):
-            try:
-                if stat.S_ISDIR(sftp.stat(path).st_mode):
-                    break
-                raise NotADirectoryError(20, f"{path} is not a directory")
-            except FileNotFoundError:
-                missing.append(path)
-                path = posixpath.dirname(path)
-        for p in reversed(missing):
-            try:
-                sftp.mkdir(p)
-            except OSError:
-                if not stat.S_ISDIR(sftp.stat(p).st_mode):  # another writer made it: fine
-                    raise
-
-    @staticmethod
-    def _replace(sftp: paramiko.SFTPClient, tmp: str, path: str) -> None:
-        try:
-            sftp.posix_rename(tmp, path)  # atomic, overwrites (OpenSSH extension)
-        except OSError:
-            try:
-                sftp.remove(path)
-            except FileNotFoundError:
-                pass
-            sftp.rename(tmp, path)
-
-    def makedirs(self, remote: str) -> str:
-        """mkdir -p on the login node; returns the absolute path."""
-        path = self.remote_path(remote)
-        self._sftp_op(f"create directory {path}", lambda sftp: self._mkdirs(sftp, path))
-        return path
-
-    def put_text(self, text: str, remote: str, mode: int = 0o600) -> str:
-        """Write text to a remote file atomically, with `mode` set before any content is written."""
-        path = self.remote_path(remote)
-
-        def op(sftp: paramiko.SFTPClient) -> None:
-            self._mkdirs(sftp, posixpath.dirname(path))
-            tmp = path + ".jobctl-tmp"
-            with sftp.open(tmp, "w") as f:
-                sftp.chmod(tmp, mode)
-                f.write(text.encode())
-            self._replace(sftp, tmp, path)
-
-        self._sftp_op(f"write {path}", op)
-        return path
-
-    def put_file(self, local: str | os.PathLike, remote: str, mode: int | None = None) -> str:
-        """Upload a local file atomically (mode: the local file's permission bits unless given)."""
-        path = self.remote_path(remote)
-        mode = os.stat(local).st_mode & 0o777 if mode is None else mode
-
-        def op(sftp: paramiko.SFTPClient) -> None:
-            self._mkdirs(sftp, posixpath.dirname(path))
-            self._put(sftp, str(local), path, mode)
-
-        self._sftp_op(f"upload {local} to {path}", op)
-        return path
-
-    @classmethod
-    def _put(cls, sftp: paramiko.SFTPClient, local: str, path: str, mode: int) -> None:
-        tmp = path + ".jobctl-tmp"
-        sftp.put(local, tmp, confirm=True)
-        sftp.chmod(tmp, mode)
-        cls._replace(sftp, tmp, path)
-
-    def get_text(self, remote: str, *, missing_ok: bool = False) -> str | None:
-        """A remote file's text; None if it does not exist and missing_ok (SchedulerError otherwise)."""
-        path = self.remote_path(remote)
-
-        def op(sftp: paramiko.SFTPClient) -> str | None:
-            try:
-                with sftp.open(path, "r") as f:
-                    return f.read().decode(errors="replace")
-            except FileNotFoundError:
-                if missing_ok:
-                    return None
-                raise
-
-        return self._sftp_op(f"read {path}", op)
-
-    def get_bytes(self, remote: str, *, offset: int = 0) -> bytes:
-        """The bytes of a remote file from `offset` to its end (safe to repeat)."""
-        path = self.remote_path(remote)
-
-        def op(sftp: paramiko.SFTPClient) -> bytes:
-            with sftp.open(path, "rb") as fh:
-                if offset:
-                    fh.seek(offset)
-                else:
-                    fh.prefetch()  # pipelined reads: a log of many MB in one round trip's time
-                return fh.read()
-
-        return self._sftp_op(f"read {path}", op)
-
-    def sync_tree(self, local_dir: str | os.PathLike, remote_dir: str, *, force: bool = False) -> SyncResult:
-        """Mirror a working tree to the login node, sending only files that changed.
-
-        Files: `git ls-files --cached --others --exclude-standard` in a git checkout (so .gitignore
-        holds), every file otherwise. Changes are found against a manifest kept remotely in
-        `remote_dir/.jobctl-manifest.json` (sha256, size, mtime, mode); files the manifest lists that
-        are gone locally are removed remotely. Files jobctl did not send are never touched."""
-        root = Path(local_dir)
-        if not root.is_dir():
-            raise UsageError(f"{local_dir} is not a directory")
-        files = _list_tree(root)
-        rdir = self.remote_path(remote_dir)
-        return self._sftp_op(f"sync {root} to {rdir}", lambda sftp: self._sync(sftp, root, files, rdir, force))
-
-    def _sync(self, sftp: paramiko.SFTPClient, root: Path, files: list[str], rdir: str, force: bool) -> SyncResult:
-        self._mkdirs(sftp, rdir)
-        manifest_path = posixpath.join(rdir, MANIFEST)
-        try:
-            with sftp.open(manifest_path, "r") as f:
-                old = json.loads(f.read()).get("files", {})
-            old = old if isinstance(old, dict) else {}
-        except (FileNotFoundError, ValueError, AttributeError):
-            old = {}
-        new: dict[str, dict] = {}
-        send: dict[str, None] = {}  # ordered set
-        skipped = 0
-        for rel in files:
-            try:
-                st = (root / rel).stat()
-            except OSError:  # listed by git but deleted, or a dangling link
-                st = None
-            if st is None or not stat.S_ISREG(st.st_mode):
-                skipped += 1
-                continue
-            prev = old.get(rel) if isinstance(old.get(rel), dict) else {}
-            quick = (prev.get("size"), prev.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)  # rsync's quick check
-            digest = prev.get("sha256") if quick else _sha256(root / rel)
-            new[rel] = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": st.st_mode & 0o777}
-            if force or (prev.get("sha256"), prev.get("mode")) != (digest, new[rel]["mode"]):
-                send[rel] = None
-        # The manifest says what was sent; check the copies are still there (someone may have cleaned up).
-        by_dir: dict[str, list[str]] = {}
-        for rel in new:
-            if rel not in send:
-                by_dir.setdefault(posixpath.dirname(rel), []).append(rel)
-        for d, rels in by_dir.items():
-            try:
-                listing = {a.filename: a.st_size for a in sftp.listdir_attr(posixpath.join(rdir, d))}
-            except FileNotFoundError:
-                listing = {}
-            for rel in rels:
-                if listing.get(posixpath.basename(rel)) != new[rel]["size"]:
-                    send[rel] = None
-        made: set[str] = {rdir}
-        sent_bytes = 0
-        for rel in send:
-            target = posixpath.join(rdir, rel)
-            parent = posixpath.dirname(target)
-            if parent not in made:
-                self._mkdirs(sftp, parent)
-                made.add(parent)
-            self._put(sftp, str(root / rel), target, new[rel]["mode"])
-            sent_bytes += new[rel]["size"]
-        deleted = 0
-        for rel in old:
-            if rel not in new and not rel.startswith("/") and ".." not in rel.split("/"):
-                try:
-                    sftp.remove(posixpath.join(rdir, rel))
-                    deleted += 1
-                except FileNotFoundError:
-                    pass
-        tmp = manifest_path + ".jobctl-tmp"
-        with sftp.open(tmp, "w") as f:
-            f.write(json.dumps({"version": 1, "files": new}, sort_keys=True).encode())
-        self._replace(sftp, tmp, manifest_path)
-        log.debug("sync %s -> %s: %d sent, %d deleted", root, rdir, len(send), deleted)
-        return SyncResult(len(send), len(new) - len(send), deleted, skipped, sent_bytes)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _list_tree(root: Path) -> list[str]:
-    """Relative POSIX paths of the files to sync: git's view of a checkout, else every file."""
-    try:
-        inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
-                                capture_output=True, text=True, check=False)
-        if inside.returncode == 0 and inside.stdout.strip() == "true":
-            out = subprocess.run(["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard",
-                                  "-z"], capture_output=True, check=True).stdout
-            return sorted({p for p in out.decode(errors="surrogateescape").split("\0") if p and p != MANIFEST})
-    except (OSError, subprocess.CalledProcessError):  # no git here: fall back to every file
-        pass
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".git"]
-        rel_dir = Path(dirpath).relative_to(root).as_posix()
-        files += [n if rel_dir == "." else f"{rel_dir}/{n}" for n in filenames]
-    return sorted(f for f in files if f != MANIFEST)
