@@ -65,3 +65,9 @@ class SchedulerError(JobctlError):
     """The scheduler (Slurm, a login node over SSH) refused or could not be reached."""
 
     exit_code = EXIT_BACKEND
+
+
+class SubmissionUncertain(SchedulerError):
+    """The scheduler call failed in a way that does not say whether the job was made (sbatch
+    timed out, the connection to a login node dropped after the request was sent): the job stays
+    PREPARED until `jobctl status` finds it, or finds it was not made."""

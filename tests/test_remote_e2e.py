@@ -105,26 +105,50 @@ def test_bootstrap_installed_this_version(bootstrapped: SSHCluster, tmp_path: Pa
     assert "created_venv" not in json.loads(res.stdout)
 
 
+def _see_these_dependencies(venv: Path) -> None:
+    """Let `venv`'s python import jobctl's dependencies from where the interpreter running this
+    test has them: a user's venv (the README's `pip install -e '.[test]'` inside one), the
+    system's site-packages or the user site. (`--system-site-packages` would not do: a venv made
+    from a venv's python sees the base interpreter's site-packages, not that venv's, and a
+    newcomer's dependencies live in theirs.) The directories go into a .pth file as plain paths:
+    they come after the venv's own site-packages, and the .pth files inside them -- the editable
+    jobctl of the checkout among them -- are not run, so `import jobctl` still finds the venv's.
+    Added after the wheel is installed, so that pip did not see this interpreter's jobctl."""
+    import site
+    import subprocess
+
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    (Path(purelib) / "_test_dependencies.pth").write_text("".join(f"{d}\n" for d in dirs if Path(d).is_dir()))
+
+
 def test_bootstrap_from_an_installed_wheel(bootstrapped: SSHCluster, tmp_path: Path) -> None:
     """A user who installed jobctl from a wheel (no checkout anywhere) can bootstrap a cluster:
     the wheel jobctl uploads is made from its installed files. Here jobctl runs from a venv that
-    has only that wheel installed (its dependencies come from the system's site-packages), in a
-    directory that is not the repository."""
+    has only that wheel installed (its dependencies are the ones this test runs with, see
+    `_see_these_dependencies`), in a directory that is not the repository."""
     import subprocess
     import sys
 
     from jobctl.remote.bootstrap import build_wheel
 
     wheel = build_wheel(str(tmp_path))
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", wheel],
-                         capture_output=True, text=True, timeout=300)
-    assert pip.returncode == 0, pip.stderr
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    # no PYTHONPATH anywhere below: a checkout on it would be the jobctl pip finds installed
+    # (and skips the wheel for) and the one the venv's python imports
     env = {**{k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"},
            **_env(bootstrapped, tmp_path / "home"), "COLUMNS": "4000"}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], env=env, check=True, timeout=300)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", wheel],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr
+    _see_these_dependencies(venv)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import jobctl; print(jobctl.__file__)"],
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert where.startswith(str(venv)), where  # the installed wheel, not the checkout
@@ -150,7 +174,7 @@ def test_submit_status_logs_through_ssh(bootstrapped: SSHCluster, tmp_path: Path
     assert _remote(bootstrapped, "test", "-f", f"{job['remote_folder']}/job.json").returncode == 0
     (rec,) = _rows(tmp_path)
     assert (rec["cluster"], rec["scheduler"], rec["state"]) == ("dev-ssh", "slurm", "COMPLETED")
-    assert json.loads(rec["extra_json"])["remote"]["folder"] == job["remote_folder"]
+    assert rec["remote_folder"] == job["remote_folder"]
     logs = jobctl("logs", str(job["id"]), env=env)
     assert logs.returncode == 0, logs.stderr
     remote_log = _remote(bootstrapped, "cat", f"{job['remote_folder']}/logs/node-0.log")

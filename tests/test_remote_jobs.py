@@ -12,6 +12,7 @@ import pytest
 from jobctl_run import ROOT, jobctl  # noqa: E402
 
 from jobctl.errors import ConfigError, ConfigIssue, SchedulerError, UsageError  # noqa: E402
+from jobctl.jobs import mirror  # noqa: E402
 from jobctl.remote import client as remote_jobs  # noqa: E402
 from jobctl.remote.protocol import (
     error_from_payload,  # noqa: E402
@@ -30,6 +31,20 @@ class FakeFiles:
     def get_bytes(self, path: str, *, offset: int = 0) -> bytes:
         self.reads.append((path, offset))
         return self.files[path][offset:]
+
+
+class FakeLoginNode(remote_jobs.RemoteBackend):
+    """The real RemoteBackend of cluster "big", its SFTP reads served by FakeFiles."""
+
+    def __init__(self, files: FakeFiles):
+        super().__init__("big", None)
+        self.fake_files = files
+
+    @property
+    def remote(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(files=self.fake_files)
 
 
 def _described(rid, token, *, state="SUBMITTED", parent_token=None, attempt=1, files=(), failure_kind=None, exit_code=None,
@@ -57,18 +72,18 @@ def test_mirror_records_a_chain_with_local_ids(home):
             _described(8, "child", parent_token="tok", attempt=2, state="RUNNING",
                        started_at="2026-11-21T10:02:00+00:00"),
         ]
-        ids = remote_jobs.mirror(h, "big", FakeFiles({}), answer)
+        ids = mirror.mirror(h, FakeLoginNode(FakeFiles({})), answer)
         assert ids == {7: 2, 8: 3}
         parent, child = h.get(2), h.get(3)
         assert (parent.token, parent.state.value, parent.exit_code) == ("tok", "FAILED", "1:0")
         assert parent.started_at.startswith("2026-11-21T10:00:00") and parent.ended_at.startswith("2026-11-21T10:01")
         assert (child.parent_id, child.attempt, child.state.value) == (2, 2, "RUNNING")
         assert remote_jobs.cluster_of(child) == "big" and remote_jobs.cluster_of(h.get(1)) is None
-        assert json.loads(child.extra_json)["remote"] == {"cluster": "big", "id": 8, "folder": "/remote/jobs/8-oom"}
+        assert (child.remote_cluster, child.remote_id, child.remote_folder) == ("big", 8, "/remote/jobs/8-oom")
         # asked again later: nothing duplicated; the first node's verdict replaces sacct's exit code
         answer[0]["failure_kind"] = "CUDA_OOM"
         answer[1].update(state="COMPLETED", ended_at="2026-11-21T10:03:00+00:00")
-        assert remote_jobs.mirror(h, "big", FakeFiles({}), answer) == {7: 2, 8: 3}
+        assert mirror.mirror(h, FakeLoginNode(FakeFiles({})), answer) == {7: 2, 8: 3}
         assert len(h.list()) == 3
         assert h.get(2).failure_kind == "CUDA_OOM" and h.get(3).state.value == "COMPLETED"
         assert [t.state.value for t in h.transitions(3)] == ["PREPARED", "SUBMITTED", "RUNNING", "COMPLETED"]
@@ -91,7 +106,7 @@ def test_mirror_copies_folders_incrementally_and_translates_ids(home):
     with History.open() as h:
         answer = [_described(7, "tok", state="FAILED", files=listing()),
                   _described(8, "child", parent_token="tok", attempt=2)]
-        remote_jobs.mirror(h, "big", files, answer)
+        mirror.mirror(h, FakeLoginNode(files), answer)
         folder = Path(h.get(1).job_folder)
         assert folder == home / "remote" / "big" / "1-oom"
         assert (folder / "logs" / "node-0.log").read_bytes() == b"step 1\n"
@@ -103,7 +118,7 @@ def test_mirror_copies_folders_incrementally_and_translates_ids(home):
         files.files[log] += b"step 2\n"
         files.reads.clear()
         answer[0]["files"] = listing()
-        remote_jobs.mirror(h, "big", files, answer)
+        mirror.mirror(h, FakeLoginNode(files), answer)
         assert files.reads == [(log, len(b"step 1\n"))]
         assert (folder / "logs" / "node-0.log").read_bytes() == b"step 1\nstep 2\n"
 
@@ -214,7 +229,7 @@ def test_a_recipe_name_from_the_login_node_cannot_lead_the_copy_out_of_the_mirro
     d = _described(7, "tok", state="FAILED", files=[{"name": "logs/node-0.log", "path": log, "size": 6, "mtime": 1}])
     d["recipe_name"] = "../../../../outside"
     with History.open() as h:
-        remote_jobs.mirror(h, "big", files, [d])
+        mirror.mirror(h, FakeLoginNode(files), [d])
         folder = Path(h.get(1).job_folder)
     assert folder == home / "remote" / "big" / "1-outside"
     assert (folder / "logs" / "node-0.log").read_bytes() == b"hello\n"

@@ -292,6 +292,10 @@ def test_ctrl_c_between_prepare_and_submit_leaves_a_prepared_row(db_path):
     """A process killed by SIGINT after prepare(): the PREPARED row is on disk, listed as such."""
     code = textwrap.dedent(f"""
         import os, signal
+        # Ctrl-C as a terminal delivers it: Python raises KeyboardInterrupt only when it started
+        # with SIGINT at its default, and a suite run as a background job (`pytest &` in a
+        # non-interactive shell) hands its children SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from jobctl.store.history import History
         h = History.open({str(db_path)!r})
         h.prepare(recipe_name="tiny", recipe_text="x", plan={{}}, cluster="dev", scheduler="slurm", token="t1")
@@ -500,7 +504,7 @@ def test_an_old_history_keeps_every_row(db_path):
     raw.close()
 
     with History.open(db_path) as h:
-        assert h._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert h._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         rows = sorted(h.list(), key=lambda r: r.id)
         assert [r.id for r in rows] == [1, 2, 3, 4, 5, 6]
         assert [(r.failure_kind, r.exit_code, r.detail) for r in rows] == [
@@ -518,3 +522,34 @@ def test_an_old_history_keeps_every_row(db_path):
         # and it is writable in the new shape
         h.set_failure(2, "CUDA_OOM", "CUDA out of memory")
         assert (h.get(2).failure_kind, h.get(2).exit_code, h.get(2).detail) == ("CUDA_OOM", "1:0", "CUDA out of memory")
+
+
+def test_where_a_job_runs_moves_from_extra_json_to_its_columns(db_path):
+    """A schema-2 database (where a remote job runs was extra_json's "remote" key) opened by
+    this jobctl: every row kept, the place in remote_cluster/remote_id/remote_folder and out of
+    extra_json; rows whose extra_json is not what it should be are left as they were."""
+    from jobctl.store.schema import MIGRATIONS
+
+    db_path.parent.mkdir(parents=True)
+    raw = sqlite3.connect(db_path)
+    for migrate in MIGRATIONS[:2]:  # the schema as jobctl 2 left it
+        migrate(raw)
+    extras = ['{"overrides": ["a=1"], "remote": {"cluster": "big", "id": 7, "folder": "/r/jobs/7-x"}}',
+              '{"remote": {"cluster": "big"}}', '{"overrides": []}', 'not json "remote"',
+              '{"remote": "big"}', '{"remote": {"cluster": "big", "id": true, "folder": 5}}']
+    for i, extra in enumerate(extras, 1):
+        raw.execute("""INSERT INTO jobs (created_at, recipe_name, recipe_text, recipe_hash, plan_json, cluster,
+                       scheduler, state, attempt, token, extra_json)
+                       VALUES (?, 'x', 'name: x', 'h', '{}', 'big', 'slurm', 'COMPLETED', 1, ?, ?)""",
+                    (iso(T0), f"tok{i}", extra))
+    raw.execute("PRAGMA user_version = 2")
+    raw.commit()
+    raw.close()
+    with History.open(db_path) as h:
+        rows = {r.id: r for r in h.list()}
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    assert [(r.remote_cluster, r.remote_id, r.remote_folder) for _, r in sorted(rows.items())] == [
+        ("big", 7, "/r/jobs/7-x"), ("big", None, None), (None, None, None), (None, None, None),
+        (None, None, None), ("big", None, None)]
+    assert rows[1].extra == {"overrides": ["a=1"]} and rows[2].extra == {} and rows[3].extra == {"overrides": []}
+    assert rows[4].extra_json == 'not json "remote"' and rows[5].extra == {"remote": "big"}

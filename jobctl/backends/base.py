@@ -1,10 +1,10 @@
 """The JobBackend protocol: what the job services ask of a scheduler, whichever it is.
 
-`jobs/` never asks "local or Slurm?": it gets a backend (`jobs.placement.backend_for`) and
-calls these methods. Slurm (backends/slurm.py) and submitit's local executor
-(backends/local.py) implement them here; a cluster behind a login node is served by the
-remote backend (remote/backend.py), which implements the same refresh and cancel by asking
-the jobctl on the login node.
+`jobs/` never asks "local or Slurm?": it gets a backend from `jobs/placement.py` (`backend`,
+`by_backend`) and calls these methods. Slurm (backends/slurm.py) and submitit's local executor
+(backends/local.py) implement them; a cluster behind a login node is served by
+`RemoteBackend` (remote/client.py), which answers refresh and cancel (and submits and requeues,
+with arguments of its own) by asking the jobctl on the login node.
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from jobctl.errors import SchedulerError
+from jobctl.errors import SchedulerError, SubmissionUncertain  # noqa: F401  (re-exported)
 from jobctl.model import JobStatus, Scheduler
 from jobctl.store.folder import JobFolder
-
-
-class SubmissionUncertain(SchedulerError):
-    """The scheduler call failed in a way that does not say whether the job was made (sbatch
-    timed out): the job stays PREPARED until `jobctl status` finds it, or finds it was not made."""
 
 
 @dataclass(frozen=True)

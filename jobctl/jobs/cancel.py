@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobctl.jobs import placement
+from jobctl.jobs import mirror, placement
 from jobctl.jobs.status import reconcile, refresh
 from jobctl.model import JobState
 
@@ -28,9 +28,12 @@ def cancel_records(history, records, say=lambda text: None) -> dict[int, dict]:
         else:
             todo.append(cur)
     asked_slurm = []
-    for backend, group in placement.by_backend(todo, history):
+    for backend, group in placement.by_backend(todo):
+        if placement.is_remote(group[0]):
+            mirror.ask(history, backend, group, "cancel")
+            continue
         backend.cancel(group)
-        if not placement.is_remote(group[0]) and group[0].scheduler == "slurm":
+        if group[0].scheduler == "slurm":
             asked_slurm += group
     if asked_slurm:  # record what Slurm says now; the job may also have ended on its own just before
         refresh(history, asked_slurm)

@@ -76,11 +76,11 @@ def render_request(subs: list[Submission], inv_loaded, *, token: str, sync_dir: 
                    show_secrets: bool) -> list[dict]:
     """--dry-run: what each job would be (on the login node for a remote cluster: its python,
     paths and sbatch), secrets hidden unless `show_secrets`."""
-    remote = placement.remote_for_inventory(inv_loaded, None)
+    remote = placement.remote_for_inventory(inv_loaded)
     if remote is not None:
         for i, sub in enumerate(subs):
             sub.token = token if len(subs) == 1 else f"{token}.{i}"
-        out = remote.submit(subs, token=token, sync_dir=sync_dir, dry_run=True, check=check)
+        out = remote.dry_run(subs, token=token, sync_dir=sync_dir, check=check)
     else:
         out = dry_run(subs, check=check)
     if not show_secrets:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jobctl.errors import UsageError
-from jobctl.jobs import placement
+from jobctl.jobs import mirror, placement
 from jobctl.jobs.recovery import failure_figures, next_submission
 from jobctl.jobs.status import refresh_live
 from jobctl.jobs.submission import submit_all
@@ -20,8 +20,8 @@ def requeue(history, record, *, smaller: bool, tried_to_allocate_bytes: int | No
             say=lambda text: None) -> tuple[dict, dict]:
     """Submit `record` again; (summary, submit result). A remote job is requeued on its login node."""
     if placement.is_remote(record):
-        return placement.remote_for(record.cluster, history).requeue(
-            record, smaller=smaller, tried_to_allocate_bytes=tried_to_allocate_bytes)
+        return mirror.requeue(history, placement.remote_for(record.remote_cluster), record, smaller=smaller,
+                              tried_to_allocate_bytes=tried_to_allocate_bytes)
     return requeue_record(history, record, smaller=smaller, tried_to_allocate_bytes=tried_to_allocate_bytes, say=say)
 
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from jobctl.backends.local import start_time
 from jobctl.errors import SchedulerError, UsageError
-from jobctl.jobs import placement
+from jobctl.jobs import mirror, placement
 from jobctl.model import JobState, JobStatus, Scheduler
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
@@ -20,7 +20,10 @@ from jobctl.store.history import UnknownJobError
 def refresh(history, records) -> dict[int, JobStatus]:
     """Ask each backend once about `records` and record what changed; {jobctl id: JobStatus}."""
     current: dict[int, JobStatus] = {}
-    for backend, group in placement.by_backend([r for r in records if r.scheduler_job_id], history):
+    for backend, group in placement.by_backend([r for r in records if r.scheduler_job_id]):
+        if placement.is_remote(group[0]):  # the login node's word, its new attempts too: recorded there
+            current.update(mirror.refresh(history, backend, group))
+            continue
         answers = backend.refresh(group)
         for r in group:
             st = answers.get(r.scheduler_job_id)
@@ -136,9 +139,9 @@ def refresh_live(history, records) -> dict[int, JobStatus]:
 
 def sync_copies(history, records) -> None:
     """Bring the local copies of remote jobs' folders up to date (nothing for jobs run from here)."""
-    for backend, group in placement.by_backend([r for r in records if r.scheduler_job_id], history):
+    for backend, group in placement.by_backend([r for r in records if r.scheduler_job_id]):
         if placement.is_remote(group[0]):
-            backend.sync(group)
+            mirror.ask(history, backend, group, "status")
 
 
 # --- references and rows ------------------------------------------------------------------------

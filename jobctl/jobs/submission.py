@@ -271,9 +271,11 @@ def submit(subs: list[Submission], inv_loaded, history, *, token: str, sync_dir:
     node when it has one (remote.backend). The result of each job as `submit_all` gives it."""
     for i, sub in enumerate(subs):
         sub.token = token if len(subs) == 1 else f"{token}.{i}"
-    remote = placement.remote_for_inventory(inv_loaded, history)
+    remote = placement.remote_for_inventory(inv_loaded)
     if remote is not None:
-        return remote.submit(subs, token=token, sync_dir=sync_dir, progress=progress)
+        from jobctl.jobs import mirror
+
+        return mirror.submit(history, remote, subs, token=token, sync_dir=sync_dir, progress=progress)
     return submit_all(subs, history, progress)
 
 

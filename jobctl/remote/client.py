@@ -23,12 +23,11 @@ import posixpath
 import re
 import shlex
 import uuid
-from datetime import datetime
 from pathlib import Path
 
 from jobctl import __version__
-from jobctl.errors import JobctlError, SchedulerError, UsageError
-from jobctl.model import TERMINAL_STATES, JobStatus, slug
+from jobctl.errors import JobctlError, SubmissionUncertain, UsageError
+from jobctl.model import slug
 from jobctl.remote.protocol import APPENDED, agent_argv, source_digest
 from jobctl.store.paths import history_path
 
@@ -39,24 +38,7 @@ _SESSIONS: dict = {}  # cluster name -> connected, version-checked Remote
 
 def cluster_of(record) -> str | None:
     """The remote cluster of a history record, or None for a job submitted from here."""
-    try:
-        remote = json.loads(record.extra_json).get("remote")
-    except (ValueError, AttributeError):
-        return None
-    return remote.get("cluster") if isinstance(remote, dict) else None
-
-
-def split(records) -> tuple[list, list]:
-    """(remote records, the others)."""
-    remote = [r for r in records if cluster_of(r)]
-    return remote, [r for r in records if not cluster_of(r)]
-
-
-def _by_cluster(records) -> dict[str, list]:
-    out: dict[str, list] = {}
-    for r in records:
-        out.setdefault(cluster_of(r), []).append(r)
-    return out
+    return getattr(record, "remote_cluster", None)
 
 
 # --- connections ---------------------------------------------------------------------------
@@ -157,63 +139,7 @@ def mirror_root() -> Path:
     return history_path().parent / "remote"
 
 
-def _remote_folder(record) -> str | None:
-    try:
-        return json.loads(record.extra_json)["remote"].get("folder")
-    except (ValueError, KeyError, AttributeError):
-        return None
-
-
-def mirror(history, cluster: str, files, described: list[dict]) -> dict[int, int]:
-    """Record the login node's jobs (agent.describe) in this history and copy their folders'
-    changed files (read through `files`, a Remote's files); {remote id: local id}."""
-    id_map: dict[int, int] = {}
-    for d in sorted(described, key=lambda d: d["id"]):  # parents before children
-        rec = history.find_by_token(d["token"])
-        if rec is None:
-            parent = history.find_by_token(d["parent_token"]) if d.get("parent_token") else None
-            extra = {**json.loads(d.get("extra_json") or "{}"), "remote": {"cluster": cluster}}
-            jid = history.prepare(
-                recipe_name=d["recipe_name"], recipe_text=d["recipe_text"], plan=d["plan_json"], cluster=d["cluster"],
-                scheduler=d["scheduler"], partition=d.get("partition"), recipe_path=d.get("recipe_path"),
-                parent_id=parent.id if parent else None, attempt=d["attempt"], token=d["token"],
-                predicted_peak_bytes=d.get("predicted_peak_bytes"), sweep_id=d.get("sweep_id"), extra=extra)
-            rec = history.get(jid)
-        id_map[d["id"]] = rec.id
-        if not _remote_folder(rec) or json.loads(rec.extra_json)["remote"].get("id") != d["id"]:
-            extra = json.loads(rec.extra_json)
-            extra["remote"] = {"cluster": cluster, "id": d["id"], "folder": d.get("job_folder")}
-            history.set_extra(rec.id, extra)
-        folder = _mirror_folder(cluster, rec.id, rec.recipe_name)
-        if d.get("scheduler_job_id") and not rec.scheduler_job_id:
-            history.mark_submitted(rec.id, d["scheduler_job_id"], folder)
-        state = d["state"]
-        if state == "SUBMIT_FAILED" and rec.state.value == "PREPARED":
-            history.mark_submit_failed(rec.id, d.get("detail") or f"refused on {cluster}")
-        elif state not in ("PREPARED", "SUBMIT_FAILED") and state != history.get(rec.id).state.value:
-            if d.get("started_at") and not history.get(rec.id).started_at and state != "RUNNING":
-                # it ran between two looks: record when it started, as the login node did
-                history.transition(rec.id, "RUNNING", f"on {cluster}", at=datetime.fromisoformat(d["started_at"]))
-            at = d.get("ended_at") if state in _terminal() else d.get("started_at") if state == "RUNNING" else None
-            history.transition(rec.id, state, f"on {cluster}", failure_kind=d.get("failure_kind"),
-                               exit_code=d.get("exit_code"), detail=d.get("detail"),
-                               at=datetime.fromisoformat(at) if at else None)
-        now = history.get(rec.id)
-        if now.state.value == state and d.get("failure_kind") and d["failure_kind"] != now.failure_kind:
-            history.set_failure(rec.id, d["failure_kind"], d.get("detail"))  # the first node's verdict came after sacct's
-        if d.get("measured_peak_bytes") and d["measured_peak_bytes"] != rec.measured_peak_bytes:
-            history.set_measured_peak(rec.id, int(d["measured_peak_bytes"]))
-    for d in described:
-        if d.get("files"):
-            _copy_files(files, _mirror_folder(cluster, id_map[d["id"]], d["recipe_name"]), d["files"], id_map)
-    return id_map
-
-
-def _terminal():
-    return {s.value for s in TERMINAL_STATES}
-
-
-def _mirror_folder(cluster: str, job_id: int, recipe_name: str) -> Path:
+def mirror_folder(cluster: str, job_id: int, recipe_name: str) -> Path:
     """The local copy of a remote job's folder: names from the login node are data, never
     paths (a recipe name "../../x" must not lead out of the mirror)."""
     return mirror_root() / slug(cluster) / f"{int(job_id)}-{slug(recipe_name)}"
@@ -288,66 +214,43 @@ def _translate(name: str, data: bytes, id_map: dict[int, int], folder: Path) -> 
 # --- the backend -----------------------------------------------------------------------------
 
 class RemoteBackend:
-    """A cluster behind a login node, as the job services see it: submit, refresh, cancel and
-    requeue run jobctl there (the agent) and mirror its answer into this history, with a copy
-    of each job folder; refresh answers like any backend ({scheduler id: JobStatus})."""
+    """A cluster behind a login node, as the job services see it: submit, status, cancel and
+    requeue run jobctl there (the agent) and answer what it says of its jobs ("described"
+    records, agent.describe); `copy_files` brings their folders' changed files here. It records
+    nothing: jobs/mirror.py writes what it says into this history."""
 
-    def __init__(self, cluster: str, history, inventory):
+    def __init__(self, cluster: str, inventory):
         self.cluster = cluster
-        self.history = history
         self.inventory = inventory  # the loaded inventory (config.Loaded), with its `login:` block
 
     @property
     def remote(self):
         return session(self.cluster, self.inventory.value)
 
-    def _ask(self, records, action: str) -> dict[int, dict]:
-        """Ask the login node once about `records`, mirror the answer; {local id: described job}."""
-        remote = self.remote
-        answer = agent(remote, action, {"tokens": [r.token for r in records]})
-        ids = mirror(self.history, self.cluster, remote.files, answer["records"])
-        return {ids[d["id"]]: d for d in answer["records"]}
+    def ask(self, records, action: str) -> list[dict]:
+        """Ask the login node once about `records` (and the attempts continuing them): "status"
+        or "cancel"; what it says of each."""
+        return agent(self.remote, action, {"tokens": [r.token for r in records]})["records"]
 
-    def refresh(self, records) -> dict[str, JobStatus]:
-        """Ask the login node (once) about `records` and the attempts continuing them, mirror
-        what changed; {scheduler id: JobStatus} for the records asked about."""
-        described = self._ask(records, "status")
-        return {r.scheduler_job_id: JobStatus(d["state"], d.get("exit_code"), None, d.get("started_at"),
-                                              d.get("ended_at"), failure_kind=d.get("failure_kind"),
-                                              detail=d.get("detail"))
-                for r in records if (d := described.get(r.id)) is not None and r.scheduler_job_id}
+    def copy_files(self, described: list[dict], id_map: dict[int, int]) -> None:
+        """Copy what changed in the described jobs' folders to their local copies (mirror_folder,
+        by local id)."""
+        for d in described:
+            if d.get("files"):
+                _copy_files(self.remote.files, mirror_folder(self.cluster, id_map[d["id"]], d["recipe_name"]),
+                            d["files"], id_map)
 
-    def sync(self, records) -> None:
-        """Bring the copies of these jobs' folders (and their rows) up to date, ended or not."""
-        self._ask(records, "status")
+    def requeue(self, record, *, smaller: bool, tried_to_allocate_bytes: int | None) -> dict:
+        """`jobctl requeue` of a remote job, done on the login node: its answer ({"job", "records"})."""
+        return agent(self.remote, "requeue", {"token": record.token, "smaller": smaller,
+                                              "tried_to_allocate_bytes": tried_to_allocate_bytes})
 
-    def cancel(self, records) -> None:
-        self._ask(records, "cancel")
-
-    def requeue(self, record, *, smaller: bool, tried_to_allocate_bytes: int | None) -> tuple[dict, dict]:
-        """`jobctl requeue` of a remote job, done on the login node; (summary, result) in local ids."""
-        remote = self.remote
-        answer = agent(remote, "requeue", {"token": record.token, "smaller": smaller,
-                                           "tried_to_allocate_bytes": tried_to_allocate_bytes})
-        id_map = mirror(self.history, self.cluster, remote.files, answer["records"])
-        out = dict(answer["job"])
-        out["remote_job_folder"] = out.get("job_folder")
-        out["jobctl_id"] = id_map[out["jobctl_id"]]
-        out["parent_id"] = id_map.get(out.get("parent_id"), record.id)
-        new = self.history.get(out["jobctl_id"])
-        out["job_folder"] = new.job_folder
-        return out, _result(new)
-
-    def submit(self, subs: list, *, token: str, sync_dir: str | None = None, dry_run: bool = False,
-               check: bool = False, progress=None) -> list[dict]:
-        """Submit prepared Submissions on a remote cluster; results like submit.submit_all's.
-
-        The files each job needs go over SFTP into <workdir>/requests/<token>/; with `sync_dir`,
-        that working tree goes to <workdir>/trees/<name> (changed files only) and the job runs there.
-        A local PREPARED row is recorded (with the token) before the login node is asked; a dry run
-        (rendered on the login node) records nothing and needs no history."""
+    def stage(self, subs: list, *, token: str, sync_dir: str | None = None, dry_run: bool = False,
+              check: bool = False, progress=None) -> dict:
+        """The request to submit `subs` on the login node, its files put there over SFTP into
+        <workdir>/requests/<token>/; with `sync_dir`, that working tree goes to
+        <workdir>/trees/<name> (changed files only) and the job runs there."""
         say = progress or (lambda text: None)
-        inv, history = self.inventory.value, self.history
         remote = self.remote
         workdir = remote.workdir
         stage = posixpath.join(workdir, "requests", token)
@@ -363,7 +266,8 @@ class RemoteBackend:
             tag = hashlib.sha256(str(src).encode()).hexdigest()[:8]
             chdir = posixpath.join(workdir, "trees", f"{src.name}-{tag}")
             res = sync_tree(remote, src, chdir)
-            say(f"synced {src} to {remote}:{chdir}: {res.uploaded} file(s) uploaded, {res.unchanged} unchanged, {res.deleted} removed")
+            say(f"synced {src} to {remote}:{chdir}: {res.uploaded} file(s) uploaded, {res.unchanged} unchanged, "
+                f"{res.deleted} removed")
         inv_data = {k: v for k, v in self.inventory.data.items() if k != "login"}
         inv_data["workdir"] = posixpath.join(workdir, "jobs")
         request = {"token": token, "inventory": remote.files.put_text(json.dumps(inv_data, default=str),
@@ -377,43 +281,21 @@ class RemoteBackend:
                                               posixpath.join(stage, f"plan-{i}.json")),
                 "overrides": sub.overrides, "recipe_path": sub.recipe_path, "policy": sub.policy.to_dict(),
                 "token": sub.token})
-        if dry_run:
-            return agent(remote, "submit", request)["dry_run"]
-        ids = []
-        for sub in subs:
-            known = history.find_by_token(sub.token)
-            ids.append(known.id if known else history.prepare(
-                recipe_name=sub.recipe_name, recipe_text=sub.recipe_text, plan=sub.plan, cluster=sub.cluster,
-                scheduler=sub.scheduler, partition=sub.partition, recipe_path=sub.recipe_path, sweep_id=sub.sweep_id,
-                token=sub.token, predicted_peak_bytes=sub.plan_report["memory"]["total_bytes"],
-                extra={"overrides": sub.overrides, "remote": {"cluster": inv.name}}))
+        return request
+
+    def submit(self, request: dict) -> dict:
+        """Submit a staged request there: its answer ({"records", "existing"}).
+        SubmissionUncertain, saying to run again with the same token, when the connection dropped
+        after it was sent (it may or may not have been submitted)."""
         from jobctl.remote.ssh import OutcomeUnknownError
 
         try:
-            answer = agent(remote, "submit", request)
-        except OutcomeUnknownError as e:  # the rows stay PREPARED: whether it was submitted is not known here
-            raise SchedulerError(e.message, hint=f"run the same command again with --token {token}: it returns the "
-                                 "job if it was submitted, and submits it if not") from None
-        except JobctlError as e:  # the login node answered: it did not submit
-            for jid in ids:
-                if history.get(jid).state.value == "PREPARED":
-                    history.mark_submit_failed(jid, e.message)
-            raise
-        mirror(history, inv.name, remote.files, answer["records"])
-        results = []
-        for jid in ids:
-            rec = history.get(jid)
-            again = rec.token in answer.get("existing", [])
-            results.append({**_result(rec), "existing": again})
-            say(f"#{rec.id} was already submitted with token {rec.token} as slurm job {rec.scheduler_job_id} on "
-                f"{inv.name}: not submitted again" if again else
-                f"submitted #{rec.id} as slurm job {rec.scheduler_job_id} on {inv.name} ({_remote_folder(rec)})")
-        return results
+            return agent(self.remote, "submit", request)
+        except OutcomeUnknownError as e:
+            raise SubmissionUncertain(e.message, hint=f"run the same command again with --token {request['token']}: "
+                                      "it returns the job if it was submitted, and submits it if not") from None
 
-
-
-
-def _result(rec) -> dict:
-    """A mirrored job as submission.submit_all describes what it submitted."""
-    return {"id": rec.id, "scheduler_job_id": rec.scheduler_job_id, "job_folder": rec.job_folder,
-            "recipe": rec.recipe_name, "remote_folder": _remote_folder(rec), "token": rec.token}
+    def dry_run(self, subs: list, *, token: str, sync_dir: str | None = None, check: bool = False) -> list[dict]:
+        """The jobs rendered on the login node (its python, paths and sbatch); nothing submitted."""
+        request = self.stage(subs, token=token, sync_dir=sync_dir, dry_run=True, check=check)
+        return agent(self.remote, "submit", request)["dry_run"]
