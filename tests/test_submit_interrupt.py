@@ -62,3 +62,26 @@ def test_ctrl_c_at_any_moment_keeps_history_and_slurm_in_step(slurm_cluster, tmp
     assert in_slurm == recorded  # nothing submitted without a record, nothing recorded that Slurm lacks
     for _, state, sid in rows:
         assert (state == "PREPARED") == (sid is None)  # an unsubmitted row stays visibly PREPARED
+
+
+def test_a_signal_ignored_on_entry_stays_ignored_through_the_submission_window():
+    """A background job of a script gets SIGINT ignored; the window that defers Ctrl-C until the
+    scheduler's answer is recorded must not turn an ignored SIGINT into a KeyboardInterrupt."""
+    code = ("import os, signal\n"
+            "from jobctl.jobs.submission import _interrupts_deferred\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "with _interrupts_deferred(block_children=True):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
+            "with _interrupts_deferred(block_children=False):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "print('ignored')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (r.returncode, r.stdout.strip()) == (0, "ignored"), r.stderr
+    # and a default SIGINT is still deferred to the window's end, then raised
+    code = code.replace("signal.signal(signal.SIGINT, signal.SIG_IGN)\n", "").replace(
+        "assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n", "")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode != 0 and "KeyboardInterrupt" in r.stderr

@@ -398,14 +398,15 @@ def _interrupts_deferred(block_children: bool):
         yield
         return
     caught: list[int] = []
-    signals = (signal.SIGINT, signal.SIGTERM)
+    # a signal ignored on entry (SIGINT in a background job of a script) stays ignored
+    signals = tuple(s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN)
     old = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
-    if block_children:
+    if block_children and signals:
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:
-        if block_children:
+        if block_children and signals:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # a pending one now runs the handler above
         for s, handler in old.items():
             signal.signal(s, handler)
