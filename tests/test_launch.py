@@ -13,12 +13,11 @@ import pytest
 from jobctl.backends.launch import (
     LaunchError,
     command_argv,
-    job_environment,
     launcher_argv,
     parse_slurm_time,
     rdzv_port,
-    slurm_parameters,
 )
+from jobctl.jobs.environment import job_environment, slurm_parameters
 from jobctl.config.schema import (
     Inventory,
     Launch,

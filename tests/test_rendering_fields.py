@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from jobctl import frameworks
-from jobctl.backends.launch import plan_environment
+from jobctl.jobs.environment import plan_environment
 from jobctl.model import JOB_FOLDER_TOKEN
 from jobctl.planner.memory import Workload
 from jobctl.planner.models import ModelSpec

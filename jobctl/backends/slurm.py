@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -419,9 +417,3 @@ def _sbatch_message(e: Exception) -> str:
         if marker in text:
             return text[text.index(marker):].strip().splitlines()[0]
     return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
-
-
-def python_command(folder: Path) -> str:
-    """The command submitit's SlurmExecutor puts in the script (slurm.py: python -u -m
-    submitit.core._submit FOLDER), for tests that compare scripts."""
-    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])

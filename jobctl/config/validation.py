@@ -10,7 +10,7 @@ import difflib
 import re
 from typing import Any, Callable
 
-from jobctl.errors import ConfigError, ConfigIssue
+from jobctl.errors import ConfigIssue
 
 CLI = "<command line>"  # the "file" of key=value overrides
 MISSING = "???"  # omegaconf's "must be given" marker
@@ -290,14 +290,6 @@ def _validation_issues(data: dict, model_cls, file: str, lines: dict, skip: set 
     if issues:
         value = None
     return value, issues
-
-
-def validate(data: dict, model_cls, file: str, lines: dict) -> Any:
-    """Validate plain data with a pydantic model; raise ConfigError listing every problem."""
-    value, issues = _validation_issues(data, model_cls, file, lines)
-    if issues:
-        raise ConfigError(_ordered(issues))
-    return value
 
 
 def _ordered(issues: list[ConfigIssue]) -> list[ConfigIssue]:

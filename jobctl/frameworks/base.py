@@ -107,9 +107,6 @@ class Capabilities:
     pp_stage_recv_buffers: bool = False
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
-    def runs_sharding(self, sharding: str) -> bool:
-        return sharding in self.shardings
-
     def offers(self, what: str, value: Any) -> bool:
         """Whether a plan knob value is one this framework runs (by its capability table)."""
         table = {"sharding": self.shardings, "recompute": self.recompute, "offload": self.offload}

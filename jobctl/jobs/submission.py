@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobctl.backends import launch
+from jobctl.jobs import environment
 from jobctl.backends.base import SubmissionUncertain, SubmitRequest
 from jobctl.config import loader as config
 from jobctl.errors import ConfigError, ConfigIssue, SchedulerError, UsageError
@@ -95,14 +96,14 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
     if isinstance(raw, list):  # "${plan.tp}" alone resolves to an int: an argument is its text
         raw = [str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x for x in raw]
     command = launch.command_argv(raw)
-    env = launch.job_environment(plan, recipe, inv, framework_env=fw.get("env") or {})
+    env = environment.job_environment(plan, recipe, inv, framework_env=fw.get("env") or {})
     env.update({str(k): str(v) for k, v in (launch_block.get("env") or {}).items()})
     _no_nul(recipe_loaded.path, command, env)
     scheduler = Scheduler(inv.scheduler)
     if scheduler is Scheduler.SLURM:
-        parameters = launch.slurm_parameters(plan, recipe, inv, part)
+        parameters = environment.slurm_parameters(plan, recipe, inv, part)
     else:
-        minutes = launch.parse_slurm_time(recipe.resources.time, "resources.time") or launch.DEFAULT_TIME_MIN
+        minutes = launch.parse_slurm_time(recipe.resources.time, "resources.time") or environment.DEFAULT_TIME_MIN
         parameters = {"timeout_min": minutes, "job_name": layout.slug(recipe.name)}
     data = dict(recipe_loaded.data)
     data["launch"] = launch_block

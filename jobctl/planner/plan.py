@@ -19,6 +19,13 @@ class Sharding(StrEnum):
     ZERO3 = "zero3"
     HSDP = "hsdp"
 
+    @property
+    def zero_stage(self) -> int:
+        """Its ZeRO stage: zero1 shards optimizer states, zero2 adds gradients, zero3 adds
+        parameters (Rajbhandari et al. 2020, "ZeRO", §5); HSDP shards all three inside a group
+        and replicates across groups, so within the group it is stage 3."""
+        return {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}[self.value]
+
 
 class Recompute(StrEnum):
     NONE = "none"
