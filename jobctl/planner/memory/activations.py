@@ -1,0 +1,258 @@
+"""Activations a rank keeps for the backward: per layer and per term, under recomputation,
+tensor/sequence/context parallelism, and the pipeline's micro-batches in flight (docs/memory-model.md,
+"Activations")."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from jobctl.frameworks import Selective
+from jobctl.planner.memory.stages import _stage_params_cached
+from jobctl.planner.memory.workload import GIB, Workload, _collector
+from jobctl.planner.plan import Plan
+
+
+def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str]]:
+    """Bytes one transformer layer saves for backward, per term, for micro-batch b on one rank.
+
+    GPT layers follow Korthikanti et al. 2022 (§4.1): s·b·h·(34 + 5·a·s/h) with 16-bit
+    activations and dropout; tensor parallelism divides the 24·sbh and 5·as²b parts by t,
+    sequence parallelism also the remaining 10·sbh. Llama layers are derived the same way
+    from what their backward keeps (see tests/torch_reference.py for the measurement):
+    RMSNorm inputs (+ fp32 copies in eager PyTorch), the QKV input, Q/K/V after RoPE,
+    the attention output and its fp32 log-sum-exp, the SwiGLU gate, SiLU, up and product.
+    FlashAttention/SDPA keep O(s) state instead of the a·s² scores. Totals (16-bit, t = 1):
+      llama, eager (HF-style):  24·sbh + 8·sbf + 8·sb + 4·asb
+      llama, fused kernels:     (12 + 4g/a)·sbh + 8·sbf + 8·sb + 4·asb  (6·sbf with TE's LayerNormMLP)
+      gpt, eager with dropout:  34·sbh + 5·as²b (+ LayerNorm statistics)
+    """
+    m = w.model
+    t, c = plan.tp, plan.cp
+    sp = plan.sequence_parallel and t > 1
+    s = w.seq_len / c  # context parallelism splits the sequence (Megatron-LM CP)
+    h, f, a, g = m.hidden, m.ffn_hidden, m.heads, m.kv_heads
+    e = w.act_bytes
+    sbh = s * b * h
+    rep = t if sp else 1  # divisor of the parts that TP alone leaves replicated
+    # what the column-parallel matmuls keep: the shard (Megatron gathers it again in backward)
+    # or the all-gathered whole sequence (torchtitan's DTensor plan; caps.sp_keeps_gathered_input)
+    mm_rep = 1 if w.caps.sp_keeps_gathered_input else rep
+    eager_attn = w.attention == "eager"
+    core_recomputed = plan.recompute == "selective"  # Korthikanti: recompute the attention core
+    dropout = m.dropout > 0
+    terms: list[tuple[str, float, str]] = []
+
+    def add(name, value, formula):
+        terms.append((name, value, formula))
+
+    if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC:
+        return _op_sac_terms(w, plan, b)
+    if m.family == "gpt":
+        add("layernorm inputs", 2 * e * sbh / rep + 2 * 8 * s * b / rep, "2 LayerNorms: 2·sbh (16-bit) + fp32 mean/rstd 8·sb each")
+        add("qkv input", e * sbh / mm_rep, "LayerNorm output kept by the QKV matmul: 2·sbh")
+        add("q, k, v", e * sbh * (a + 2 * g) / a / t, "Q, K, V: 2·sbh·(a+2g)/a /t")
+        if eager_attn and not core_recomputed:
+            probs = e * a * s * s * b / t
+            add("attention scores", probs + (a * s * s * b / t) * (1 if dropout else 0) + (probs if dropout else 0),
+                "softmax output 2·as²b, dropout mask as²b and output 2·as²b (with dropout) /t")
+        elif not eager_attn:
+            add("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t")
+        add("attention output", e * sbh / t, "context kept by the output projection: 2·sbh /t")
+        if dropout:
+            add("dropout masks", 2 * sbh / rep, "masks after attention and MLP: 1 byte each, 2·sbh")
+        add("mlp input", e * sbh / mm_rep, "LayerNorm output kept by fc1: 2·sbh")
+        add("mlp intermediates", 2 * e * s * b * f / t, "GELU input and output: 2 · 2·sbf /t (f=4h: 16·sbh)")
+        return terms
+
+    fused = w.caps.fused_kernels
+    if fused:
+        add("rmsnorm inputs", 2 * e * sbh / rep + 2 * 4 * s * b / rep, "fused RMSNorm keeps input + fp32 rstd: 2 · (2·sbh + 4·sb)")
+    else:
+        add("rmsnorm inputs", 2 * (4 * sbh + e * sbh) / rep + 2 * 4 * s * b / rep,
+            "eager (HF-style) RMSNorm keeps an fp32 copy (4·sbh), the normalised 16-bit tensor (2·sbh) and rstd (4·sb), twice")
+    add("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh"
+        + (" (all-gathered: not /t under SP)" if mm_rep != rep else ""))
+    # eager repeat_kv copies K and V up to a heads; fused kernels (and HF's SDPA path, which
+    # hands grouped K/V to the kernel: caps.sdpa_gqa) keep them at g heads
+    grouped = fused or (w.caps.sdpa_gqa and not eager_attn)
+    kv = (2 * g / a) if grouped else 2.0
+    add("q, k, v", e * sbh * (1 + kv) / t,
+        "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if grouped else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t")
+    if eager_attn and not core_recomputed:
+        # softmax(dtype=float32).to(q.dtype): a copy only when training in 16-bit
+        add("attention scores", (4 + (e if e != 4 else 0)) * a * s * s * b / t,
+            "eager softmax in fp32 (4·as²b) and its 16-bit copy (2·as²b) /t")
+    elif not eager_attn:
+        add("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t")
+    # SDPA/flash return a transposed view of a [b, s, a, d] buffer, so o_proj keeps the same
+    # storage (measured: no copy even after .contiguous() on the transposed view).
+    add("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t")
+    add("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh"
+        + (" (all-gathered: not /t under SP)" if mm_rep != rep else ""))
+    if w.caps.te_layernorm_mlp:
+        # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
+        # SwiGLU output (2·sbf), recomputing SiLU in backward (layernorm_mlp.py, save_for_backward).
+        add("mlp intermediates", 3 * e * s * b * f / t, "TE LayerNormMLP: fc1 output (gate, up) and SwiGLU output: 3 · 2·sbf /t")
+    else:
+        add("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t")
+    return terms
+
+
+def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str]]:
+    """What torchtitan's op-level selective AC keeps of a Llama block (activation_checkpoint.py,
+    the default save list and "recompute every second mm"): the block input (the checkpoint's
+    own input), the outputs of every odd matmul in forward order (fused wqkv, w1, w2 with
+    torchtitan's `wqkv`; wq, wv, w1, w2 with separate projections), the attention kernel's output
+    and log-sum-exp, and under TP + SP the two reduce-scatter outputs. Norms, RoPE, SiLU and
+    products are recomputed."""
+    m = w.model
+    t, c = plan.tp, plan.cp
+    sp = plan.sequence_parallel and t > 1
+    s = w.seq_len / c
+    h, f, a, g = m.hidden, m.ffn_hidden, m.heads, m.kv_heads
+    e = w.act_bytes
+    sbh = s * b * h
+    rep = t if sp else 1
+    out = [("block input", e * sbh / rep, "the checkpointed block's input: 2·sbh (/t with SP)")]
+    if w.caps.fused_qkv:  # wqkv(1) saved, wo(2) recomputed, w1(3) saved, w3(4) recomputed, w2(5) saved
+        out.append(("wqkv output", e * sbh * (a + 2 * g) / a / t, "1st mm (wqkv) saved: 2·sbh·(a+2g)/a /t"))
+    else:
+        out += [("wq output", e * sbh / t, "1st mm (wq) saved: 2·sbh /t"),
+                ("wv output", e * sbh * g / a / t, "3rd mm (wv) saved: 2·sbh·g/a /t")]
+    w1 = "3rd" if w.caps.fused_qkv else "5th"
+    w2 = "5th" if w.caps.fused_qkv else "7th"
+    out += [
+        ("attention output", e * sbh / t, "attention kernel output saved: 2·sbh /t"),
+        ("attention lse", 4 * a * s * b / t, "its fp32 log-sum-exp: 4·asb /t"),
+        ("w1 output", e * s * b * f / t, f"{w1} mm (w1, the SiLU input) saved: 2·sbf /t"),
+        ("w2 output", e * sbh, f"{w2} mm (w2) saved: 2·sbh (a partial sum before the TP reduction)"),
+    ]
+    if sp:
+        out.append(("reduce-scatter outputs", 2 * e * sbh / t, "wo and w2 reduce-scatter outputs (SP): 2 · 2·sbh /t"))
+    return out
+
+
+def layer_activation_bytes(w: Workload, plan: Plan, b: int) -> float:
+    return _layer_bytes(w, plan.tp, plan.cp, plan.sequence_parallel, plan.recompute, b)
+
+
+@lru_cache(maxsize=4096)
+def _layer_bytes(w: Workload, tp: int, cp: int, sp: bool, recompute: str, b: int) -> float:
+    """Cached sum of layer_activation_terms (the search asks for the same layer many times)."""
+    plan = Plan(1, 1, tp, 1, 1, cp, "none", b, 1, b, recompute, "none", sp)
+    return sum(v for _, v, _ in layer_activation_terms(w, plan, b))
+
+
+def stored_layer_bytes(w: Workload, plan: Plan, b: int) -> float:
+    """What one layer keeps between forward and backward under the recompute policy."""
+    if plan.recompute == "full":
+        # Only the layer input is checkpointed (Korthikanti §4.2: 2·sbh, /t with SP).
+        rep = plan.tp if plan.sequence_parallel and plan.tp > 1 else 1
+        return w.act_bytes * (w.seq_len / plan.cp) * b * w.model.hidden / rep
+    return layer_activation_bytes(w, plan, b)
+
+
+def pipeline_in_flight(plan: Plan, stage: str) -> float:
+    """Micro-batches of a stage's activations held at once (in units of the whole stage).
+
+    1F1B: stage r holds min(m, p − r) micro-batches (the first p, the second p − 1, the last 1).
+    Interleaved (v chunks of L/(p·v) layers): Megatron's rank r runs (p − r − 1)·2 + (v − 1)·p
+    chunk forwards before its first backward and holds one more, of m·v in all
+    (Megatron-Core pipeline_parallel/schedules.py; torchtitan's Interleaved1F1B is the same:
+    torch distributed/pipelining/schedules.py _get_warmup_ops, p micro-batches per round); in
+    stages that is ((p − r − 1)·2 + (v − 1)·p + 1)/v:
+    p·(1 + (p − 1)/(p·v)) on the first (Korthikanti et al. 2022 §4.2.3) and ((v − 1)·p + 1)/v
+    on the last, where 1F1B holds one."""
+    p, v, m = plan.pp, plan.virtual_stages, plan.grad_accum_steps
+    if p == 1:
+        return 1.0
+    r = {"first": 0, "middle": 1, "last": p - 1}.get(stage, 0)
+    if v <= 1:
+        return float(min(m, p - r))
+    chunks = min((p - r - 1) * 2 + (v - 1) * p + 1, m * v)
+    return chunks / v
+
+
+def recomputed_layers(plan: Plan, layers: float) -> float:
+    """Layers of a stage whose forward is recomputed: all under full recompute unless
+    plan.recompute_layers limits it (block recompute); none otherwise."""
+    if plan.recompute != "full":
+        return 0
+    if plan.recompute_layers and plan.recompute_layers < layers:
+        return plan.recompute_layers
+    return layers
+
+
+@lru_cache(maxsize=1 << 14)
+def _activation_items(w: Workload, tp: int, cp: int, sp: bool, recompute: str, recompute_layers: int, b: int,
+                      pp: int, in_flight: float, stage: str) -> tuple[tuple, float, float]:
+    """The layers' activations kept for backward on `stage` with `in_flight` micro-batches, and
+    the layer a recomputing backward rematerialises; also (activations, working set) in bytes."""
+    items, add = _collector()
+    plan = Plan(1, 1, tp, pp, 1, cp, "none", b, 1, b, recompute, "none", sp, 1, 0, recompute_layers)
+    layers = _stage_params_cached(w, tp, pp, stage)[2]
+    # Megatron-LM --recompute-method block --recompute-num-layers N: only N layers of each
+    # stage are recomputed (plan.recompute_layers; 0 = all of them).
+    per_layer = stored_layer_bytes(w, plan, b)
+    n_rc = recomputed_layers(plan, layers)
+    if recompute == "full" and n_rc < layers:
+        kept = layer_activation_bytes(w, plan, b)
+        acts = (per_layer * n_rc + kept * (layers - n_rc)) * in_flight
+    else:
+        kept = per_layer
+        acts = per_layer * layers * in_flight
+
+    def label():
+        if recompute == "full":
+            return (f"{n_rc:g} of {layers:g} layers recomputed keep only their input (2·sbh), the others "
+                    f"{kept / GIB:.3g} GiB each")
+        return "; ".join(f"{n_} {v / GIB:.3g}" for n_, v, _ in layer_activation_terms(w, plan, b))
+    add("layer activations", acts, "activations", lambda:
+        f"{per_layer / GIB:.3g} GiB/layer x {layers:g} layers x {in_flight:g} in flight; the micro-batches whose "
+        f"activations the schedule holds at once [{label()}]")
+    # One layer's activations are rematerialised during its backward. On the stage that computes
+    # the loss that happens after the logits and their gradients are freed (the output layer's
+    # backward runs first): the two peaks never coexist, only the excess counts (the torchtitan
+    # 8B trace, docs/memory-accuracy.md: counting both put activations+logits 9.2% high under
+    # full AC and 2.8% under op-level SAC).
+    working_set = 0.0
+    if recompute == "full":
+        working_set = layer_activation_bytes(w, plan, b)
+    elif recompute == "selective" and w.caps.selective is Selective.OP_SAC:
+        working_set = _layer_bytes(w, tp, cp, sp, "none", b)
+    if working_set and stage not in ("last", "only"):
+        add("recompute working set", working_set, "activations", lambda:
+            "one layer's activations rematerialised during its backward")
+    return tuple(items), acts, working_set
+
+
+@lru_cache(maxsize=1 << 14)
+def _pipeline_items(w: Workload, tp: int, cp: int, sp: bool, b: int, pp: int, v: int, m: int, stage: str,
+                    in_flight: float) -> tuple[tuple, float]:
+    """torch's PipelineStage receive buffers and GPT's embedding dropout mask; also the receive
+    buffers' bytes."""
+    items, add = _collector()
+    # one stage-boundary tensor's elements on this rank: s·b·h, split by cp and, under SP, by tp
+    sbh_local = (w.seq_len / cp) * b * w.model.hidden / (tp if sp else 1)
+    recv = 0.0
+    if pp > 1 and w.caps.pp_stage_recv_buffers:
+        # torch's PipelineStage (distributed/pipelining/stage.py _setup_forward_recv_info,
+        # _setup_backward_recv_info) allocates, for each of the m micro-batches, a buffer for every
+        # boundary tensor the stage receives (activations unless it is the first stage, gradients
+        # unless it is the last; per model chunk when interleaved) and keeps them through the step.
+        # A micro-batch in flight holds its received input as its first layer's saved input,
+        # already counted above; the rest are extra (traced: 31 x 32 MiB on 405B's last stage).
+        boundary = sbh_local * w.act_bytes
+        first, last = stage == "first", stage == "last"
+        n_recv = (v - first) + (v - last)
+        chunks = in_flight * v  # chunk forwards in flight on this rank
+        held_inputs = (v - 1) * pp if first else chunks  # in-flight inputs that arrived as received buffers
+        n_buf = max(0.0, m * n_recv - min(held_inputs, m * (v - first)))
+        recv = n_buf * boundary
+        add("pipeline receive buffers", recv, "buffers", lambda:
+            f"{n_buf:g} x {boundary / GIB:.3g} GiB: a buffer per micro-batch for each received activation and gradient "
+            f"(torch PipelineStage), less the inputs of the micro-batches in flight")
+    if w.model.family == "gpt" and w.model.dropout > 0 and stage in ("first", "only"):
+        add("embedding dropout mask", sbh_local * in_flight, "activations",
+            lambda: "dropout mask on the embeddings: sbh bytes")
+    return tuple(items), recv

@@ -1,0 +1,116 @@
+"""The breakdown on a rank: each group of terms built by its own module, summed, and the rank
+that holds the most (`estimate`); `estimate_stage` for one pipeline stage."""
+
+from __future__ import annotations
+
+from jobctl.planner.memory.activations import (
+    _activation_items,
+    _pipeline_items,
+    pipeline_in_flight,
+)
+from jobctl.planner.memory.allocator import _overheads, _phases
+from jobctl.planner.memory.buffers import _framework_buffer_items
+from jobctl.planner.memory.head import _head_items
+from jobctl.planner.memory.states import _state_items
+from jobctl.planner.memory.workload import GIB, MemoryBreakdown, Term, Workload
+from jobctl.planner.plan import Plan
+
+
+def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int | None = None,
+             detail: bool = True) -> MemoryBreakdown:
+    """Memory of the most loaded rank of `plan` (the max over first and last pipeline stage).
+
+    detail=False skips formatting the formulas (the search evaluates many layouts)."""
+    stages = ("only",) if plan.pp == 1 else ("first", "middle", "last") if plan.pp > 2 else ("first", "last")
+    best = None
+    for st in stages:
+        groups, terms = _stage_groups(w, plan, st, detail)
+        g = groups  # the GPU groups in _GPU_GROUPS' order, summed as sum() would (the same bits)
+        total = int(0 + g["weights"] + g["grads"] + g["optimizer"] + g["activations"] + g["logits"] + g["buffers"]
+                    + g["overlap"] + g["overhead"])
+        if best is None or total > best[0]:
+            best = (total, st, groups, terms)
+    return _breakdown(w, plan, best[1], best[2], best[3], gpu_memory_bytes, host_mem_bytes)
+
+
+def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, host_mem_bytes: int | None = None,
+                   detail: bool = True) -> MemoryBreakdown:
+    """Memory of one rank of one pipeline stage: "only" (no PP), "first", "middle" or "last".
+
+    estimate() takes the most loaded of them; a measurement of one stage (Megatron-LM logs the
+    last one, a trace follows one rank) is compared with this."""
+    groups, terms = _stage_groups(w, plan, stage, detail)
+    return _breakdown(w, plan, stage, groups, terms, gpu_memory_bytes, host_mem_bytes)
+
+
+# The groups of a stage's bytes: those on the GPU, in the order they are summed, then the host's.
+_GROUPS = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overlap", "overhead", "host")
+
+
+def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[dict, list[Term]]:
+    """Bytes per group on one rank of `stage`, and the terms (with formulas when `detail`).
+
+    The terms come in groups, each built by one function of the few plan values it reads and
+    kept once built (the search asks for the same groups across micro-batches, knobs and
+    objectives): model states (_state_items), the framework's gradient and gather buffers
+    (_framework_buffer_items), the layers' activations (_activation_items), the pipeline's
+    receive buffers (_pipeline_items), the output layer and the loss (_head_items); then the
+    phases that never coexist and the overheads, which read the groups' sums."""
+    terms: list[Term] = []
+    groups = dict.fromkeys(_GROUPS, 0.0)
+
+    def apply(items):
+        if not detail:
+            for _, value, group, _ in items:
+                groups[group] += value
+            return
+        for name, value, group, formula in items:
+            groups[group] += value
+            if group != "host":
+                terms.append(Term(name, float(value), group, formula()))
+
+    def add(name, value, group, formula):  # formula: a callable, formatted only when detail
+        groups[group] += value
+        if detail and group != "host":
+            terms.append(Term(name, float(value), group, formula()))
+
+    tp, pp, cp, sp, b = plan.tp, plan.pp, plan.cp, plan.sequence_parallel, plan.micro_batch_size
+    in_flight = pipeline_in_flight(plan, stage)
+    apply(_state_items(w, tp, pp, stage, plan.sharding, plan.shard_group, plan.offload))
+    buffers, fsdp_pp = _framework_buffer_items(w, tp, pp, stage, plan.sharding, plan.offload, plan.dp * cp > 1)
+    apply(buffers)
+    acts_items, acts, working_set = _activation_items(w, tp, cp, sp, plan.recompute, plan.recompute_layers, b, pp,
+                                                      in_flight, stage)
+    apply(acts_items)
+    pipe_items, recv = _pipeline_items(w, tp, cp, sp, b, pp, plan.virtual_stages, plan.grad_accum_steps, stage,
+                                       in_flight)
+    apply(pipe_items)
+    if stage in ("last", "only"):
+        apply(_head_items(w, tp, cp, sp, b, pp, stage, working_set))
+    phases = _phases(add, w, plan, stage, groups, acts, working_set, fsdp_pp, recv)
+    _overheads(add, w, plan, stage, groups, phases)
+    return groups, terms
+
+
+def _breakdown(w: Workload, plan: Plan, stage: str, groups: dict, terms: list[Term], gpu_memory_bytes: int,
+               host_mem_bytes: int | None) -> MemoryBreakdown:
+    """The groups' bytes of one stage against what the GPU and the node can hold."""
+    o = w.overheads
+    groups = dict(groups)
+    host = groups.pop("host")
+    total = sum(groups.values())
+    usable = gpu_memory_bytes - o.safety_margin_gib * GIB
+    ranks_per_node = plan.gpus_per_node
+    host_node = (host + o.host_per_process_gib * GIB) * ranks_per_node
+    host_usable = (host_mem_bytes - o.host_reserve_gib * GIB) if host_mem_bytes else float("inf")
+    return MemoryBreakdown(
+        weights_bytes=int(groups["weights"]), grads_bytes=int(groups["grads"]),
+        optimizer_bytes=int(groups["optimizer"]), activations_bytes=int(groups["activations"]),
+        logits_bytes=int(groups["logits"]), buffers_bytes=int(groups["buffers"]),
+        overhead_bytes=int(groups["overhead"]), total_bytes=int(total), gpu_usable_bytes=int(usable),
+        overlap_bytes=int(groups["overlap"]),
+        host_bytes_per_node=int(host_node), host_usable_bytes=int(min(host_usable, 1 << 62)),
+        stage=stage, terms=tuple(terms),
+    )
+
+

@@ -1,0 +1,89 @@
+"""What each framework allocates around the model states: gradient buckets, gathered FSDP
+units, DeepSpeed's reduce buckets, pipeline receive buffers (docs/memory-model.md, "Buffers")."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from jobctl.frameworks import GradBuffer
+from jobctl.planner.memory.stages import _stage_params_cached, framework_vocab
+from jobctl.planner.memory.states import state_bytes
+from jobctl.planner.memory.workload import (
+    DEEPSPEED_REDUCE_BUCKET_ELEMS,
+    Workload,
+    _collector,
+    _compute_bytes,
+)
+
+
+class _FsdpUnderPP(NamedTuple):
+    """What the phases of FSDP2 under pipeline parallelism read of the buffer terms."""
+
+    stage_bytes: float  # the stage kept unsharded: weights + accumulated gradients
+    layer_unit: float  # parameters of one decoder layer on this rank
+    root_unit: float  # parameters of the stage's root unit (embedding or output layer)
+    acc_b: int  # bytes per accumulated gradient element
+
+
+@lru_cache(maxsize=1 << 12)
+def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, offload: str,
+                            data_parallel: bool) -> tuple[tuple, _FsdpUnderPP | None]:
+    """The buffers a framework keeps beside the model states (FSDP2's unsharded stage under PP,
+    gathered layers, DDP buckets, DeepSpeed's reduce bucket), and what FSDP2-under-PP's phases
+    read of them (None unless that is the case)."""
+    items, add = _collector()
+    m = w.model
+    sb = state_bytes(w.framework, w.precision, w.optimizer)
+    layer_p, extra_p, _ = _stage_params_cached(w, tp, pp, stage)
+    rank_params = layer_p + extra_p
+    trainable = rank_params  # the buffers below are for full training only
+    compute_b = _compute_bytes(w)
+    fsdp_pp = None
+    unsharded_stage = (sharding in ("zero3", "hsdp") and pp > 1 and not w.caps.reshard_under_pp
+                       and w.method == "full" and offload == "none")
+    if unsharded_stage:
+        # FSDP2 under pipeline parallelism (torchtitan): parameters stay unsharded from the first
+        # micro-batch's forward to the last one's backward (reshard_after_forward False under PP,
+        # torchtitan distributed/fsdp.py get_fsdp_reshard_after_forward_policy), and gradients
+        # accumulate unsharded, upcast to the fp32 reduce dtype, until the last backward
+        # (torch distributed/pipelining/stage.py backward_maybe_with_nosync:
+        # set_requires_gradient_sync(False); fsdp _fsdp_param.py to_accumulated_grad_if_needed)
+        acc_b = max(w.caps.reduce_bytes, compute_b)
+        stage_bytes = rank_params * (compute_b + acc_b)
+        add("unsharded stage (FSDP under PP)", stage_bytes, "buffers", lambda:
+            f"{rank_params:.4g} stage params kept whole: {compute_b} B weights + {acc_b} B accumulated gradients")
+        # FSDP units: the decoder layers and the stage's root (the embedding on the first stage,
+        # the output layer on the last). A layer's backward makes its 16-bit gradient before it is
+        # added to the accumulated one, while the micro-batches in flight hold their activations.
+        # The root's comes last in a micro-batch's backward, once that micro-batch's activations
+        # are freed (first stage), or after the logits are (last stage), so it is not added; nor
+        # the layers' on the last stage, whose peak is at the loss (traced, first and last stage).
+        layer_unit = m.layer_params() / tp
+        root_unit = framework_vocab(w, tp) * m.hidden / tp if stage in ("first", "last") else 0.0
+        if stage != "last":
+            add("gradient before accumulation", layer_unit * compute_b, "buffers", lambda:
+                f"one layer's {compute_b}-B gradient, made in its backward before it joins the accumulated one")
+        fsdp_pp = _FsdpUnderPP(stage_bytes, layer_unit, root_unit, acc_b)
+    elif sharding in ("zero3", "hsdp") or offload == "optimizer+params":
+        unit = max(m.layer_params(), m.vocab * m.hidden) / tp
+        add("gathered weights", unit * (2 * compute_b + compute_b + sb.grad), "buffers", lambda:
+            "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in 16-bit, "
+            "plus its unsharded gradient before reduce-scatter")
+    elif data_parallel and w.method == "full" and offload == "none":
+        if w.caps.grad_buffer is GradBuffer.DDP_BUCKETS and sharding == "none":
+            add("ddp buckets", trainable * sb.grad, "buffers", lambda:
+                "DDP copies gradients into flat buckets (gradient_as_bucket_view=False, the default)")
+        elif w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET and sharding == "none":
+            add("reduce bucket", min(trainable, DEEPSPEED_REDUCE_BUCKET_ELEMS) * sb.grad, "buffers", lambda:
+                "DeepSpeed without ZeRO: gradients flattened into all-reduce buckets of up to 5e8 elements")
+    if (w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET and w.method == "full" and offload == "none"
+            and sharding != "none"):
+        # DeepSpeed's ZeRO (contiguous_gradients, the default) allocates its gradient bucket at
+        # reduce_bucket_size elements whatever the model's size: at every backward for stages 1
+        # and 2 (stage_1_and_2.py setup_buckets), once at start for stage 3 (stage3.py); measured
+        # on CPU with DeepSpeed's own engine (benchmarks/deepspeed_memory.py): 1.0e9 bytes in bf16
+        # for a 1.9M-parameter model, at 1 and 2 ranks
+        add("reduce bucket", DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b, "buffers", lambda:
+            f"DeepSpeed reduce_bucket_size: 5e8 elements x {compute_b} B, allocated whatever the model's size")
+    return tuple(items), fsdp_pp

@@ -1,0 +1,170 @@
+"""What the memory model is given and what it answers: the workload as the planner sees it
+(`Workload`, its `Overheads`), one term (`Term`) and the breakdown on a rank (`MemoryBreakdown`);
+the named constants its terms use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from jobctl import frameworks
+from jobctl.frameworks import Framework
+from jobctl.planner.models import ModelSpec
+
+GIB = 1 << 30
+
+
+# DeepSpeed defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size 5e8 elements.
+DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
+
+
+# bitsandbytes 8-bit blockwise optimizers: 2048-element blocks, one fp32 absmax per block.
+BNB_BLOCK = 2048
+
+
+# QLoRA (Dettmers et al. 2023): NF4 weights (0.5 byte) with double-quantised constants:
+# 8-bit absmax per 64 weights plus one fp32 per 256 such blocks = 0.5 + 1/64 + 4/(64·256).
+QLORA_WEIGHT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Named, configurable terms for what the GPU holds besides tensors (docs/memory-model.md §4)."""
+
+    # CUDA context, kernels and cuBLAS workspace per process: typically 0.5-1 GiB on
+    # Hopper with CUDA 12 lazy loading; measure as nvidia-smi used minus memory_reserved().
+    cuda_context_gib: float = 0.75
+    # NCCL buffers per communicator of size > 1 (NCCL_BUFFSIZE 4 MiB x channels x peers).
+    nccl_gib: float = 0.25
+    # Kept free under the GPU total so that a small misprediction is not an OOM.
+    safety_margin_gib: float = 1.0
+    # Caching-allocator fragmentation, as a fraction of the transient tensors (activations,
+    # logits, buffers). expandable_segments:True (which jobctl sets) maps pages into one
+    # segment and leaves far less slack than the default segment-per-size-class allocator.
+    allocator_reserve_fraction: float | None = None
+    expandable_segments: bool = True
+    # Host side, per node: OS and page cache kept free; each rank's process (Python, CUDA
+    # host allocations, dataloader workers).
+    host_reserve_gib: float = 8.0
+    host_per_process_gib: float = 3.0
+    # Learned from an earlier CUDA OOM of this workload on this partition (planner/ladder.py,
+    # Calibration): bytes the model missed, fixed plus per byte of activations and logits.
+    learned_gap_bytes: int = 0
+    learned_per_scaling: float = 0.0
+    learned_from: str = ""
+
+    @property
+    def reserve_fraction(self) -> float:
+        if self.allocator_reserve_fraction is not None:
+            return self.allocator_reserve_fraction
+        return 0.05 if self.expandable_segments else 0.15
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained, independent of where: the planner's view of a recipe."""
+
+    model: ModelSpec
+    seq_len: int
+    global_batch_size: int
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    method: str = "full"
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+    attention: str = "flash"
+    fused_cross_entropy: bool = False
+    framework: Framework = field(default_factory=lambda: frameworks.get("custom"))
+    overheads: Overheads = field(default_factory=Overheads)
+
+    def __post_init__(self):
+        if not isinstance(self.framework, Framework):  # a name: its table
+            object.__setattr__(self, "framework", frameworks.get(self.framework))
+
+    @property
+    def caps(self) -> frameworks.Capabilities:
+        return self.framework.caps
+
+    def __hash__(self) -> int:  # hashed on every cache lookup of the search: compute once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per activation element: 16-bit under every recipe but fp32."""
+        return 4 if self.precision == "fp32" else 2
+
+
+class Term(NamedTuple):
+    name: str
+    bytes: float
+    group: str  # weights | grads | optimizer | activations | logits | buffers | overhead | host
+    formula: str
+
+
+class MemoryBreakdown(NamedTuple):
+    """Bytes on the most loaded rank, by group, plus every term with its formula. (An immutable
+    value like the planner's dataclasses; a named tuple because a search makes thousands, and
+    _replace gives the same bytes against another GPU's usable memory.)"""
+
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    logits_bytes: int
+    buffers_bytes: int
+    overhead_bytes: int
+    total_bytes: int
+    gpu_usable_bytes: int
+    host_bytes_per_node: int
+    host_usable_bytes: int
+    stage: str  # which pipeline stage is the most loaded: "first", "last" or "only"
+    terms: tuple[Term, ...] = ()
+    overlap_bytes: int = 0  # (<= 0) terms that are never held together (FSDP2's phases)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """The tensors' bytes: the total less the overheads (CUDA context, NCCL buffers, the
+        allocator's reserve, what was learned from an OOM), which no tensor holds; what
+        torch.cuda.max_memory_allocated or a trace of live tensors measures."""
+        return self.total_bytes - self.overhead_bytes
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.total_bytes <= self.gpu_usable_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_bytes_per_node <= self.host_usable_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+    def to_dict(self) -> dict:
+        keys = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
+                "buffers_bytes", "overhead_bytes", "total_bytes", "gpu_usable_bytes", "host_bytes_per_node")
+        out = {k: int(getattr(self, k)) for k in keys}
+        out["overlap_bytes"] = int(self.overlap_bytes)
+        out["host_usable_bytes"] = int(self.host_usable_bytes)
+        out["stage"] = self.stage
+        out["terms"] = [{"name": t.name, "group": t.group, "bytes": int(t.bytes), "formula": t.formula}
+                        for t in self.terms]
+        return out
+
+
+def _collector():
+    """A list of (name, bytes, group, formula) items and the `add` that appends to it."""
+    items: list = []
+
+    def add(name, value, group, formula):
+        items.append((name, value, group, formula))
+
+    return items, add
+
+
+def _compute_bytes(w: Workload) -> int:
+    return 4 if w.precision == "fp32" else 2
