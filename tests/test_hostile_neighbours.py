@@ -413,7 +413,7 @@ def test_a_deep_recipe_is_refused_when_libyaml_stops_before_the_nesting(tmp_path
     # Stand in for such a libyaml: a scanner that stops at once.
     import yaml
 
-    from jobctl.config import loader
+    from jobctl.config import limits
     from jobctl.errors import ConfigError
     from jobctl.planning import load_recipe
 
@@ -421,7 +421,7 @@ def test_a_deep_recipe_is_refused_when_libyaml_stops_before_the_nesting(tmp_path
         def check_token(self, *choices):
             raise yaml.scanner.ScannerError("libyaml stopped here")
 
-    monkeypatch.setattr(loader, "_FAST", StopsAtOnce)
+    monkeypatch.setattr(limits, "_FAST", StopsAtOnce)
     monkeypatch.setenv("JOBCTL_NO_CACHE", "1")
     deep = tmp_path / "deep.yaml"
     deep.write_text("name: deep\nm: " + "[" * 100_000 + "]" * 100_000 + "\n")
