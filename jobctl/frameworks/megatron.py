@@ -131,87 +131,79 @@ def problems(plan, w) -> list[str]:
 
 
 def render(plan, w) -> Rendered:
-    m = w.model
-    a: list[str] = []
-
-    def flag(name, value=None):
-        a.append(name)
-        if value is not None:
-            a.append(str(value))
-
-    # the model (Megatron builds it from flags)
-    flag("--num-layers", m.layers)
-    flag("--hidden-size", m.hidden)
-    flag("--ffn-hidden-size", m.ffn_hidden)
-    flag("--num-attention-heads", m.heads)
-    if m.kv_heads != m.heads:
-        flag("--group-query-attention")
-        flag("--num-query-groups", m.kv_heads)
-    flag("--seq-length", w.seq_len)
-    flag("--max-position-embeddings", max(w.seq_len, m.max_seq_len or 0))
-    if m.family == "llama":
-        flag("--position-embedding-type", "rope")
-        flag("--normalization", "RMSNorm")
-        flag("--swiglu")
-        flag("--disable-bias-linear")
-        if not m.tied_embeddings:
-            flag("--untie-embeddings-and-output-weights")
-    # parallelism
-    flag("--tensor-model-parallel-size", plan.tp)
-    flag("--pipeline-model-parallel-size", plan.pp)
-    flag("--context-parallel-size", plan.cp)
-    if plan.sequence_parallel and plan.tp > 1:
-        flag("--sequence-parallel")
-    v = getattr(plan, "virtual_stages", 1)
-    notes = []
-    if plan.pp > 1:
-        per_stage, emb, loss = pipeline_split(m.layers, plan.pp)
-        if emb:
-            flag("--account-for-embedding-in-pipeline-split")
-        if loss:
-            flag("--account-for-loss-in-pipeline-split")
-        if v > 1:
-            flag("--num-layers-per-virtual-pipeline-stage", per_stage // v)
-    # batch: dp and the micro-batch count are derived (dp = world/(tp*pp*cp); global/(micro*dp))
-    flag("--micro-batch-size", plan.micro_batch_size)
-    flag("--global-batch-size", plan.global_batch_size)
-    # memory knobs
-    if plan.sharding == "zero1":
-        flag("--use-distributed-optimizer")
-    if plan.recompute == "selective":
-        flag("--recompute-granularity", "selective")
-    elif plan.recompute == "full":
-        flag("--recompute-granularity", "full")
-        n = plan.recompute_layers
-        if n:  # the first n layers of each model chunk are recomputed, the rest kept
-            flag("--recompute-method", "block")
-            flag("--recompute-num-layers", max(1, n // max(v, 1)))
-        else:  # every layer, one at a time
-            flag("--recompute-method", "uniform")
-            flag("--recompute-num-layers", 1)
-    if plan.offload == "optimizer":
-        flag("--optimizer-cpu-offload")
-        flag("--use-precision-aware-optimizer")
-    # precision and optimizer
-    if w.precision == "bf16-mixed":
-        flag("--bf16")
-    elif w.precision == "fp16-mixed":
-        flag("--fp16")
-    flag("--optimizer", "adam" if w.optimizer == "adamw" else "sgd")
-    if w.optimizer == "sgd":
-        flag("--sgd-momentum", 0.0)
-    if w.attention == "flash":
-        flag("--attention-backend", "flash")
-    if w.fused_cross_entropy:  # Megatron-Core's own fused loss (fusions/fused_cross_entropy.py)
-        flag("--cross-entropy-loss-fusion")
-        flag("--cross-entropy-fusion-impl", "native")
+    """The plan as pretrain_gpt.py's flags (the model, parallelism, batch, memory knobs,
+    precision), and the environment Megatron needs for them."""
+    a = [*_model_flags(w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan), *_training_flags(w)]
     env = {}
     if plan.tp > 1 or plan.cp > 1:
         # validate_args refuses tp/cp > 1 without it on Hopper and older (compute/comm ordering)
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    notes.append("dp and the number of micro-batches are derived by Megatron: dp = world / (tp*pp*cp) = "
-                 f"{plan.dp}, micro-batches = global / (micro * dp) = {plan.grad_accum_steps}")
-    return Rendered(CAPS.name, tuple(a), {}, env, tuple(notes))
+    notes = ("dp and the number of micro-batches are derived by Megatron: dp = world / (tp*pp*cp) = "
+             f"{plan.dp}, micro-batches = global / (micro * dp) = {plan.grad_accum_steps}",)
+    return Rendered(CAPS.name, tuple(str(x) for x in a), {}, env, notes)
+
+
+def _model_flags(w) -> list:
+    """The model, which Megatron builds from flags."""
+    m = w.model
+    a = ["--num-layers", m.layers, "--hidden-size", m.hidden, "--ffn-hidden-size", m.ffn_hidden,
+         "--num-attention-heads", m.heads]
+    if m.kv_heads != m.heads:
+        a += ["--group-query-attention", "--num-query-groups", m.kv_heads]
+    a += ["--seq-length", w.seq_len, "--max-position-embeddings", max(w.seq_len, m.max_seq_len or 0)]
+    if m.family == "llama":
+        a += ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear"]
+        if not m.tied_embeddings:
+            a.append("--untie-embeddings-and-output-weights")
+    return a
+
+
+def _parallel_flags(plan, layers: int) -> list:
+    """tp, pp (with its uneven split and virtual stages), cp, sequence parallel, the batch (dp
+    and the micro-batch count are derived: dp = world/(tp*pp*cp), micro-batches = global/(micro*dp))."""
+    a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp,
+         "--context-parallel-size", plan.cp]
+    if plan.sequence_parallel and plan.tp > 1:
+        a.append("--sequence-parallel")
+    if plan.pp > 1:
+        per_stage, emb, loss = pipeline_split(layers, plan.pp)
+        if emb:
+            a.append("--account-for-embedding-in-pipeline-split")
+        if loss:
+            a.append("--account-for-loss-in-pipeline-split")
+        if plan.virtual_stages > 1:
+            a += ["--num-layers-per-virtual-pipeline-stage", per_stage // plan.virtual_stages]
+    return a + ["--micro-batch-size", plan.micro_batch_size, "--global-batch-size", plan.global_batch_size]
+
+
+def _memory_flags(plan) -> list:
+    """The distributed optimizer, recomputation and optimizer offload."""
+    a = ["--use-distributed-optimizer"] if plan.sharding == "zero1" else []
+    if plan.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    elif plan.recompute == "full":
+        a += ["--recompute-granularity", "full"]
+        n = plan.recompute_layers
+        if n:  # the first n layers of each model chunk are recomputed, the rest kept
+            a += ["--recompute-method", "block", "--recompute-num-layers", max(1, n // max(plan.virtual_stages, 1))]
+        else:  # every layer, one at a time
+            a += ["--recompute-method", "uniform", "--recompute-num-layers", 1]
+    if plan.offload == "optimizer":
+        a += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
+    return a
+
+
+def _training_flags(w) -> list:
+    """Precision, optimizer, attention backend and the fused loss."""
+    a = {"bf16-mixed": ["--bf16"], "fp16-mixed": ["--fp16"]}.get(w.precision, [])
+    a += ["--optimizer", "adam" if w.optimizer == "adamw" else "sgd"]
+    if w.optimizer == "sgd":
+        a += ["--sgd-momentum", 0.0]
+    if w.attention == "flash":
+        a += ["--attention-backend", "flash"]
+    if w.fused_cross_entropy:  # Megatron-Core's own fused loss (fusions/fused_cross_entropy.py)
+        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native"]
+    return a
 
 
 FRAMEWORK = Framework(CAPS, problems, render)

@@ -35,51 +35,15 @@ def _choice(flag: str, value: str, allowed: tuple) -> None:
 def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0, num_gpus=1, optimizer="adamw",
               precision="bf16-mixed", zero_stage=0, framework="custom", offload="none", seq_len=None,
               micro_batch_size=1, recompute="none") -> dict:
-
-    _choice("--optimizer", optimizer, OPTIMIZERS)
-    _choice("--precision", precision, PRECISIONS)
-    _choice("--framework", framework, FRAMEWORKS)
-    _choice("--offload", offload, OFFLOADS)
-    _choice("--recompute", recompute, RECOMPUTES)
-    if zero_stage not in (0, 1, 2, 3):
-        raise UsageError(f"--zero-stage: expected 0, 1, 2 or 3, got {zero_stage}")
-    if num_gpus < 1 or num_gpus > 1 << 20:
-        raise UsageError(f"--num-gpus: expected a positive number of GPUs, got {num_gpus}")
-    if not 0 < gpu_memory_gb <= 4096:
-        raise UsageError(f"--gpu-memory-gb: expected a size in GB between 0 and 4096, got {gpu_memory_gb}")
-    given = [x for x in (params, model_size_gb, model) if x is not None]
-    if len(given) != 1:
-        raise UsageError("give exactly one of --params, --model-size-gb or --model",
-                         hint="e.g. jobctl memory --model-size-gb 14 --gpu-memory-gb 80")
+    """`jobctl memory`: the model states (and, with --model and --seq-len, the activations) per
+    GPU, whether they fit, and what the usual rules of thumb get right or wrong here."""
+    asked = {"params": params, "model_size_gb": model_size_gb, "model": model, "gpu_memory_gb": gpu_memory_gb,
+             "num_gpus": num_gpus, "optimizer": optimizer, "precision": precision, "zero_stage": zero_stage,
+             "framework": framework, "offload": offload, "seq_len": seq_len,
+             "micro_batch_size": micro_batch_size, "recompute": recompute}
+    _check_choices(asked)
     notes: list[str] = []
-    if model is not None:
-        if model not in PRESETS:
-            raise UsageError("--model: " + unknown_message("model preset", model, sorted(PRESETS)))
-        spec = PRESETS[model]
-        n = spec.params()
-        notes.append(f"{model} has {n:,} parameters: {n * 2 / 1e9:.2f} GB in 16-bit ({n * 2 / GIB:.2f} GiB)")
-    else:
-        if params is not None:
-            if not 0 < params < 1e14:
-                raise UsageError(f"--params: expected a parameter count such as 7.5e9, got {params:g}")
-            n = int(params)
-        else:
-            if not 0 < model_size_gb < 1e6:
-                raise UsageError(f"--model-size-gb: expected a positive size in GB, got {model_size_gb:g}")
-            n = int(model_size_gb * 1e9 / 2)
-            notes.append(f"--model-size-gb {model_size_gb:g} read as 16-bit weights: {n / 1e9:.2f}e9 parameters "
-                         "(an 8B Llama is 16 GB in bf16, not 14)")
-        if optimizer == "adafactor":
-            raise UsageError("--optimizer adafactor: its state depends on the matrix shapes",
-                             hint="give --model PRESET instead of a parameter count")
-        # One "layer" of n vectors: the states per parameter do not depend on shapes here.
-        spec = ModelSpec("params", "llama", 1, 1, 1, 1, 1, 1)
-    if seq_len is not None and not 0 < seq_len <= 16 * 2**20:
-        raise UsageError(f"--seq-len: expected a positive sequence length up to {16 * 2**20}, got {seq_len}")
-    if not 0 < micro_batch_size <= 2**20:
-        raise UsageError(f"--micro-batch-size: expected a positive number of sequences up to {2**20}, got {micro_batch_size}")
-    if seq_len is not None and model is None:
-        raise UsageError("--seq-len needs --model (activations depend on the architecture)")
+    spec, n = _model(params, model_size_gb, model, optimizer, notes)
     sharding = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[zero_stage]
     if offload != "none" and zero_stage == 0:
         notes.append("offload is a ZeRO feature: states are offloaded unsharded")
@@ -88,14 +52,13 @@ def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0
     w = Workload(spec, seq_len or 1, micro_batch_size * num_gpus, optimizer, precision, framework=framework,
                  overheads=Overheads())
     mem = estimate(w, int(gpu_memory_gb * GIB), plan).to_dict()
+    sb = state_bytes(framework, precision, optimizer)
     if model is None:
         # Only the model states of n parameters: replace the fake 1-parameter model's states.
-        sb = state_bytes(framework, precision, optimizer)
         mem = _states_only(mem, n, sb, optimizer, sharding, num_gpus, offload, precision)
     if seq_len is None:
         mem = _drop_groups(mem, ("activations", "logits"))
         notes.append("activations are not included: give --model and --seq-len (or use `jobctl plan` with a recipe)")
-    sb = state_bytes(framework, precision, optimizer)
     per_param_opt = sb.master + (2 if optimizer in ("adamw", "adam8bit") else 1 if optimizer in ("lion", "sgd-momentum", "adam-mini") else 0) * sb.state_elem
     if optimizer in ("adamw", "adam8bit"):
         notes.append(f"{optimizer} under {precision} ({framework}) keeps {per_param_opt:g} B/parameter of optimizer state "
@@ -106,16 +69,63 @@ def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0
     left = usable - total
     verdict = (f"fits: {total / GIB:.2f} GiB of {usable / GIB:.2f} GiB usable, {left / GIB:.2f} GiB left for activations"
                if fits else f"does not fit: needs {total / GIB:.2f} GiB, {usable / GIB:.2f} GiB usable "
-               f"({-left / GIB:.2f} GiB short); " + _what_fits({
-                   "params": params, "model_size_gb": model_size_gb, "model": model, "gpu_memory_gb": gpu_memory_gb,
-                   "num_gpus": num_gpus, "optimizer": optimizer, "precision": precision, "zero_stage": zero_stage,
-                   "framework": framework, "offload": offload, "seq_len": seq_len,
-                   "micro_batch_size": micro_batch_size, "recompute": recompute}))
+               f"({-left / GIB:.2f} GiB short); " + _what_fits(asked))
     headline = (f"{n / 1e9:.2f}B parameters, {precision}, {optimizer}, ZeRO stage {zero_stage} over {num_gpus} GPU(s), "
                 f"{framework}")
     return {"fits": fits, "params": n, "memory": mem, "notes": notes, "verdict": verdict, "headline": headline,
             "assumptions": {"gpu_memory_gib": gpu_memory_gb, "num_gpus": num_gpus, "optimizer": optimizer,
                             "precision": precision, "zero_stage": zero_stage, "framework": framework, "offload": offload}}
+
+
+def _check_choices(a: dict) -> None:
+    """Each option within its range; exactly one way of giving the model."""
+    _choice("--optimizer", a["optimizer"], OPTIMIZERS)
+    _choice("--precision", a["precision"], PRECISIONS)
+    _choice("--framework", a["framework"], FRAMEWORKS)
+    _choice("--offload", a["offload"], OFFLOADS)
+    _choice("--recompute", a["recompute"], RECOMPUTES)
+    if a["zero_stage"] not in (0, 1, 2, 3):
+        raise UsageError(f"--zero-stage: expected 0, 1, 2 or 3, got {a['zero_stage']}")
+    if a["num_gpus"] < 1 or a["num_gpus"] > 1 << 20:
+        raise UsageError(f"--num-gpus: expected a positive number of GPUs, got {a['num_gpus']}")
+    if not 0 < a["gpu_memory_gb"] <= 4096:
+        raise UsageError(f"--gpu-memory-gb: expected a size in GB between 0 and 4096, got {a['gpu_memory_gb']}")
+    if len([x for x in (a["params"], a["model_size_gb"], a["model"]) if x is not None]) != 1:
+        raise UsageError("give exactly one of --params, --model-size-gb or --model",
+                         hint="e.g. jobctl memory --model-size-gb 14 --gpu-memory-gb 80")
+    seq_len, mbs = a["seq_len"], a["micro_batch_size"]
+    if seq_len is not None and not 0 < seq_len <= 16 * 2**20:
+        raise UsageError(f"--seq-len: expected a positive sequence length up to {16 * 2**20}, got {seq_len}")
+    if not 0 < mbs <= 2**20:
+        raise UsageError(f"--micro-batch-size: expected a positive number of sequences up to {2**20}, got {mbs}")
+    if seq_len is not None and a["model"] is None:
+        raise UsageError("--seq-len needs --model (activations depend on the architecture)")
+
+
+def _model(params, model_size_gb, model, optimizer: str, notes: list[str]) -> tuple[ModelSpec, int]:
+    """The model asked for and its parameter count: a preset, or n parameters as one layer of
+    vectors (their states per parameter do not depend on shapes)."""
+    if model is not None:
+        if model not in PRESETS:
+            raise UsageError("--model: " + unknown_message("model preset", model, sorted(PRESETS)))
+        spec = PRESETS[model]
+        n = spec.params()
+        notes.append(f"{model} has {n:,} parameters: {n * 2 / 1e9:.2f} GB in 16-bit ({n * 2 / GIB:.2f} GiB)")
+        return spec, n
+    if params is not None:
+        if not 0 < params < 1e14:
+            raise UsageError(f"--params: expected a parameter count such as 7.5e9, got {params:g}")
+        n = int(params)
+    else:
+        if not 0 < model_size_gb < 1e6:
+            raise UsageError(f"--model-size-gb: expected a positive size in GB, got {model_size_gb:g}")
+        n = int(model_size_gb * 1e9 / 2)
+        notes.append(f"--model-size-gb {model_size_gb:g} read as 16-bit weights: {n / 1e9:.2f}e9 parameters "
+                     "(an 8B Llama is 16 GB in bf16, not 14)")
+    if optimizer == "adafactor":
+        raise UsageError("--optimizer adafactor: its state depends on the matrix shapes",
+                         hint="give --model PRESET instead of a parameter count")
+    return ModelSpec("params", "llama", 1, 1, 1, 1, 1, 1), n
 
 
 def _what_fits(asked: dict) -> str:

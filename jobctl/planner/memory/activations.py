@@ -5,6 +5,7 @@ tensor/sequence/context parallelism, and the pipeline's micro-batches in flight 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from jobctl.frameworks import Selective
 from jobctl.planner.memory.stages import _stage_params_cached
@@ -26,75 +27,102 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
       llama, fused kernels:     (12 + 4g/a)·sbh + 8·sbf + 8·sb + 4·asb  (6·sbf with TE's LayerNormMLP)
       gpt, eager with dropout:  34·sbh + 5·as²b (+ LayerNorm statistics)
     """
-    m = w.model
-    t, c = plan.tp, plan.cp
-    sp = plan.sequence_parallel and t > 1
-    s = w.seq_len / c  # context parallelism splits the sequence (Megatron-LM CP)
-    h, f, a, g = m.hidden, m.ffn_hidden, m.heads, m.kv_heads
-    e = w.act_bytes
-    sbh = s * b * h
-    rep = t if sp else 1  # divisor of the parts that TP alone leaves replicated
-    # what the column-parallel matmuls keep: the shard (Megatron gathers it again in backward)
-    # or the all-gathered whole sequence (torchtitan's DTensor plan; caps.sp_keeps_gathered_input)
-    mm_rep = 1 if w.caps.sp_keeps_gathered_input else rep
-    eager_attn = w.attention == "eager"
-    core_recomputed = plan.recompute == "selective"  # Korthikanti: recompute the attention core
-    dropout = m.dropout > 0
-    terms: list[tuple[str, float, str]] = []
-
-    def add(name, value, formula):
-        terms.append((name, value, formula))
-
     if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC:
         return _op_sac_terms(w, plan, b)
-    if m.family == "gpt":
-        add("layernorm inputs", 2 * e * sbh / rep + 2 * 8 * s * b / rep, "2 LayerNorms: 2·sbh (16-bit) + fp32 mean/rstd 8·sb each")
-        add("qkv input", e * sbh / mm_rep, "LayerNorm output kept by the QKV matmul: 2·sbh")
-        add("q, k, v", e * sbh * (a + 2 * g) / a / t, "Q, K, V: 2·sbh·(a+2g)/a /t")
-        if eager_attn and not core_recomputed:
-            probs = e * a * s * s * b / t
-            add("attention scores", probs + (a * s * s * b / t) * (1 if dropout else 0) + (probs if dropout else 0),
-                "softmax output 2·as²b, dropout mask as²b and output 2·as²b (with dropout) /t")
-        elif not eager_attn:
-            add("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t")
-        add("attention output", e * sbh / t, "context kept by the output projection: 2·sbh /t")
-        if dropout:
-            add("dropout masks", 2 * sbh / rep, "masks after attention and MLP: 1 byte each, 2·sbh")
-        add("mlp input", e * sbh / mm_rep, "LayerNorm output kept by fc1: 2·sbh")
-        add("mlp intermediates", 2 * e * s * b * f / t, "GELU input and output: 2 · 2·sbf /t (f=4h: 16·sbh)")
-        return terms
+    d = _dims(w, plan, b)
+    return _gpt_layer_terms(w, d) if w.model.family == "gpt" else _llama_layer_terms(w, d)
 
+
+class _Dims(NamedTuple):
+    """One layer's sizes on one rank, as the formulas name them (module docstring)."""
+
+    s: float  # the sequence on this rank (cp splits it)
+    b: int
+    h: int
+    f: int
+    a: int
+    g: int
+    e: int  # bytes per activation element
+    t: int
+    rep: int  # divisor of the parts that TP alone leaves replicated (t under sequence parallelism)
+    mm_rep: int  # what the column-parallel matmuls keep: the shard, or the all-gathered sequence
+    eager_attn: bool
+    core_recomputed: bool  # selective recompute of the attention core (Korthikanti)
+
+    @property
+    def sbh(self) -> float:
+        return self.s * self.b * self.h
+
+
+def _dims(w: Workload, plan: Plan, b: int) -> _Dims:
+    m = w.model
+    t = plan.tp
+    rep = t if plan.sequence_parallel and t > 1 else 1
+    # Megatron gathers the shard again in backward; torchtitan's DTensor plan keeps the all-gathered
+    # whole sequence (caps.sp_keeps_gathered_input)
+    mm_rep = 1 if w.caps.sp_keeps_gathered_input else rep
+    return _Dims(w.seq_len / plan.cp, b, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, w.act_bytes, t, rep, mm_rep,
+                 w.attention == "eager", plan.recompute == "selective")
+
+
+def _gpt_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
+    """A GPT layer: Korthikanti et al. 2022 (§4.1), term by term."""
+    s, b, f, a, g, e, t, rep, mm_rep, sbh = d.s, d.b, d.f, d.a, d.g, d.e, d.t, d.rep, d.mm_rep, d.sbh
+    dropout = w.model.dropout > 0
+    terms = [("layernorm inputs", 2 * e * sbh / rep + 2 * 8 * s * b / rep, "2 LayerNorms: 2·sbh (16-bit) + fp32 mean/rstd 8·sb each"),
+             ("qkv input", e * sbh / mm_rep, "LayerNorm output kept by the QKV matmul: 2·sbh"),
+             ("q, k, v", e * sbh * (a + 2 * g) / a / t, "Q, K, V: 2·sbh·(a+2g)/a /t")]
+    if d.eager_attn and not d.core_recomputed:
+        probs = e * a * s * s * b / t
+        terms.append(("attention scores", probs + (a * s * s * b / t) * (1 if dropout else 0) + (probs if dropout else 0),
+                      "softmax output 2·as²b, dropout mask as²b and output 2·as²b (with dropout) /t"))
+    elif not d.eager_attn:
+        terms.append(("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t"))
+    terms.append(("attention output", e * sbh / t, "context kept by the output projection: 2·sbh /t"))
+    if dropout:
+        terms.append(("dropout masks", 2 * sbh / rep, "masks after attention and MLP: 1 byte each, 2·sbh"))
+    terms.append(("mlp input", e * sbh / mm_rep, "LayerNorm output kept by fc1: 2·sbh"))
+    terms.append(("mlp intermediates", 2 * e * s * b * f / t, "GELU input and output: 2 · 2·sbf /t (f=4h: 16·sbh)"))
+    return terms
+
+
+def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
+    """A Llama layer: what its backward keeps, eager (HF-style) or with fused kernels."""
+    s, b, f, a, g, e, t, rep, mm_rep, sbh = d.s, d.b, d.f, d.a, d.g, d.e, d.t, d.rep, d.mm_rep, d.sbh
+    terms: list[tuple[str, float, str]] = []
+    gathered = " (all-gathered: not /t under SP)" if mm_rep != rep else ""
     fused = w.caps.fused_kernels
     if fused:
-        add("rmsnorm inputs", 2 * e * sbh / rep + 2 * 4 * s * b / rep, "fused RMSNorm keeps input + fp32 rstd: 2 · (2·sbh + 4·sb)")
+        terms.append(("rmsnorm inputs", 2 * e * sbh / rep + 2 * 4 * s * b / rep,
+                      "fused RMSNorm keeps input + fp32 rstd: 2 · (2·sbh + 4·sb)"))
     else:
-        add("rmsnorm inputs", 2 * (4 * sbh + e * sbh) / rep + 2 * 4 * s * b / rep,
-            "eager (HF-style) RMSNorm keeps an fp32 copy (4·sbh), the normalised 16-bit tensor (2·sbh) and rstd (4·sb), twice")
-    add("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh"
-        + (" (all-gathered: not /t under SP)" if mm_rep != rep else ""))
+        terms.append(("rmsnorm inputs", 2 * (4 * sbh + e * sbh) / rep + 2 * 4 * s * b / rep,
+                      "eager (HF-style) RMSNorm keeps an fp32 copy (4·sbh), the normalised 16-bit tensor (2·sbh) "
+                      "and rstd (4·sb), twice"))
+    terms.append(("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh" + gathered))
     # eager repeat_kv copies K and V up to a heads; fused kernels (and HF's SDPA path, which
     # hands grouped K/V to the kernel: caps.sdpa_gqa) keep them at g heads
-    grouped = fused or (w.caps.sdpa_gqa and not eager_attn)
+    grouped = fused or (w.caps.sdpa_gqa and not d.eager_attn)
     kv = (2 * g / a) if grouped else 2.0
-    add("q, k, v", e * sbh * (1 + kv) / t,
-        "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if grouped else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t")
-    if eager_attn and not core_recomputed:
+    terms.append(("q, k, v", e * sbh * (1 + kv) / t, "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if grouped
+                  else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t"))
+    if d.eager_attn and not d.core_recomputed:
         # softmax(dtype=float32).to(q.dtype): a copy only when training in 16-bit
-        add("attention scores", (4 + (e if e != 4 else 0)) * a * s * s * b / t,
-            "eager softmax in fp32 (4·as²b) and its 16-bit copy (2·as²b) /t")
-    elif not eager_attn:
-        add("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t")
+        terms.append(("attention scores", (4 + (e if e != 4 else 0)) * a * s * s * b / t,
+                      "eager softmax in fp32 (4·as²b) and its 16-bit copy (2·as²b) /t"))
+    elif not d.eager_attn:
+        terms.append(("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t"))
     # SDPA/flash return a transposed view of a [b, s, a, d] buffer, so o_proj keeps the same
     # storage (measured: no copy even after .contiguous() on the transposed view).
-    add("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t")
-    add("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh"
-        + (" (all-gathered: not /t under SP)" if mm_rep != rep else ""))
+    terms.append(("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t"))
+    terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
     if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
         # SwiGLU output (2·sbf), recomputing SiLU in backward (layernorm_mlp.py, save_for_backward).
-        add("mlp intermediates", 3 * e * s * b * f / t, "TE LayerNormMLP: fc1 output (gate, up) and SwiGLU output: 3 · 2·sbf /t")
+        terms.append(("mlp intermediates", 3 * e * s * b * f / t,
+                      "TE LayerNormMLP: fc1 output (gate, up) and SwiGLU output: 3 · 2·sbf /t"))
     else:
-        add("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t")
+        terms.append(("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t"))
     return terms
 
 
