@@ -4,8 +4,8 @@
 DeepSpeed 0.19.8 picks its CPU accelerator (gloo) on a machine without a GPU, so its real
 engine (deepspeed.initialize, ZeRO stage 1/2/3, bf16 with fp32 master weights, AdamW) trains a
 small Llama here with real tensors. Per (ranks, stage), each rank in its own process:
-  1. builds tests/torch_reference.py's Llama (2 layers, h 256, f 688, 8 heads, 2 KV heads,
-     vocab 1000) in bf16 and hands it to deepspeed.initialize;
+  1. builds jobctl_measure/torch_reference.py's Llama (2 layers, h 256, f 688, 8 heads, 2 KV
+     heads, vocab 1000) in bf16 and hands it to deepspeed.initialize;
   2. runs one step (forward, engine.backward, engine.step), then measures what stays resident:
      the bytes of every distinct tensor storage alive (a walk of the garbage collector's
      objects), i.e. what torch.cuda.memory_allocated would report on a GPU;
@@ -30,9 +30,6 @@ import os
 import socket
 import sys
 import weakref
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 MODEL = dict(family="llama", layers=2, hidden=256, ffn_hidden=688, heads=8, kv_heads=2, vocab=1000, impl="eager")
 SEQ, MICRO = 128, 2
@@ -87,12 +84,12 @@ def _live_mode(existing: set):
 def _worker(rank: int, ranks: int, stage: int, port: int, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ranks),
                       LOCAL_RANK=str(rank))
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
     import logging
 
     import deepspeed
     import torch
-    import torch_reference
+
+    from jobctl_measure import torch_reference
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     torch.manual_seed(0)
     model = torch_reference.build_model(MODEL).to(torch.bfloat16)

@@ -38,9 +38,6 @@ import shutil
 import sys
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 
 def _peak(prof) -> tuple[int, int]:
     """(most bytes alive at once above the start, bytes alive at the end) over a profile's

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Predicted (jobctl.planner.memory) vs measured (PyTorch) bytes, term by term.
 
-CPU mode (default, ~10-30 s): tiny Llama/GPT models from tests/torch_reference.py.
+CPU mode (default, ~10-30 s): tiny Llama/GPT models from jobctl_measure/torch_reference.py.
   * model states: parameter, gradient and optimizer-state bytes after one real optimizer
     step (adamw, sgd, sgd-momentum, adafactor; fp32 and pure bf16) vs jobctl's
     "weights", "gradients" and "optimizer states" terms.  Expected: exact.
@@ -34,27 +34,22 @@ import argparse
 import datetime as _dt
 import gc
 import json
-import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, ROOT)
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import torch_reference as tr  # noqa: E402
-
-from jobctl.planner.memory import (  # noqa: E402
+from jobctl.planner.memory import (
     GIB,
     Workload,
     estimate,
     layer_activation_terms,
     stored_layer_bytes,
 )
-from jobctl.planner.models import ModelSpec  # noqa: E402
-from jobctl.planner.plan import Plan  # noqa: E402
+from jobctl.planner.models import ModelSpec
+from jobctl.planner.plan import Plan
+from jobctl_measure import torch_reference as tr
 
 # --------------------------------------------------------------------------------------
 # configurations
@@ -91,7 +86,7 @@ ACT_TOL = 0.10  # activations: within 10% is "ok"; states must be exact
 
 
 def model_spec(cfg: dict, name: str) -> ModelSpec:
-    c = tr._cfg(cfg)  # torch_reference's defaults (tied, ffn, kv_heads, max_seq_len...)
+    c = tr.resolve_config(cfg)  # torch_reference's defaults (tied, ffn, kv_heads, max_seq_len...)
     return ModelSpec(
         name=name, family=c["family"], layers=c["layers"], hidden=c["hidden"], ffn_hidden=c["ffn_hidden"],
         heads=c["heads"], kv_heads=c["kv_heads"], vocab=c["vocab"], tied_embeddings=c["tied_embeddings"],
@@ -175,7 +170,7 @@ def activation_rows(seq, batch, detail=False):
     rows, details = [], []
     for cname, (cfg, framework, attention) in CPU_ACT_CONFIGS.items():
         spec = model_spec(cfg, cname)
-        c = tr._cfg(cfg)
+        c = tr.resolve_config(cfg)
         for dname, (dt, precision) in DTYPES.items():
             head_seen = None
             for rc in RECOMPUTE:
@@ -293,12 +288,12 @@ def cuda_rows(seq, batch, steps, keep_grads):
         model = tr.build_model(cfg).to(device=dev, dtype=dt)
         model.train()
         if rc == "full":
-            model.layers = torch.nn.ModuleList([tr._Checkpointed(l) for l in model.layers])
+            model.layers = torch.nn.ModuleList([tr.Checkpointed(l) for l in model.layers])
         buffers = sum(b.numel() * b.element_size() for b in model.buffers())
         torch.cuda.synchronize()
         m_weights = torch.cuda.memory_allocated() - base - buffers
         params = list(model.parameters())
-        opt = tr._make_optimizer(opt_name, params, 1e-4)
+        opt = tr.make_optimizer(opt_name, params, 1e-4)
         V = cfg["vocab"]
         ids = torch.randint(0, V, (batch, seq), device=dev)
         tgt = torch.randint(0, V, (batch, seq), device=dev)

@@ -4,7 +4,8 @@ Reads benchmarks/data/published_throughput.yaml (every row with its source: Nara
 2021, Korthikanti et al. 2022, Megatron-Core's H100 table, the Llama 3 paper, torchtitan's
 H100 benchmarks, BLOOM, MosaicML llm-foundry), keeps the 16-bit rows without torch.compile
 whose layout is stated, turns each published figure into a measured step time by the
-source's own FLOPs convention, and prints predicted vs measured per row.
+source's own FLOPs convention (jobctl_measure/published_throughput.py, which the tests use too),
+and prints predicted vs measured per row.
 
 The rows are split in two halves, alternating within each source in id order: "fit" rows
 choose the efficiency constants (--fit searches a small grid over them and prints the best),
@@ -21,161 +22,15 @@ import argparse
 import itertools
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from jobctl.planner import perf
+from jobctl.planner.catalog import GIB, lookup_gpu
+from jobctl.planner.memory import estimate
+from jobctl.planner.search import Constraints, Target, search
+from jobctl_measure.published_throughput import Row, load_rows
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from jobctl.planner import perf  # noqa: E402
-from jobctl.planner.catalog import lookup_gpu  # noqa: E402
-from jobctl.planner.memory import Workload  # noqa: E402
-from jobctl.planner.models import ModelSpec  # noqa: E402
-from jobctl.planner.perf import Links, estimate_step, gemm_ceiling  # noqa: E402
-from jobctl.planner.catalog import GIB  # noqa: E402
-from jobctl.planner.memory import estimate  # noqa: E402
-from jobctl.planner.plan import Plan  # noqa: E402
-from jobctl.planner.search import Constraints, Target, search  # noqa: E402
-
-DATA = ROOT / "benchmarks" / "data" / "published_throughput.yaml"
-
-
-@dataclass
-class Row:
-    id: str
-    source: str
-    framework: str
-    gpu: str  # catalog key
-    gpus: int
-    workload: Workload
-    plan: Plan
-    links: Links
-    measured_s: float
-    how: str  # how the measured step time was derived
-    assumed: list[str]
-    half: str = ""
-    scored: bool = True  # False: the source leaves out part of the configuration, or other hardware
-    why_not_scored: str = ""
-
-    @property
-    def predicted_s(self) -> float:
-        return estimate_step(self.workload, self.plan, self.links, min(8, self.gpus)).step_time_s
-
-    @property
-    def error(self) -> float:
-        return self.predicted_s / self.measured_s - 1
-
-
-def megatron_flops(m: dict, batch: int, s: int) -> float:
-    """Megatron-LM's num_floating_point_operations (megatron/training/training.py): model FLOPs
-    of one step, non-causal attention, logits included, no recomputation."""
-    h, layers, a, g, f, v = m["hidden"], m["layers"], m["heads"], m["kv_heads"], m["ffn_hidden"], m["vocab"]
-    gated = 1.5 if m["family"] == "llama" else 1.0
-    return 12 * batch * s * layers * h * h * ((1 + g / a + s / h) + f / h * gated + v / (2 * layers * h))
-
-
-def narayanan_flops(m: dict, batch: int, s: int) -> float:
-    """Narayanan et al. 2021, eq. (3): 96·B·s·l·h²·(1 + s/6h + V/16lh), recomputation included."""
-    h, layers, v = m["hidden"], m["layers"], m["vocab"]
-    return 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
-
-
-def measured_step(r: dict) -> tuple[float, str] | None:
-    meas, m, p = r["measured"], r["model"], r["parallel"]
-    s, gb, n = m["seq_len"], p["global_batch"], r["gpus"]
-    if meas.get("step_time_s"):
-        return float(meas["step_time_s"]), "step time as published"
-    if meas.get("tokens_per_s"):
-        return gb * s / meas["tokens_per_s"], "tokens/s as published"
-    if meas.get("tokens_per_s_per_gpu"):
-        return gb * s / (meas["tokens_per_s_per_gpu"] * n), "tokens/s per GPU as published"
-    if meas.get("tflops_per_gpu"):
-        if r["source"] == "narayanan2021":
-            return narayanan_flops(m, gb, s) / (meas["tflops_per_gpu"] * 1e12 * n), "TFLOP/s by eq. (3)"
-        return megatron_flops(m, gb, s) / (meas["tflops_per_gpu"] * 1e12 * n), "TFLOP/s by Megatron's formula"
-    return None
-
-
-EAGER_SOURCES = ("narayanan2021", "megatron_readme_2021", "korthikanti2022", "bloom_tr11")
-SHARDING = {"none": "none", "zero1": "zero1", "fsdp": "zero3", "fsdp-shard-grad-op": "zero2", None: "zero1"}
-RECOMPUTE = {"full": "full", "selective": "selective", "op-sac": "selective", "none": "none", None: "none"}
-
-
-def load_rows() -> tuple[list[Row], list[tuple[str, str]]]:
-    doc = yaml.safe_load(DATA.read_text())
-    rows, skipped = [], []
-    for r in doc["rows"]:
-        p, m = r["parallel"], r["model"]
-        if r.get("precision") == "fp8" or r.get("compile"):
-            skipped.append((r["id"], "fp8 or torch.compile (not modelled)"))
-            continue
-        if r.get("gpu") is None:
-            skipped.append((r["id"], "GPU not stated"))
-            continue
-        if p.get("tp") is None or p.get("pp") is None:
-            skipped.append((r["id"], "tensor/pipeline sizes not stated"))
-            continue
-        got = measured_step(r)
-        if got is None:
-            skipped.append((r["id"], "no throughput figure"))
-            continue
-        assumed = []
-        family = m["family"]
-        model = ModelSpec(name=m.get("name") or r["id"], family=family, layers=m["layers"], hidden=m["hidden"],
-                          ffn_hidden=m["ffn_hidden"], heads=m["heads"], kv_heads=m.get("kv_heads") or m["heads"],
-                          vocab=m["vocab"], max_seq_len=m["seq_len"] if family == "gpt" else 0)
-        framework = {"meta-internal": "megatron"}.get(r["framework"], r["framework"])
-        if r["framework"] == "meta-internal":
-            assumed.append("Meta's stack modelled as Megatron's schedule")
-        tp, pp, dp, cp = p["tp"], p["pp"], p["dp"], p.get("cp") or 1
-        gb = p["global_batch"]
-        mbs = p.get("micro_batch")
-        if mbs is None:
-            mbs = 1
-            assumed.append("micro-batch 1")
-        vp = p.get("vp")
-        if vp is None:
-            vp = 1
-            if pp > 1:
-                assumed.append("no interleaving")
-        sharding = SHARDING[p.get("sharding")]
-        if r["source"] == "llama3_2024":
-            sharding = "zero2"  # "shards optimizer states and gradients, not parameters after forward"
-        if p.get("sharding") is None:
-            assumed.append("distributed optimizer (zero1)")
-        if p.get("recompute") is None:
-            assumed.append("no recompute")
-        sp = p.get("sequence_parallel")
-        if sp is None:
-            sp = tp > 1
-            assumed.append(f"sequence parallel {'on' if sp else 'off'}")
-        # FlashAttention (2022) postdates these runs: Megatron-LM then fused the softmax but
-        # still materialised the a·s² scores
-        attention = "eager" if r["source"] in EAGER_SOURCES else "flash"
-        w = Workload(model, m["seq_len"], gb, precision="bf16-mixed", framework=framework, attention=attention)
-        gpn = min(8, r["gpus"])
-        plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, sharding, mbs, gb // (dp * mbs), gb,
-                    RECOMPUTE[p.get("recompute")], "none", sp, vp, 0, 0)
-        gpu = lookup_gpu(r["gpu"])
-        links = Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
-                      gpu.peak_tflops("bf16-mixed"), gemm_ceiling(gpu.key))
-        row = Row(r["id"], r["source"], r["framework"], r["gpu"], r["gpus"], w, plan, links, got[0], got[1], assumed)
-        if assumed:
-            row.scored, row.why_not_scored = False, "configuration incomplete: " + ", ".join(assumed)
-        elif r.get("gpu_variant"):
-            row.scored, row.why_not_scored = False, f"other hardware: {r['gpu_variant']}"
-        rows.append(row)
-    # the halves: alternate within each source, in id order
-    by_source: dict[str, list[Row]] = {}
-    for row in rows:
-        if row.scored:
-            by_source.setdefault(row.source, []).append(row)
-    for group in by_source.values():
-        for i, row in enumerate(sorted(group, key=lambda x: x.id)):
-            row.half = "fit" if i % 2 == 0 else "check"
-    return rows, skipped
+DATA = Path(__file__).resolve().parent / "data" / "published_throughput.yaml"
 
 
 def summary(rows: list[Row]) -> dict:
@@ -257,7 +112,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", action="store_true",
                     help="also run the search on each row's GPUs: is the published layout among the best?")
     args = ap.parse_args(argv)
-    rows, skipped = load_rows()
+    rows, skipped = load_rows(DATA)
     rows.sort(key=lambda r: (r.source, r.id))
     if args.markdown:
         print("| row | source | half | GPUs | layout | measured step | predicted | error | not scored because |")

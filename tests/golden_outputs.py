@@ -6,7 +6,10 @@ machine's python are written as $JOBCTL_HOME and $PYTHON.
 
 `python tests/golden_outputs.py` rewrites tests/golden/*.txt and the README's copies (the
 blocks after `<!-- output: NAME -->`): run it only when a change of what the user reads is
-meant, and read the diff (tests/test_golden_outputs.py compares).
+meant, and read the diff (tests/test_golden_outputs.py compares). The commands run this
+checkout (PYTHONPATH); the history they read is written by jobctl as installed (`pip install -e
+.` from this checkout; `PYTHONPATH=. python tests/golden_outputs.py` uses this checkout whatever
+is installed).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ COMMANDS = {
 
 def make_home(home: Path) -> None:
     """A JOBCTL_HOME holding tests/ui_history.py's history."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     import ui_history
 
     from jobctl.store.history import History

@@ -5,6 +5,8 @@ leave every plan, memory breakdown, step estimate and piece of advice as it was.
 `python tests/plan_snapshot.py` writes tests/data/plan_snapshot.json.gz (run it only when a
 change of plans is meant, and say why in the commit; it keeps what `plan --explain` shows, less
 the "explain" block, where the command takes --explain); tests/test_plan_snapshot.py compares.
+It plans with jobctl as installed (`pip install -e .` from this checkout; `PYTHONPATH=. python
+tests/plan_snapshot.py` uses this checkout whatever is installed).
 """
 
 from __future__ import annotations

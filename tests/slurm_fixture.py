@@ -12,7 +12,9 @@ nor apt-get to install them), unless ``JOBCTL_REQUIRE_SLURM`` is set (to anythin
 
 Use it from a conftest or a test module with::
 
-    from slurm_fixture import slurm_cluster  # noqa: F401  (tests/ on sys.path)
+    from slurm_fixture import slurm_cluster  # noqa: F401  (pytest fixture)
+
+(tests/ is on sys.path: pyproject.toml's pytest `pythonpath`.)
 
 ``JOBCTL_DEV_CLUSTER_DIR`` and the ``JOBCTL_DEV_*_PORT`` variables are passed through to
 the script (see its header).

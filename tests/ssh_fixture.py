@@ -15,7 +15,7 @@ fails instead. A failing ``up --ssh`` always fails.
 
 Use it from a conftest or a test module with::
 
-    from ssh_fixture import ssh_cluster  # noqa: F401  (tests/ on sys.path)
+    from ssh_fixture import ssh_cluster  # noqa: F401  (pytest fixture)
 
 (``slurm_cluster`` must be visible too; tests/conftest.py provides it.)
 """

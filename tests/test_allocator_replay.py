@@ -1,14 +1,13 @@
 """Reserved memory (issue 14): every allocation of torchtitan's own training steps, recorded on
-fake tensors (benchmarks/trace_memory.py --allocator), replayed through the caching-allocator
-model (benchmarks/caching_allocator.py, held to hand derivations in test_caching_allocator.py).
+fake tensors (benchmarks/trace_memory.py --allocator, with jobctl_measure/alloc_recorder.py),
+replayed through the caching-allocator model (jobctl_measure/caching_allocator.py, held to hand
+derivations in test_caching_allocator.py).
 
 The recorder is checked against a hand-written sequence; the replay against a published
 measurement of max reserved memory; jobctl's allocator terms against the replay (the replay's
 figures come from the frameworks' code and the allocator's rules, not from jobctl's model)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from jobctl_run import benchmark, need_package
@@ -19,13 +18,12 @@ MiB = 1 << 20
 
 def test_recorder_sees_allocations_frees_streams_and_resizes():
     need_package("torch")
-    need_package("torchtitan")  # trace_memory's _Env; the recorder itself needs only torch
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import torch
-    import trace_memory
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    rec = trace_memory._recorder_class()()
+    from jobctl_measure.alloc_recorder import AllocRecorder
+
+    rec = AllocRecorder()
     side = torch.cpu.Stream()
     with FakeTensorMode(), rec:
         x = torch.empty(1024)                  # 4096 B on the default stream: id 0

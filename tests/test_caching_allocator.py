@@ -1,4 +1,4 @@
-"""The caching-allocator model (benchmarks/caching_allocator.py) against hand derivations.
+"""The caching-allocator model (jobctl_measure/caching_allocator.py) against hand derivations.
 
 Each expected figure is worked out in the test from the rules of PyTorch's
 c10/cuda/CUDACachingAllocator.cpp (DeviceCachingAllocator: round_size, get_allocation_size,
@@ -9,13 +9,9 @@ segments below 10 MiB, else the size rounded up to 2 MiB); best fit within the r
 stream; a large block split only when more than 1 MiB would be left (any 512 B with expandable
 segments); expandable segments map 20 MiB pages of the large pool on demand."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import caching_allocator as ca
+from jobctl_measure import caching_allocator as ca
 
 MiB = 1 << 20
 

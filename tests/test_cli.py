@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` points at
-    sys.path.insert(0, str(REPO))
+from jobctl import cli  # this checkout's, whatever `pip install -e` points at (pyproject.toml: pythonpath)
 
-from jobctl import cli  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 BAD = "tests/data/bad"
 GOOD = "tests/data/good"
@@ -34,12 +32,8 @@ PLAN_KEYS = {"nodes", "gpus_per_node", "world_size", "tp", "pp", "dp", "cp", "sh
 ISSUE = re.compile(r"^(error: )?([^:\s]+|<command line>)(:\d+)?: ")
 SHIPPED_CLUSTERS = sorted(p.stem for p in (REPO / "clusters").glob("*.y*ml"))
 
-
-@pytest.fixture(autouse=True)
-def _env(monkeypatch):
-    monkeypatch.chdir(REPO)
-    monkeypatch.delenv("JOBCTL_CLUSTERS", raising=False)
-    monkeypatch.setenv("COLUMNS", "4000")  # no wrapping by rich; see test_error_lines_are_not_wrapped
+# from the repository root, only its clusters/, no wrapping by rich (see test_error_lines_are_not_wrapped)
+pytestmark = pytest.mark.usefixtures("repo_cli")
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` points at
-    sys.path.insert(0, str(REPO))
-
-from jobctl.cli import main  # noqa: E402
+from jobctl.cli import main  # this checkout's, whatever `pip install -e` points at (pyproject.toml: pythonpath)
 from jobctl.config import loader as config
-from jobctl.config import schema  # noqa: E402
-from jobctl.errors import EXIT_USAGE, ConfigError  # noqa: E402
+from jobctl.config import schema
+from jobctl.errors import EXIT_USAGE, ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
 
 BAD = "tests/data/bad"
 GOOD = "tests/data/good"
@@ -32,14 +29,9 @@ RECIPE = f"{GOOD}/small.yaml"
 # a file that cannot be read has no line; a YAML syntax error has no key).
 ISSUE = re.compile(r"^(?P<file>[^:\s]+|<command line>)(?::(?P<line>\d+))?: (?:(?P<key>[\w.\-]+): )?(?P<msg>.+)$")
 
-
-@pytest.fixture(autouse=True)
-def _env(monkeypatch):
-    # Run from the repository root with only its clusters/; wide "terminal" so that rich
-    # does not wrap long messages (the wrapping itself is pinned in test_cli.py).
-    monkeypatch.chdir(REPO)
-    monkeypatch.delenv("JOBCTL_CLUSTERS", raising=False)
-    monkeypatch.setenv("COLUMNS", "4000")
+# Run from the repository root with only its clusters/; wide "terminal" so that rich does not
+# wrap long messages (the wrapping itself is pinned in test_cli.py).
+pytestmark = pytest.mark.usefixtures("repo_cli")
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

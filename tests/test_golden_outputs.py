@@ -12,12 +12,10 @@ import pty
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import golden_outputs as g  # noqa: E402
+import golden_outputs as g
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

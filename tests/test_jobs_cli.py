@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` points at
-    sys.path.insert(0, str(REPO))
+from jobctl import cli  # this checkout's, whatever `pip install -e` points at (pyproject.toml: pythonpath)
+from jobctl.store.history import History
 
-from jobctl import cli  # noqa: E402
-from jobctl.store.history import History  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE", "SUBMIT_FAILED"}
@@ -29,11 +27,8 @@ PLAN = {"nodes": 1, "gpus_per_node": 1, "world_size": 1, "tp": 1, "pp": 1, "dp":
 
 
 @pytest.fixture(autouse=True)
-def _env(monkeypatch, tmp_path):
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("JOBCTL_CLUSTERS", raising=False)
-    monkeypatch.setenv("COLUMNS", "4000")  # no wrapping by rich
+def _env(repo_cli_home):
+    # conftest.py's repo_cli_home: the repository root, a fresh JOBCTL_HOME, no wrapping by rich
     real_scancel = shutil.which("scancel")
     yield
     _stop_leftovers(real_scancel)

@@ -1,6 +1,6 @@
 """The memory model against measurements of real PyTorch models on CPU (docs/memory-model.md §6).
 
-tests/torch_reference.py builds tiny Llama- and GPT-style models the way the frameworks do
+jobctl_measure/torch_reference.py builds tiny Llama- and GPT-style models the way the frameworks do
 (eager Hugging Face-style layers, or fused-kernel layers), runs a real training step and
 sums the tensors: parameters, gradients and optimizer states must match exactly; the bytes
 autograd saves for backward (deduplicated by storage) within 10%.
@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch_reference as tr  # noqa: E402  (tests/ is on sys.path: conftest.py)
+from jobctl_measure import torch_reference as tr  # noqa: E402
 
 from jobctl.planner.memory import (  # noqa: E402
     Workload,

@@ -7,19 +7,17 @@ full; and the column fitting itself (jobctl/ui/columns.py) on hand-made tables."
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+import ui_history
+
+from jobctl import cli
+from jobctl.store.history import History
+from jobctl.ui.columns import Column, fit, lines
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-import ui_history  # noqa: E402
-
-from jobctl import cli  # noqa: E402
-from jobctl.store.history import History  # noqa: E402
-from jobctl.ui.columns import Column, fit, lines  # noqa: E402
 
 CUT_TO_ONE = re.compile(r"(^|\s)\S…(\s|$)", re.M)
 

@@ -1,10 +1,10 @@
-"""Self-check of tests/torch_reference.py (CPU, a few seconds)."""
+"""Self-check of jobctl_measure/torch_reference.py (CPU, a few seconds)."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch_reference as tr  # noqa: E402
+from jobctl_measure import torch_reference as tr  # noqa: E402
 
 LLAMA = dict(family="llama", layers=2, hidden=64, ffn_hidden=160, heads=4, kv_heads=2, vocab=100,
              tied_embeddings=False)

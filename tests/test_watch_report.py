@@ -18,28 +18,20 @@ from pathlib import Path
 
 import pytest
 
+from jobctl import cli  # this checkout's, whatever `pip install -e` points at (pyproject.toml: pythonpath)
+from jobctl.model import RetryPolicy
+from jobctl.runtime.outcome import write_outcome
+from jobctl.runtime.sampler import COLUMNS, GPUSampler, sample_rows
+from jobctl.store.folder import JobFolder
+from jobctl.store.history import History
+
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # test this checkout, whatever `pip install -e` points at
-    sys.path.insert(0, str(REPO))
-
-from jobctl import cli  # noqa: E402
-from jobctl.model import RetryPolicy  # noqa: E402
-from jobctl.runtime.outcome import write_outcome  # noqa: E402
-from jobctl.runtime.sampler import COLUMNS, GPUSampler, sample_rows  # noqa: E402
-from jobctl.store.folder import JobFolder  # noqa: E402
-from jobctl.store.history import History  # noqa: E402
-
 GIB = 1 << 30
 OOM_LOG = REPO / "tests" / "data" / "failures" / "cuda_oom--torch2x-h100-torchrun.txt"
 T0 = datetime(2026, 11, 21, 9, 0, 0, tzinfo=timezone.utc)
 
-
-@pytest.fixture(autouse=True)
-def _env(monkeypatch, tmp_path):
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("JOBCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("JOBCTL_CLUSTERS", raising=False)
-    monkeypatch.setenv("COLUMNS", "4000")  # no wrapping by rich
+# the repository root, a fresh JOBCTL_HOME (tmp_path / "home"), no wrapping by rich
+pytestmark = pytest.mark.usefixtures("repo_cli_home")
 
 
 def jobctl(capsys, *argv) -> tuple[int, str, str]:

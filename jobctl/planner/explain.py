@@ -255,16 +255,20 @@ def explain(result: SearchResult, top: int = 5) -> dict:
 # nothing has checked yet.
 # The evidence names below are keyed in MEMORY_EVIDENCE (printed once under the list).
 MEMORY_EVIDENCE = {
-    "CPU": "benchmarks/memory_accuracy.py: small Llama/GPT models in PyTorch on CPU",
-    "DeepSpeed on CPU": "benchmarks/deepspeed_memory.py: DeepSpeed's own ZeRO engine on its CPU accelerator, "
-                        "live tensor storages measured (docs/memory-accuracy.md)",
-    "Megatron-LM CI": "benchmarks/megatron_memory.py: peak allocated bytes of Megatron-LM's functional tests "
-                      "(docs/memory-accuracy.md)",
-    "trace": "benchmarks/trace_memory.py: torchtitan's own Llama 3 8B/70B/405B, FSDP2 (x TP, x PP), and "
-             "HF transformers' Llama under accelerate's FSDP2, on fake tensors (docs/memory-accuracy.md, Trace mode)",
-    "allocator replay": "benchmarks/caching_allocator.py: every allocation of those traced steps replayed through a "
-                        "model of PyTorch's caching allocator; 8B's published 82.4 GiB max reserved within 6% "
-                        "(docs/memory-accuracy.md, Reserved memory)",
+    "CPU": "small Llama/GPT models in PyTorch on CPU (jobctl_measure.torch_reference, installed with jobctl; "
+           "jobctl repository: benchmarks/memory_accuracy.py, docs/memory-accuracy.md)",
+    "DeepSpeed on CPU": "DeepSpeed's own ZeRO engine on its CPU accelerator, live tensor storages measured "
+                        "(jobctl repository: benchmarks/deepspeed_memory.py, docs/memory-accuracy.md)",
+    "Megatron-LM CI": "peak allocated bytes of Megatron-LM's functional tests (jobctl_measure.megatron_functional, "
+                      "installed with jobctl; jobctl repository: benchmarks/megatron_memory.py, "
+                      "docs/memory-accuracy.md)",
+    "trace": "torchtitan's own Llama 3 8B/70B/405B, FSDP2 (x TP, x PP), and HF transformers' Llama under "
+             "accelerate's FSDP2, on fake tensors (jobctl repository: benchmarks/trace_memory.py, "
+             "docs/memory-accuracy.md, Trace mode)",
+    "allocator replay": "every allocation of those traced steps replayed through a model of PyTorch's caching "
+                        "allocator; 8B's published 82.4 GiB max reserved within 6% (jobctl_measure.caching_allocator, "
+                        "installed with jobctl; jobctl repository: benchmarks/trace_memory.py --allocator, "
+                        "docs/memory-accuracy.md, Reserved memory)",
 }
 
 
@@ -280,7 +284,7 @@ TRACED_TERMS = {
                                      "as traced for torchtitan; not traced here"),
 }
 # the caching allocator's terms under FSDP2: the trace's allocations replayed through a model of
-# PyTorch's caching allocator (benchmarks/caching_allocator.py); 8B's published 82.4 GiB: -5.4%
+# PyTorch's caching allocator (jobctl_measure/caching_allocator.py); 8B's published 82.4 GiB: -5.4%
 _REPLAYED = ("allocator replay: reserved totals within 5% (14 layouts, 8B-405B)",
              "FSDP2's stream caches as replayed for torchtitan; not replayed here")
 TRACED_TERMS.update(dict.fromkeys(FSDP2_ALLOCATOR_TERMS, _REPLAYED))

@@ -19,7 +19,7 @@ def layer_activation_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, f
     GPT layers follow Korthikanti et al. 2022 (§4.1): s·b·h·(34 + 5·a·s/h) with 16-bit
     activations and dropout; tensor parallelism divides the 24·sbh and 5·as²b parts by t,
     sequence parallelism also the remaining 10·sbh. Llama layers are derived the same way
-    from what their backward keeps (see tests/torch_reference.py for the measurement):
+    from what their backward keeps (see jobctl_measure/torch_reference.py for the measurement):
     RMSNorm inputs (+ fp32 copies in eager PyTorch), the QKV input, Q/K/V after RoPE,
     the attention output and its fp32 log-sum-exp, the SwiGLU gate, SiLU, up and product.
     FlashAttention/SDPA keep O(s) state instead of the a·s² scores. Totals (16-bit, t = 1):

@@ -20,7 +20,7 @@ def _fsdp2_allocator_terms(add, w: Workload, plan: Plan, stage: str, groups: dic
     """What PyTorch's caching allocator keeps reserved beyond the tensors at their peak, under FSDP2.
 
     From replaying every allocation of torchtitan's own training steps (traced on fake tensors)
-    through a model of c10/cuda/CUDACachingAllocator.cpp (benchmarks/caching_allocator.py,
+    through a model of c10/cuda/CUDACachingAllocator.cpp (jobctl_measure/caching_allocator.py,
     trace_memory.py --allocator; docs/memory-accuracy.md, "Reserved memory"). A freed block stays
     cached in the pool of the stream it was allocated on, and FSDP2 allocates on three:
       * its reduce-scatter stream makes the sharded gradients (the reduce-scatter outputs), which

@@ -58,7 +58,7 @@ def _head_items(w: Workload, tp: int, cp: int, sp: bool, b: int, pp: int, stage:
     elems = (w.seq_len / cp) * b * vocab / tp
     per, loss_label = _loss_bytes(w, tp, pp)
     # The final norm keeps what a layer's norm keeps and the output layer its input:
-    # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (tests/torch_reference.py).
+    # measured 8·sbh (eager) / 4·sbh (fused, GPT) in 16-bit (jobctl_measure/torch_reference.py).
     # Measured: the norm's input and output (2·e·sbh); eager RMSNorm also keeps an fp32
     # copy (4·sbh) — in fp32 training the input itself is that copy, still 4·sbh.
     rep = tp if sp and tp > 1 else 1

@@ -1,11 +1,12 @@
 """A model of PyTorch's CUDA caching allocator, for replaying a recorded sequence of tensor
 allocations and frees and reading off what `torch.cuda.max_memory_reserved()` would say.
 
-Why: a trace on fake tensors (benchmarks/trace_memory.py) knows every tensor a training step
-holds, but published peaks (torchtitan's benchmark tables) are *reserved* bytes: what the
-allocator has taken from the driver, which includes blocks it caches for reuse and the holes
-between live blocks.  That slack depends on the order and sizes of allocations, not on any
-one term, so it is simulated here rather than guessed.
+Why: a trace on fake tensors (jobctl_measure.alloc_recorder, run by benchmarks/trace_memory.py
+--allocator) knows every tensor a training step holds, but published peaks (torchtitan's
+benchmark tables) are *reserved* bytes: what the allocator has taken from the driver, which
+includes blocks it caches for reuse and the holes between live blocks.  That slack depends on
+the order and sizes of allocations, not on any one term, so it is simulated here rather than
+guessed.
 
 Modelled from c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x, DeviceCachingAllocator), default
 configuration unless said otherwise:

@@ -1,12 +1,13 @@
 """Tiny reference PyTorch models + measurement helpers for checking jobctl's
 memory model on CPU.
 
-Plain module (no package): tests put ``tests/`` on ``sys.path`` and
-``import torch_reference``.  Running it as a script prints a measurement
-report (``python tests/torch_reference.py``).
+Imported as ``from jobctl_measure import torch_reference`` (needs torch, the
+test extra).  Running it prints a measurement report
+(``python -m jobctl_measure.torch_reference``).
 
 Public API
 ----------
+resolve_config(cfg) -> dict             cfg with every default filled in, checked
 build_model(cfg) -> nn.Module
     cfg keys: family ('llama'|'gpt'), layers, hidden, ffn_hidden, heads,
     kv_heads, vocab, tied_embeddings, max_seq_len, dropout, impl
@@ -23,6 +24,8 @@ SavedTensorRecorder                     saved_tensors_hooks recorder with
 expected_layer_bytes(cfg, seq, batch, recompute='none') -> dict
                                         the hand formulas (see report)
 format_layer(result, layer=0) -> str    human readable list of a layer's tensors
+make_optimizer(name, params, lr)        adamw | sgd | sgd-momentum | adafactor
+Checkpointed(layer)                     a layer under torch.utils.checkpoint (full recompute)
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 __all__ = [
+    "resolve_config",
     "build_model",
     "param_count_formula",
     "state_bytes",
@@ -45,6 +49,8 @@ __all__ = [
     "format_layer",
     "RMSNormFunction",
     "RotaryFunction",
+    "make_optimizer",
+    "Checkpointed",
 ]
 
 # --------------------------------------------------------------------------
@@ -70,7 +76,9 @@ _DEFAULTS = {
 }
 
 
-def _cfg(cfg):
+def resolve_config(cfg):
+    """`cfg` with every default of _DEFAULTS filled in (tied embeddings, ffn, kv_heads,
+    norm_eps...); unknown keys and impossible combinations raise ValueError."""
     c = dict(_DEFAULTS)
     unknown = set(cfg) - set(_DEFAULTS)
     if unknown:
@@ -393,13 +401,13 @@ class GPTModel(nn.Module):
 
 
 def build_model(cfg):
-    c = _cfg(cfg)
+    c = resolve_config(cfg)
     return (LlamaModel if c["family"] == "llama" else GPTModel)(c)
 
 
 def param_count_formula(cfg):
     """Closed-form parameter count of build_model(cfg)."""
-    c = _cfg(cfg)
+    c = resolve_config(cfg)
     L, h, f, a, g, V = (c[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab"))
     d = h // a
     head = 0 if c["tied_embeddings"] else V * h
@@ -416,7 +424,8 @@ def param_count_formula(cfg):
 # --------------------------------------------------------------------------
 
 
-def _make_optimizer(name, params, lr):
+def make_optimizer(name, params, lr):
+    """The torch optimizer jobctl's optimizer name stands for (adamw, sgd, sgd-momentum, adafactor)."""
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
     if name == "sgd":
@@ -441,11 +450,11 @@ def state_bytes(cfg, optimizer="adamw", dtype=torch.float32, seq=8, batch=1, lr=
     optimizer_state: {key: {'bytes', 'tensors', 'dtypes', 'shapes_example'}}.
     """
     torch.manual_seed(seed)
-    c = _cfg(cfg)
+    c = resolve_config(cfg)
     model = build_model(cfg).to(dtype)
     model.train()
     params = list(model.parameters())  # shared (tied) params appear once
-    opt = _make_optimizer(optimizer, params, lr)
+    opt = make_optimizer(optimizer, params, lr)
     ids = torch.randint(0, c["vocab"], (batch, seq))
     tgt = torch.randint(0, c["vocab"], (batch, seq))
     logits = model(ids)
@@ -626,7 +635,9 @@ class SavedTensorRecorder:
         return n
 
 
-class _Checkpointed(nn.Module):
+class Checkpointed(nn.Module):
+    """A layer under non-reentrant torch.utils.checkpoint: full recompute, only its input saved."""
+
     def __init__(self, layer):
         super().__init__()
         self.layer = layer
@@ -664,12 +675,12 @@ def saved_activation_bytes(cfg, seq, batch, dtype=torch.bfloat16, recompute="non
     if recompute not in ("none", "full"):
         raise ValueError("recompute must be 'none' or 'full'")
     torch.manual_seed(seed)
-    c = _cfg(cfg)
+    c = resolve_config(cfg)
     model = build_model(cfg).to(dtype)
     model.train()
     L = len(model.layers)
     if recompute == "full":
-        model.layers = nn.ModuleList([_Checkpointed(l) for l in model.layers])
+        model.layers = nn.ModuleList([Checkpointed(l) for l in model.layers])
 
     exclude = list(model.parameters()) + list(model.buffers())
     rec = SavedTensorRecorder(exclude=exclude)
@@ -775,7 +786,7 @@ def expected_layer_bytes(cfg, seq, batch, recompute="none"):
                    + 4 a s b (LSE) + LN stats.
       recompute='full': checkpoint keeps only the layer input, 2 sbh.
     """
-    c = _cfg(cfg)
+    c = resolve_config(cfg)
     s, b, h, a, g, f = seq, batch, c["hidden"], c["heads"], c["kv_heads"], c["ffn_hidden"]
     sbh, sbf, sb = s * b * h, s * b * f, s * b
     if recompute == "full":
