@@ -410,3 +410,14 @@ class Outcome:
 # file's path is written with this token, which the runner on the node replaces by the job's
 # folder (no shell ever reads it).
 JOB_FOLDER_TOKEN = "{JOBCTL_JOB_FOLDER}"
+# ... and what each node knows only when it runs: its rank, the first node's address and the
+# job's port (a framework's own launcher, `accelerate launch --machine_rank ...`, needs them)
+NODE_RANK_TOKEN = "{JOBCTL_NODE_RANK}"
+MASTER_ADDR_TOKEN = "{JOBCTL_MASTER_ADDR}"
+MASTER_PORT_TOKEN = "{JOBCTL_MASTER_PORT}"
+
+
+def per_node(arg: str, rank: int, master: str, port: int) -> str:
+    """An argument with this node's rank, the first node's address and the job's port in place."""
+    return arg.replace(NODE_RANK_TOKEN, str(rank)).replace(MASTER_ADDR_TOKEN, master).replace(
+        MASTER_PORT_TOKEN, str(port))

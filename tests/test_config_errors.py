@@ -172,13 +172,15 @@ def test_golden_unknown_keys_stderr(capsys):
     assert code == 2
     assert err == (
         "error: tests/data/bad/unknown_keys.yaml:7: train.optimiser: unknown key; did you mean 'optimizer'? "
-        "(allowed here: attention, fused_cross_entropy, global_batch_size, lora_rank, lora_targets, lr, method, "
-        "optimizer, precision, seq_len, steps, tokens)\n"
+        "(allowed here: adam_beta1, adam_beta2, adam_eps, attention, fused_cross_entropy, global_batch_size, "
+        "grad_clip, lora_rank, lora_targets, lr, lr_schedule, method, min_lr, optimizer, precision, seed, seq_len, "
+        "steps, tokens, warmup_steps, weight_decay)\n"
         "tests/data/bad/unknown_keys.yaml:9: parallelism.tpp: unknown key; did you mean 'tp'? "
         "(allowed here: cp, dp, micro_batch_size, offload, pp, recompute, sequence_parallel, sharding, tp, "
         "virtual_stages)\n"
         "tests/data/bad/unknown_keys.yaml:10: framwork: unknown key; did you mean 'framework'? "
-        "(allowed here: description, framework, launch, memory, model, name, parallelism, resources, train)\n"
+        "(allowed here: description, framework, launch, memory, model, name, parallelism, resources, tokenizer, "
+        "train)\n"
     )
 
 

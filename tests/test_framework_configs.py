@@ -213,3 +213,27 @@ def test_accelerate_checker_refuses_an_unknown_key():
     files = {"accelerate_config.yaml": base["framework"]["files"]["accelerate_config.yaml"] + "fsdp_version: 2\n"}
     r = run_checker("fsdp", [dict(base, framework=dict(base["framework"], files=files))])[0]
     assert not r["ok"] and "unknown keys" in r["error"]
+
+
+def test_hf_trainer_accepts_the_deepspeed_flags_jobctl_renders():
+    """${framework.hf_args} and ds_config.json agree in HF's own checks (batch, accumulation, bf16, lr,
+    Adam, clipping, schedule): a mismatch makes trainer_config_finalize raise. DeepSpeed's pipeline
+    engine is not the Trainer's, so a pp>1 plan renders no hf_args."""
+    _need("deepspeed")
+    cases = [c for c in plans("deepspeed") if c["plan"]["pp"] == 1]
+    assert not [c for c in plans("deepspeed") if c["plan"]["pp"] > 1 and c["framework"].get("hf_args")]
+    results = run_checker("hf_deepspeed", cases)
+    for case, r in zip(cases, results):
+        p = case["plan"]
+        assert r["ok"], (case["case"], r)
+        assert (r["micro"], r["accum"], r["bf16"]) == (p["micro_batch_size"], p["grad_accum_steps"], True)
+        assert r["gradient_checkpointing"] == (p["recompute"] == "full")
+
+
+def test_hf_trainer_check_refuses_a_learning_rate_that_disagrees():
+    _need("deepspeed")
+    base = plans("deepspeed")[0]
+    hf = list(base["framework"]["hf_args"])
+    hf[hf.index("--learning_rate") + 1] = "0.5"
+    r = run_checker("hf_deepspeed", [dict(base, framework=dict(base["framework"], hf_args=hf))])[0]
+    assert not r["ok"] and "learning_rate" in r["error"]

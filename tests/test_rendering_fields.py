@@ -179,15 +179,24 @@ def test_megatron_memory_knobs(knobs, expected):
 
 
 def torchtitan_namespace(args: tuple[str, ...]) -> tuple[dict, str]:
-    """({section.key: value}, the activation_checkpoint subcommand) as tyro reads `args`."""
+    """({section.key: value}, the activation_checkpoint subcommand) as tyro reads `args`: `--k=v`,
+    a switch `--k` (`--no_k`: False), or `--k v1 v2` for a list."""
     ns: dict = {}
     *overrides, ac = args
     assert ac.startswith("activation_checkpoint:"), args
-    for a in overrides:
+    i = 0
+    while i < len(overrides):
+        a = overrides[i]
         assert a.startswith("--"), a
         key, eq, value = a[2:].partition("=")
         section, _, field = key.rpartition(".")
-        if not eq and field.startswith("no_"):
+        values = []
+        while not eq and i + 1 < len(overrides) and not overrides[i + 1].startswith("--"):
+            values.append(float(overrides[i + 1]))
+            i += 1
+        if values:
+            value = tuple(values)
+        elif not eq and field.startswith("no_"):
             key, value = f"{section}.{field[3:]}", False
         elif not eq:
             value = True
@@ -195,7 +204,16 @@ def torchtitan_namespace(args: tuple[str, ...]) -> tuple[dict, str]:
             value = int(value) if value.isdigit() else value
         assert key not in ns, f"{key} given twice"
         ns[key] = value
+        i += 1
     return ns, ac.split(":", 1)[1]
+
+
+# The recipe's training setup (tested in the last section) is left out where a test is about the layout.
+TRAINING_KEYS = ("debug.", "optimizer.", "lr_scheduler.", "training.max_norm", "training.steps")
+
+
+def layout_only(ns: dict) -> dict:
+    return {k: v for k, v in ns.items() if not k.startswith(TRAINING_KEYS)}
 
 
 def test_torchtitan_puts_every_plan_field_in_the_override_that_means_it():
@@ -210,6 +228,7 @@ def test_torchtitan_puts_every_plan_field_in_the_override_that_means_it():
              global_batch_size=5544, sharding="hsdp", hsdp_shard=24, recompute="selective",
              offload="optimizer+params", sequence_parallel=False, virtual_stages=2)
     ns, ac = torchtitan_namespace(rendered("torchtitan", p, model).args)
+    ns = layout_only(ns)
     assert ns == {
         "parallelism.data_parallel_replicate_degree": 7, "parallelism.data_parallel_shard_degree": 8,
         "parallelism.tensor_parallel_degree": 4, "parallelism.enable_sequence_parallel": False,
@@ -234,6 +253,7 @@ def test_torchtitan_without_pipeline_accumulates_micro_batches(sharding, replica
     p = plan(nodes=1, gpus_per_node=10, tp=2, dp=5, micro_batch_size=3, grad_accum_steps=7, global_batch_size=105,
              sharding=sharding, recompute="full", sequence_parallel=True)
     ns, ac = torchtitan_namespace(rendered("torchtitan", p).args)
+    ns = layout_only(ns)
     assert ns == {
         "parallelism.data_parallel_replicate_degree": replicate, "parallelism.data_parallel_shard_degree": shard,
         "parallelism.tensor_parallel_degree": 2, "parallelism.context_parallel_degree": 1,
@@ -304,7 +324,9 @@ def test_deepspeed_config_keys_mean_the_plan(fields, precision, expected):
 # FullyShardedDataParallelPlugin.__post_init__: FSDP_VERSION, FSDP_RESHARD_AFTER_FORWARD (true =
 # full shard), FSDP_OFFLOAD_PARAMS (CPUOffloadPolicy), FSDP_ACTIVATION_CHECKPOINTING;
 # parallelism_config.py: PARALLELISM_CONFIG_DP_REPLICATE_SIZE / _DP_SHARD_SIZE (HSDP);
-# ACCELERATE_MIXED_PRECISION: PrecisionType no|fp16|bf16. Config file keys as `accelerate config`
+# ACCELERATE_MIXED_PRECISION: PrecisionType no|fp16|bf16; FSDP_CPU_RAM_EFFICIENT_LOADING and
+# FSDP_SYNC_MODULE_STATES, which `accelerate launch` exports with its defaults "true"
+# (commands/launch.py --fsdp_cpu_ram_efficient_loading / --fsdp_sync_module_states). Config file keys as `accelerate config`
 # writes them (commands/config/cluster.py); commands/launch.py: --num_processes "The total number
 # of processes to be launched in parallel", --num_machines "The total number of machines".
 # HF TrainingArguments (transformers 5.24.0 training_args.py): per_device_train_batch_size "The
@@ -316,6 +338,7 @@ FSDP_CASES = [
           sharding="hsdp", hsdp_shard=10, recompute="full", offload="optimizer+params"), "bf16-mixed",
      {"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2",
       "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true", "FSDP_ACTIVATION_CHECKPOINTING": "true",
+      "FSDP_CPU_RAM_EFFICIENT_LOADING": "true", "FSDP_SYNC_MODULE_STATES": "true",
       "ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "3",
       "PARALLELISM_CONFIG_DP_SHARD_SIZE": "10"},
      ["--per_device_train_batch_size", "11", "--gradient_accumulation_steps", "13", "--bf16"],
@@ -326,7 +349,8 @@ FSDP_CASES = [
     (dict(nodes=3, gpus_per_node=4, dp=12, micro_batch_size=2, grad_accum_steps=7, global_batch_size=168,
           sharding="zero3"), "fp16-mixed",
      {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2",
-      "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "false", "FSDP_ACTIVATION_CHECKPOINTING": "false"},
+      "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "false", "FSDP_ACTIVATION_CHECKPOINTING": "false",
+      "FSDP_CPU_RAM_EFFICIENT_LOADING": "true", "FSDP_SYNC_MODULE_STATES": "true"},
      ["--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "7", "--fp16"],
      {"distributed_type": "FSDP", "num_machines": 3, "num_processes": 12, "mixed_precision": "fp16",
       "fsdp_offload_params": False, "fsdp_activation_checkpointing": False, "fsdp_reshard_after_forward": True}),
@@ -357,7 +381,7 @@ def test_fsdp_environment_args_and_config_mean_the_plan(fields, precision, env, 
     plan_env = {k: v for k, v in r.env.items() if k not in ("FSDP_AUTO_WRAP_POLICY", "FSDP_TRANSFORMER_CLS_TO_WRAP",
                                                               "FSDP_STATE_DICT_TYPE")}
     assert plan_env == env
-    assert list(r.args) == args
+    assert list(r.args[:len(args)]) == args  # then the recipe's training setup (the last section)
     assert _accelerate_view(r.files["accelerate_config.yaml"]) == config
 
 
@@ -402,3 +426,105 @@ def test_custom_zero_stage_is_the_zero_papers(sharding, stage):
              sharding=sharding, hsdp_shard=2 if sharding == "hsdp" else 0)
     env = plan_environment(p, "toy")
     assert (env["JOBCTL_SHARDING"], env["JOBCTL_ZERO_STAGE"]) == (sharding, stage)
+
+
+# -- the recipe's training setup, in each framework's own names (issue 33) ----------------------
+# Every value distinct: steps 4321, lr 3.7e-4, min lr 3.7e-5 (a tenth), warm-up 17, weight decay
+# 0.07, betas 0.83 / 0.97, eps 2e-7, clipping 0.6, seed 2024.
+#   Megatron (arguments.py): --train-iters, --lr, --min-lr, --lr-decay-style, --lr-warmup-iters,
+#     --weight-decay, --adam-beta1/2, --adam-eps, --clip-grad, --seed; --tokenizer-type
+#     NullTokenizer counts one end-of-document token on top of --vocab-size
+#     (megatron/training/tokenizer/tokenizer.py _NullTokenizer.vocab_size = given + 1);
+#     --rotary-base (RoPE theta), --use-rope-scaling with --rope-scaling-factor, --norm-epsilon.
+#   torchtitan 0.3.0 (trainer.py Trainer.Config): training.steps, training.max_norm, debug.seed,
+#     optimizer.param_groups.0.optimizer_kwargs.{lr,betas,eps,weight_decay},
+#     lr_scheduler.{warmup_steps,decay_type,min_lr_factor} (the floor as a fraction of the lr).
+#   DeepSpeed 0.19.8 (runtime/config.py, runtime/lr_schedules.py): optimizer {type, params},
+#     scheduler WarmupCosineLR {total_num_steps, warmup_num_steps, warmup_min_ratio,
+#     cos_min_ratio (the floor as a ratio of the lr)}, gradient_clipping.
+#   HF TrainingArguments (transformers training_args.py): --learning_rate, --lr_scheduler_type,
+#     --warmup_steps, --max_steps, --weight_decay, --max_grad_norm, --seed, --adam_beta1/2,
+#     --adam_epsilon.
+from jobctl.planner.memory import Training  # noqa: E402
+
+SETUP = Training(steps=4321, lr=3.7e-4, min_lr=3.7e-5, warmup_steps=17, schedule="cosine", weight_decay=0.07,
+                 betas=(0.83, 0.97), eps=2e-7, grad_clip=0.6, seed=2024)
+ROPE_MODEL = ModelSpec(name="toy-llama31", family="llama", layers=60, hidden=6144, ffn_hidden=16384, heads=48,
+                       kv_heads=12, vocab=32000, rope_theta=250000.0, rope_scaling=16.0, norm_eps=3e-6)
+
+
+def rendered_with(name: str, p: Plan, training: Training, model: ModelSpec = MODEL):
+    fw = frameworks.get(name)
+    w = Workload(model, SEQ, p.global_batch_size, framework=fw, training=training)
+    assert fw.problems(p, w) == [], fw.problems(p, w)
+    return fw.render(p, w)
+
+
+def test_megatron_gets_the_schedule_optimizer_tokenizer_and_rope_the_recipe_states():
+    p = plan(nodes=1, gpus_per_node=8, tp=2, dp=4, micro_batch_size=3, grad_accum_steps=5, global_batch_size=60)
+    ns = megatron_namespace(rendered_with("megatron", p, SETUP, ROPE_MODEL).args)
+    assert {k: ns[k] for k in ("train_iters", "lr", "min_lr", "lr_decay_style", "lr_warmup_iters", "weight_decay",
+                               "adam_beta1", "adam_beta2", "adam_eps", "clip_grad", "seed")} == {
+        "train_iters": 4321, "lr": "0.00037", "min_lr": "3.7e-05", "lr_decay_style": "cosine",
+        "lr_warmup_iters": 17, "weight_decay": "0.07", "adam_beta1": "0.83", "adam_beta2": "0.97",
+        "adam_eps": "2e-07", "clip_grad": "0.6", "seed": 2024}
+    assert (ns["tokenizer_type"], ns["vocab_size"] + 1) == ("NullTokenizer", 32000)
+    assert (ns["rotary_base"], ns["use_rope_scaling"], ns["rope_scaling_factor"], ns["layernorm_epsilon"]) == (
+        250000, True, 16, "3e-06")
+    # a tokenizer of the recipe's own
+    hf = Training(lr=1e-4, tokenizer="huggingface", tokenizer_path="/data/tok")
+    ns = megatron_namespace(rendered_with("megatron", p, hf).args)
+    assert (ns["tokenizer_type"], ns["tokenizer_model"]) == ("HuggingFaceTokenizer", "/data/tok")
+    assert "vocab_size" not in ns
+
+
+def test_torchtitan_gets_the_schedule_optimizer_and_seed():
+    p = plan(nodes=1, gpus_per_node=8, dp=8, micro_batch_size=3, grad_accum_steps=5, global_batch_size=120,
+             sharding="zero3")
+    ns, _ = torchtitan_namespace(rendered_with("torchtitan", p, SETUP).args)
+    group = "optimizer.param_groups.0.optimizer_kwargs."
+    assert {k: v for k, v in ns.items() if k.startswith(TRAINING_KEYS)} == {
+        "training.steps": 4321, "training.max_norm": "0.6", "debug.seed": 2024,
+        group + "lr": "0.00037", group + "weight_decay": "0.07", group + "eps": "2e-07", group + "betas": (0.83, 0.97),
+        "lr_scheduler.warmup_steps": 17, "lr_scheduler.decay_type": "cosine", "lr_scheduler.min_lr_factor": "0.1"}
+
+
+def test_deepspeed_builds_the_optimizer_and_schedule_and_the_trainer_agrees():
+    p = plan(nodes=1, gpus_per_node=8, dp=8, micro_batch_size=3, grad_accum_steps=5, global_batch_size=120,
+             sharding="zero2", offload="optimizer")
+    r = rendered_with("deepspeed", p, SETUP)
+    cfg = json.loads(r.files["ds_config.json"])
+    assert cfg["optimizer"] == {"type": "AdamW", "params": {"lr": 3.7e-4, "weight_decay": 0.07, "betas": [0.83, 0.97],
+                                                            "eps": 2e-7}}
+    assert cfg["scheduler"] == {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": 4321, "warmup_num_steps": 17, "warmup_min_ratio": 0.0, "cos_min_ratio": pytest.approx(0.1)}}
+    assert cfg["gradient_clipping"] == 0.6 and "pipeline" not in cfg  # stages are PipelineModule's, not the file's
+    hf = list(r.hf_args)
+    assert hf[:2] == ["--deepspeed", f"{JOB_FOLDER_TOKEN}/framework/ds_config.json"]
+    hf_no_switch = [a for a in hf[2:] if a != "--bf16"]  # bf16-mixed: the one switch
+    pairs = dict(zip(hf_no_switch[::2], hf_no_switch[1::2]))
+    assert pairs == {"--per_device_train_batch_size": "3", "--gradient_accumulation_steps": "5",
+                     "--learning_rate": "0.00037", "--lr_scheduler_type": "cosine", "--warmup_steps": "17",
+                     "--max_steps": "4321", "--weight_decay": "0.07", "--max_grad_norm": "0.6", "--seed": "2024",
+                     "--adam_beta1": "0.83", "--adam_beta2": "0.97", "--adam_epsilon": "2e-07"}
+    # the pipeline engine's activation checkpointing is what the file says
+    pp = plan(nodes=1, gpus_per_node=8, pp=2, dp=4, micro_batch_size=3, grad_accum_steps=5, global_batch_size=60,
+              sharding="zero1", recompute="full")
+    cfg = json.loads(rendered_with("deepspeed", pp, SETUP).files["ds_config.json"])
+    assert cfg["pipeline"] == {"activation_checkpoint_interval": 1}
+
+
+def test_accelerate_multi_node_launch_args_carry_each_nodes_rank_and_the_first_nodes_address():
+    from jobctl.model import MASTER_ADDR_TOKEN, MASTER_PORT_TOKEN, NODE_RANK_TOKEN, per_node
+
+    p = plan(nodes=2, gpus_per_node=4, dp=8, micro_batch_size=3, grad_accum_steps=5, global_batch_size=120,
+             sharding="zero3")
+    r = rendered_with("fsdp", p, SETUP)
+    la = list(r.launch_args)
+    assert dict(zip(la[::2], la[1::2])) == {
+        "--config_file": f"{JOB_FOLDER_TOKEN}/framework/accelerate_config.yaml", "--num_machines": "2",
+        "--num_processes": "8", "--machine_rank": NODE_RANK_TOKEN, "--main_process_ip": MASTER_ADDR_TOKEN,
+        "--main_process_port": MASTER_PORT_TOKEN}
+    # the runner fills them in on each node
+    assert [per_node(a, 1, "node-a", 29123) for a in la[-6:]] == [
+        "--machine_rank", "1", "--main_process_ip", "node-a", "--main_process_port", "29123"]

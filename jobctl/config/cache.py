@@ -29,7 +29,8 @@ KEY_BYTES = 32
 
 MARK = "__jobctl_model__"
 SET = "__jobctl_fields_set__"  # the fields the document gave (pydantic's model_fields_set)
-_DEFINITIONS = ("config/schema.py", "config/loader.py", "config/validation.py", "planner/catalog.py", "planner/models.py",
+_DEFINITIONS = ("config/schema.py", "config/loader.py", "config/limits.py", "config/validation.py", "planner/catalog.py",
+                "planner/models.py",
                 "config/cache.py")
 
 

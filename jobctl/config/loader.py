@@ -458,29 +458,39 @@ def resolve_launch(recipe_data: dict, plan: dict, path: str = "<recipe>", framew
     context = {k: v for k, v in recipe_data.items() if k != "launch"}
     context["plan"] = dict(plan)
     fw = framework or {}
+    last = [str(a) for a in fw.get("last") or []]
     args = [str(a) for a in fw.get("args") or []]
-    context["framework"] = {"name": fw.get("name", ""), "args": shlex.join(args),
+    if last and args[-len(last):] == last:  # they go at the very end of the command instead
+        args = args[:-len(last)]
+    words = {_SPLICES["args"]: args}
+    words.update({_SPLICES[k]: [str(a) for a in fw.get(k) or []] for k in ("hf_args", "launch_args")})
+    context["framework"] = {"name": fw.get("name", ""),
+                            **{k: shlex.join(words[_SPLICES[k]]) for k in _SPLICES},
                             "files": {k.split(".")[0]: f"{JOB_FOLDER_TOKEN}/framework/{k}" for k in fw.get("files") or {}}}
-    splice = isinstance(launch.get("command"), list)
-    if splice:  # a list item that is exactly ${framework.args} becomes those words
-        launch["command"] = [_SPLICE if item == FRAMEWORK_ARGS else item for item in launch["command"]]
+    command = launch.get("command")
+    splice = isinstance(command, list)
+    if splice:  # a list item that is exactly ${framework.args} (or .hf_args, .launch_args) becomes those words
+        launch["command"] = [_SPLICES.get(item[len("${framework."):-1], item)
+                             if isinstance(item, str) and item.startswith("${framework.") and item.endswith("}")
+                             else item for item in command]
     context["launch"] = launch
     try:
         node = OmegaConf.create(context)
         out = OmegaConf.to_container(node.launch, resolve=True)
-        if splice:
-            command = []
-            for item in out["command"]:
-                command.extend(args if item == _SPLICE else [item])
-            out["command"] = command
-        return out
     except Exception as e:
         msg = str(e).splitlines()[0]
         raise ConfigError([ConfigIssue(path, None, "launch", f"cannot resolve interpolation: {msg}; "
                                        "the plan's keys are " + ", ".join(sorted(plan)))]) from None
+    uses_args = any(FRAMEWORK_ARGS in str(item) for item in (command if splice else [command or ""]))
+    if splice:
+        out["command"] = [w for item in out["command"] for w in words.get(item, [item])]
+    if last and uses_args:
+        out["command"] = out["command"] + last if splice else f"{out['command']} {shlex.join(last)}"
+    return out
 
 
-_SPLICE = "\x00jobctl-framework-args\x00"
+# a list item that is exactly ${framework.<key>} stands for these words (each its own argv item)
+_SPLICES = {k: f"\x00jobctl-framework-{k}\x00" for k in ("args", "hf_args", "launch_args")}
 
 
 def dump_yaml(data: dict) -> str:

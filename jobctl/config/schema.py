@@ -54,6 +54,9 @@ class ModelArch(_Strict):
     tied_embeddings: bool = False
     max_seq_len: int = Field(default=0, ge=0, le=16 * MAX_DIM)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    rope_theta: float = Field(default=10000.0, gt=0, le=1e9, description="RoPE base")
+    rope_scaling: float = Field(default=0.0, ge=0, le=1024, description="Llama 3.1-style RoPE scaling factor; 0: none")
+    norm_eps: float = Field(default=1e-5, gt=0, le=1e-2)
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -83,7 +86,40 @@ class Train(_Strict):
     # time-to-train arithmetic overflow (OverflowError)
     steps: int | None = Field(default=None, gt=0, le=10**12)
     tokens: int | None = Field(default=None, gt=0, le=10**18)
-    lr: float | None = Field(default=None, gt=0)
+    # The schedule and the optimizer's settings, rendered in each framework's own names (README:
+    # Frameworks); the defaults are the Llama 3 paper's (AdamW 0.9/0.95, weight decay 0.1, clip 1.0).
+    lr: float | None = Field(default=None, gt=0, le=10)
+    min_lr: float | None = Field(default=None, ge=0, le=10)
+    warmup_steps: int | None = Field(default=None, ge=0, le=10**12)
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = Field(default=0.1, ge=0, le=10)
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    adam_beta2: float = Field(default=0.95, ge=0, lt=1)
+    adam_eps: float = Field(default=1e-8, gt=0, le=1)
+    grad_clip: float = Field(default=1.0, ge=0, le=1e6, description="0: no clipping")
+    seed: int = Field(default=1234, ge=0, lt=1 << 32)
+
+    @model_validator(mode="after")
+    def _schedule(self):
+        if self.min_lr is not None and self.lr is not None and self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr:g}) is above lr ({self.lr:g})")
+        if self.warmup_steps and self.steps and self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) is more than steps ({self.steps})")
+        return self
+
+
+class Tokenizer(_Strict):
+    """The recipe's tokenizer: `null` (synthetic data, the model's vocabulary size; Megatron's
+    NullTokenizer), or a Hugging Face / SentencePiece / tiktoken tokenizer at `path`."""
+
+    type: Literal["null", "huggingface", "sentencepiece", "tiktoken"] = "null"
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+
+    @model_validator(mode="after")
+    def _path(self):
+        if self.type != "null" and not self.path:
+            raise ValueError(f"tokenizer type {self.type} needs a path (the tokenizer's file or folder)")
+        return self
 
 
 class Parallelism(_Strict):
@@ -173,6 +209,8 @@ class FrameworkSpec(_Strict):
 
     name: FrameworkName
     supports: Supports | None = None
+    # the release the job's environment has (jobctl warns when it renders for another)
+    version: str | None = Field(default=None, min_length=1, max_length=40, pattern=r"^[0-9A-Za-z.+_-]+$")
 
     @model_validator(mode="after")
     def _supports_custom_only(self):
@@ -191,6 +229,7 @@ class Recipe(_Strict):
     memory: MemoryKnobs = Field(default_factory=MemoryKnobs)
     resources: Resources = Field(default_factory=Resources)
     launch: Launch = Field(default_factory=Launch)
+    tokenizer: Tokenizer = Field(default_factory=Tokenizer)
     description: str = ""
 
 

@@ -47,6 +47,11 @@ class Capabilities:
 
     name: str
     title: str
+    # the distribution it ships as, the releases its rendering was read from and checked against,
+    # and known breakages with other packages' releases: (package, version prefix, what breaks)
+    package: str = ""
+    versions: tuple[str, ...] = ()
+    skews: tuple[tuple[str, str, str], ...] = ()
     tp: bool = False
     sequence_parallel: str = "no"  # "no" | "optional" (a flag) | "with tp" (on whenever tp > 1 by default)
     cp: bool = False
@@ -123,10 +128,54 @@ class Rendered:
     files: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # the same plan as Hugging Face Trainer's arguments, where they differ from `args`
+    # (${framework.hf_args}: DeepSpeed under the Trainer)
+    hf_args: tuple[str, ...] = ()
+    # the framework's own launcher's arguments (${framework.launch_args}: `accelerate launch`'s
+    # config file, machines, this node's rank and the first node's address)
+    launch_args: tuple[str, ...] = ()
+    # the end of `args` that the framework's parser needs last in the whole command (torchtrain's
+    # tyro subcommand): wherever ${framework.args} stands, these go to the end
+    last: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "args": list(self.args), "files": dict(self.files), "env": dict(self.env),
-                "notes": list(self.notes)}
+        out = {"name": self.name, "args": list(self.args), "files": dict(self.files), "env": dict(self.env),
+               "notes": list(self.notes)}
+        for key in ("hf_args", "launch_args", "last"):
+            if getattr(self, key):
+                out[key] = list(getattr(self, key))
+        return out
+
+
+def num(x: float) -> str:
+    """A number as the shortest text that reads back as it (500000, 1e-05, 0.95)."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b without the last bit's noise (3.7e-5 / 3.7e-4 is 0.1, not 0.09999999999999999)."""
+    return float(f"{a / b:.12g}")
+
+
+def hf_training_args(plan, w) -> tuple[str, ...]:
+    """The plan and the recipe's training setup as Hugging Face TrainingArguments
+    (transformers/training_args.py): the per-device micro-batch, the accumulation, precision,
+    and the schedule, optimizer settings, steps and seed the recipe states."""
+    t = w.training
+    a = ["--per_device_train_batch_size", str(plan.micro_batch_size),
+         "--gradient_accumulation_steps", str(plan.grad_accum_steps)]
+    a += {"bf16-mixed": ["--bf16"], "fp16-mixed": ["--fp16"]}.get(w.precision, [])
+    if t.lr is not None:
+        schedule = {"cosine": "cosine", "linear": "linear"}.get(t.schedule, "constant_with_warmup")
+        a += ["--learning_rate", num(t.lr), "--lr_scheduler_type", schedule]
+    if t.warmup_steps:
+        a += ["--warmup_steps", str(t.warmup_steps)]
+    if t.steps:
+        a += ["--max_steps", str(t.steps)]
+    a += ["--weight_decay", num(t.weight_decay), "--max_grad_norm", num(t.grad_clip), "--seed", str(t.seed)]
+    if w.optimizer == "adamw":
+        a += ["--adam_beta1", num(t.betas[0]), "--adam_beta2", num(t.betas[1]), "--adam_epsilon", num(t.eps)]
+    return tuple(a)
 
 
 

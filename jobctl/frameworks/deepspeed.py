@@ -20,6 +20,8 @@ from jobctl.frameworks.base import (
     StateRecipe,
     common_problems,
     file_path,
+    hf_training_args,
+    ratio,
 )
 
 DS = "deepspeed 0.19.8"
@@ -28,6 +30,8 @@ CONFIG_FILE = "ds_config.json"
 CAPS = Capabilities(
     name="deepspeed",
     title="DeepSpeed engine (alone, HF Trainer or accelerate)",
+    package="deepspeed",
+    versions=("0.19.8",),
     tp=False,
     sequence_parallel="no",
     cp=False,
@@ -101,21 +105,80 @@ def config(plan, w) -> dict:
         cfg["bf16"] = {"enabled": True}
     elif w.precision == "fp16-mixed":
         cfg["fp16"] = {"enabled": True}
-    if plan.pp > 1:
-        cfg["pipeline"] = {"stages": "auto", "partition": "parameters"}
+    t = w.training
+    if t.grad_clip:
+        cfg["gradient_clipping"] = t.grad_clip
+    optimizer = _optimizer(w)
+    if optimizer:
+        cfg["optimizer"] = optimizer
+        scheduler = _scheduler(t)
+        if scheduler:
+            cfg["scheduler"] = scheduler
+    # the pipeline engine reads activation_checkpoint_interval from here (runtime/pipe/engine.py,
+    # `self._config.pipeline['activation_checkpoint_interval']`); the stages and the partition
+    # method are PipelineModule(num_stages=..., partition_method=...) arguments, not this file's
+    if plan.pp > 1 and plan.recompute == "full":
+        cfg["pipeline"] = {"activation_checkpoint_interval": 1}
     return cfg
 
 
+# The recipe's optimizer as DeepSpeed builds it (runtime/engine.py _configure_basic_optimizer):
+# AdamW and Lion; under ZeRO-Offload the same names give DeepSpeedCPUAdam / DeepSpeedCPULion.
+_OPTIMIZERS = {"adamw": "AdamW", "lion": "Lion"}
+
+
+def _optimizer(w) -> dict | None:
+    t = w.training
+    name = _OPTIMIZERS.get(w.optimizer)
+    if name is None or t.lr is None:
+        return None
+    params: dict = {"lr": t.lr, "weight_decay": t.weight_decay}
+    if w.optimizer == "adamw":
+        params.update(betas=list(t.betas), eps=t.eps)
+    return {"type": name, "params": params}
+
+
+def _scheduler(t) -> dict | None:
+    """The recipe's schedule as one of DeepSpeed's (runtime/lr_schedules.py): WarmupCosineLR
+    (its floors are ratios of the optimizer's lr), WarmupDecayLR (linear), WarmupLR (constant)."""
+    warmup = t.warmup_steps or 0
+    if t.schedule == "constant":
+        return {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": t.lr,
+                                               "warmup_num_steps": warmup}}
+    if not t.steps:
+        return None
+    if t.schedule == "cosine":
+        return {"type": "WarmupCosineLR", "params": {"total_num_steps": t.steps, "warmup_num_steps": warmup,
+                                                     "warmup_min_ratio": 0.0,
+                                                     "cos_min_ratio": ratio(t.min_lr or 0.0, t.lr)}}
+    return {"type": "WarmupDecayLR", "params": {"total_num_steps": t.steps, "warmup_num_steps": warmup,
+                                                "warmup_min_lr": 0.0, "warmup_max_lr": t.lr}}
+
+
 def render(plan, w) -> Rendered:
-    text = json.dumps(config(plan, w), indent=2) + "\n"
-    notes = ["HF Trainer: pass --deepspeed ${framework.files.ds_config} instead of ${framework.args}"]
+    cfg = config(plan, w)
+    text = json.dumps(cfg, indent=2) + "\n"
+    notes = []
+    if plan.pp == 1:
+        notes.append("HF Trainer: pass ${framework.hf_args} (--deepspeed with the file, and the Trainer's own batch, "
+                     "precision and optimizer arguments, consistent with it) instead of ${framework.args}")
+    if "optimizer" not in cfg:
+        notes.append("no optimizer block: " + ("train.lr is not set" if w.training.lr is None else
+                     f"DeepSpeed builds no {w.optimizer}") + "; the script passes its own optimizer to "
+                     "deepspeed.initialize (ZeRO-Offload refuses one: zero_force_ds_cpu_optimizer)")
+    hf = ("--deepspeed", file_path(CONFIG_FILE), *hf_training_args(plan, w))
     if plan.recompute == "full":
-        notes.append("recompute=full: turn on your model's activation checkpointing (HF: --gradient_checkpointing; "
-                     "a PipelineModule: activation_checkpoint_interval=1); JOBCTL_RECOMPUTE=full says so in the job")
+        hf += ("--gradient_checkpointing",)
+        notes.append("recompute=full: ${framework.hf_args} turns on the Trainer's --gradient_checkpointing, the file "
+                     "a PipelineModule's (pipeline.activation_checkpoint_interval 1); a script of your own checkpoints "
+                     "its layers itself (JOBCTL_RECOMPUTE=full says so in the job)")
     if plan.pp > 1:
-        notes.append(f"pp={plan.pp}: build the model as deepspeed.pipe.PipelineModule(num_stages=JOBCTL_PP)")
+        # the Trainer wraps a plain module with deepspeed.initialize; only a PipelineModule gets the pipeline engine
+        hf = ()
+        notes.append(f"pp={plan.pp}: build the model as deepspeed.pipe.PipelineModule(num_stages=JOBCTL_PP) in a "
+                     "script of your own; HF Trainer does not drive DeepSpeed's pipeline engine (no hf_args)")
     return Rendered(CAPS.name, ("--deepspeed", "--deepspeed_config", file_path(CONFIG_FILE)),
-                    {CONFIG_FILE: text}, {}, tuple(notes))
+                    {CONFIG_FILE: text}, {}, tuple(notes), hf_args=hf)
 
 
 FRAMEWORK = Framework(CAPS, problems, render)

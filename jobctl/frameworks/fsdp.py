@@ -22,7 +22,9 @@ from jobctl.frameworks.base import (
     StateRecipe,
     common_problems,
     file_path,
+    hf_training_args,
 )
+from jobctl.model import MASTER_ADDR_TOKEN, MASTER_PORT_TOKEN, NODE_RANK_TOKEN
 
 AC = "accelerate 1.15.0"
 CONFIG_FILE = "accelerate_config.yaml"
@@ -30,6 +32,8 @@ CONFIG_FILE = "accelerate_config.yaml"
 CAPS = Capabilities(
     name="fsdp",
     title="PyTorch FSDP2 via HF accelerate (or torchrun + fully_shard)",
+    package="accelerate",
+    versions=("1.15.0",),
     tp=False,
     sequence_parallel="no",
     cp=False,
@@ -86,6 +90,9 @@ def problems(plan, w) -> list[str]:
     out = common_problems(CAPS, plan, w)
     if plan.offload != "none" and plan.sharding == "none":
         out.append("FSDP offloads through CPUOffloadPolicy of sharded parameters: offload needs sharding zero3 or hsdp")
+    if w.device == "cpu" and plan.sharding != "none":
+        out.append("accelerate applies FSDP with accelerators only (state.py: FSDP is kept for GPU-like "
+                   "distributed types; on CPU it runs data parallel): a CPU partition gets sharding none")
     return out
 
 
@@ -112,6 +119,9 @@ def environment(plan, w) -> dict[str, str]:
         "FSDP_TRANSFORMER_CLS_TO_WRAP": LAYER_CLASS.get(w.model.family, "LlamaDecoderLayer"),
         "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
         "FSDP_ACTIVATION_CHECKPOINTING": "true" if plan.recompute == "full" else "false",
+        # what `accelerate launch` exports besides (utils/launch.py prepare_multi_gpu_env; its defaults)
+        "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+        "FSDP_SYNC_MODULE_STATES": "true",
     })
     if plan.sharding == "hsdp":
         env["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
@@ -129,11 +139,13 @@ def config_yaml(plan, w) -> str:
         f"mixed_precision: '{MIXED[w.precision]}'",
         f"num_machines: {plan.nodes}",
         f"num_processes: {plan.world_size}",
+        # this node's rank and the first node's address come from ${framework.launch_args} (the
+        # command line wins over the file), which jobctl fills in on each node
         "machine_rank: 0",
         "rdzv_backend: static",
         "same_network: true",
         "main_training_function: main",
-        "use_cpu: false",
+        f"use_cpu: {'true' if w.device == 'cpu' else 'false'}",
         "debug: false",
     ]
     if plan.sharding != "none":
@@ -147,6 +159,8 @@ def config_yaml(plan, w) -> str:
             f"  fsdp_transformer_layer_cls_to_wrap: {env['FSDP_TRANSFORMER_CLS_TO_WRAP']}",
             "  fsdp_state_dict_type: SHARDED_STATE_DICT",
             f"  fsdp_activation_checkpointing: {env['FSDP_ACTIVATION_CHECKPOINTING']}",
+            "  fsdp_cpu_ram_efficient_loading: true",
+            "  fsdp_sync_module_states: true",
         ]
         if plan.sharding == "hsdp":
             rep, shard = _shard(plan)
@@ -157,16 +171,15 @@ def config_yaml(plan, w) -> str:
 
 
 def render(plan, w) -> Rendered:
-    # HF TrainingArguments names: the per-device micro-batch and the accumulation the script runs
-    args = ("--per_device_train_batch_size", str(plan.micro_batch_size),
-            "--gradient_accumulation_steps", str(plan.grad_accum_steps))
-    if w.precision == "bf16-mixed":
-        args += ("--bf16",)
-    elif w.precision == "fp16-mixed":
-        args += ("--fp16",)
-    notes = ["the FSDP settings are in the environment (what `accelerate launch` exports); "
-             f"{file_path(CONFIG_FILE)} holds the same for `accelerate launch --config_file`"]
-    return Rendered(CAPS.name, args, {CONFIG_FILE: config_yaml(plan, w)}, environment(plan, w), tuple(notes))
+    args = hf_training_args(plan, w)
+    notes = ["the FSDP settings are in the environment (what `accelerate launch` exports) under jobctl's torchrun; "
+             "with `launch.launcher: none`, run `accelerate launch ${framework.launch_args} train.py ...`: the "
+             f"same settings from {file_path(CONFIG_FILE)}, with this node's rank and the first node's address"]
+    launch_args = ("--config_file", file_path(CONFIG_FILE), "--num_machines", str(plan.nodes),
+                   "--num_processes", str(plan.world_size), "--machine_rank", NODE_RANK_TOKEN,
+                   "--main_process_ip", MASTER_ADDR_TOKEN, "--main_process_port", MASTER_PORT_TOKEN)
+    return Rendered(CAPS.name, args, {CONFIG_FILE: config_yaml(plan, w)}, environment(plan, w), tuple(notes),
+                    launch_args=launch_args)
 
 
 FRAMEWORK = Framework(CAPS, problems, render)

@@ -16,6 +16,7 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     common_problems,
+    num,
 )
 
 ARGS = "megatron/training/arguments.py@core_v0.16.1"
@@ -23,6 +24,8 @@ ARGS = "megatron/training/arguments.py@core_v0.16.1"
 CAPS = Capabilities(
     name="megatron",
     title="Megatron-LM (pretrain_gpt.py) on Megatron-Core",
+    package="megatron-core",
+    versions=("0.16.1",),
     tp=True,
     sequence_parallel="optional",
     cp=True,
@@ -133,14 +136,20 @@ def problems(plan, w) -> list[str]:
 def render(plan, w) -> Rendered:
     """The plan as pretrain_gpt.py's flags (the model, parallelism, batch, memory knobs,
     precision), and the environment Megatron needs for them."""
-    a = [*_model_flags(w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan), *_training_flags(w)]
+    a = [*_model_flags(w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan), *_training_flags(w),
+         *_schedule_flags(w), *_tokenizer_flags(w)]
     env = {}
     if plan.tp > 1 or plan.cp > 1:
         # validate_args refuses tp/cp > 1 without it on Hopper and older (compute/comm ordering)
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    notes = ("dp and the number of micro-batches are derived by Megatron: dp = world / (tp*pp*cp) = "
-             f"{plan.dp}, micro-batches = global / (micro * dp) = {plan.grad_accum_steps}",)
-    return Rendered(CAPS.name, tuple(str(x) for x in a), {}, env, notes)
+    notes = ["dp and the number of micro-batches are derived by Megatron: dp = world / (tp*pp*cp) = "
+             f"{plan.dp}, micro-batches = global / (micro * dp) = {plan.grad_accum_steps}"]
+    if w.training.lr is None:
+        notes.append("train.lr is not set: Megatron's scheduler needs --lr (training.py fails on float(None)); "
+                     "set train.lr in the recipe")
+    if w.training.steps is None:
+        notes.append("train.steps (or train.tokens) is not set: give Megatron --train-iters or --train-samples")
+    return Rendered(CAPS.name, tuple(str(x) for x in a), {}, env, tuple(notes))
 
 
 def _model_flags(w) -> list:
@@ -152,10 +161,44 @@ def _model_flags(w) -> list:
         a += ["--group-query-attention", "--num-query-groups", m.kv_heads]
     a += ["--seq-length", w.seq_len, "--max-position-embeddings", max(w.seq_len, m.max_seq_len or 0)]
     if m.family == "llama":
-        a += ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear"]
+        a += ["--position-embedding-type", "rope", "--rotary-base", num(m.rope_theta),
+              "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear"]
+        if m.rope_scaling:  # Llama 3.1's (megatron/core/models/common/embeddings/rope_utils.py)
+            a += ["--use-rope-scaling", "--rope-scaling-factor", num(m.rope_scaling)]
         if not m.tied_embeddings:
             a.append("--untie-embeddings-and-output-weights")
+    return a + ["--norm-epsilon", num(m.norm_eps)]
+
+
+def _schedule_flags(w) -> list:
+    """The recipe's steps, learning-rate schedule, optimizer settings and seed (Megatron's own
+    defaults differ: weight decay 0.01, beta2 0.999)."""
+    t = w.training
+    a = ["--train-iters", t.steps] if t.steps else []
+    if t.lr is not None:
+        a += ["--lr", num(t.lr), "--lr-decay-style", t.schedule]
+        if t.min_lr is not None:
+            a += ["--min-lr", num(t.min_lr)]
+        if t.warmup_steps:
+            a += ["--lr-warmup-iters", t.warmup_steps]
+    a += ["--weight-decay", num(t.weight_decay), "--clip-grad", num(t.grad_clip), "--seed", t.seed]
+    if w.optimizer == "adamw":
+        a += ["--adam-beta1", num(t.betas[0]), "--adam-beta2", num(t.betas[1]), "--adam-eps", num(t.eps)]
     return a
+
+
+# The recipe's tokenizer as Megatron's (megatron/training/tokenizer/tokenizer.py build_tokenizer):
+# NullTokenizer (mock data) counts one end-of-document token on top of --vocab-size.
+_TOKENIZERS = {"huggingface": "HuggingFaceTokenizer", "sentencepiece": "SentencePieceTokenizer",
+               "tiktoken": "TikTokenizer"}
+
+
+def _tokenizer_flags(w) -> list:
+    t = w.training
+    if t.tokenizer == "null":
+        return ["--tokenizer-type", "NullTokenizer", "--vocab-size", w.model.vocab - 1]
+    a = ["--tokenizer-type", _TOKENIZERS[t.tokenizer], "--tokenizer-model", t.tokenizer_path]
+    return a + (["--tiktoken-pattern", "v2"] if t.tokenizer == "tiktoken" else [])
 
 
 def _parallel_flags(plan, layers: int) -> list:

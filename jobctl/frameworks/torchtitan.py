@@ -22,6 +22,8 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     common_problems,
+    num,
+    ratio,
 )
 
 TT = "torchtitan 0.3.0"
@@ -29,6 +31,12 @@ TT = "torchtitan 0.3.0"
 CAPS = Capabilities(
     name="torchtitan",
     title="torchtitan (python -m torchtitan.train)",
+    package="torchtitan",
+    versions=("0.3.0",),
+    skews=(("torch", "2.13", "torchtitan 0.3.0 calls torch.distributed.set_timeout (distributed/utils.py:595), "
+            "which torch 2.13 does not have (the run fails after its first step), and passes arg_mbs= to the "
+            "pipeline schedule's step (trainer.py:857), which torch 2.13's schedules (pipelining/schedules.py "
+            "step) take as a model keyword"),),
     tp=True,
     sequence_parallel="with tp",
     cp=True,
@@ -207,9 +215,36 @@ def render(plan, w) -> Rendered:
     if plan.offload != "none":
         opt("training.enable_cpu_offload")
     opt("training.mixed_precision_param", "float32" if w.precision == "fp32" else "bfloat16")
+    a.extend(_training_args(w))
+    if w.training.tokenizer != "null":
+        opt("hf_assets_path", w.training.tokenizer_path)  # the tokenizer's folder (config/manager.py)
     # the activation-checkpointing policy is a tyro subcommand: it comes last
-    a.append("activation_checkpoint:" + {"none": "none", "selective": "selective", "full": "full"}[plan.recompute])
-    return Rendered(CAPS.name, tuple(a), {}, {}, tuple(notes))
+    sub = "activation_checkpoint:" + {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]
+    a.append(sub)
+    # tyro reads every option after the subcommand as the subcommand's: the command's own options
+    # must come before it (resolve_launch moves it to the end of the command)
+    return Rendered(CAPS.name, tuple(a), {}, {}, tuple(notes), last=(sub,))
+
+
+def _training_args(w) -> list[str]:
+    """The recipe's steps, schedule, optimizer settings and seed in torchtitan's config
+    (trainer.py Trainer.Config: training, lr_scheduler, optimizer.param_groups, debug); the
+    registry config's own values (a 200-step warm-up, its lr) are replaced by the recipe's."""
+    t = w.training
+    a = [f"--training.steps={t.steps}"] if t.steps else []
+    a += [f"--training.max_norm={num(t.grad_clip)}", f"--debug.seed={t.seed}"]
+    if t.lr is not None:
+        group = "--optimizer.param_groups.0.optimizer_kwargs"
+        a += [f"{group}.lr={num(t.lr)}", f"{group}.weight_decay={num(t.weight_decay)}"]
+        if w.optimizer == "adamw":
+            a += [f"{group}.eps={num(t.eps)}", f"{group}.betas", num(t.betas[0]), num(t.betas[1])]
+        a += [f"--lr_scheduler.warmup_steps={t.warmup_steps or 0}"]
+        if t.schedule == "constant":
+            a.append("--lr_scheduler.decay_ratio=0.0")  # warm-up, then stable (no decay steps)
+        else:
+            a.append(f"--lr_scheduler.decay_type={t.schedule}")
+            a.append(f"--lr_scheduler.min_lr_factor={num(ratio(t.min_lr or 0.0, t.lr))}")
+    return a
 
 
 FRAMEWORK = Framework(CAPS, problems, render)

@@ -20,7 +20,7 @@ from jobctl.backends.base import SubmissionUncertain, SubmitRequest
 from jobctl.config import loader as config
 from jobctl.errors import ConfigError, ConfigIssue, SchedulerError, UsageError
 from jobctl.jobs import placement
-from jobctl.model import JOB_FOLDER_TOKEN, JobState, RetryPolicy, Scheduler
+from jobctl.model import JOB_FOLDER_TOKEN, JobState, RetryPolicy, Scheduler, per_node
 from jobctl.planner import inputs as planner_inputs
 from jobctl.planner.plan import Plan
 from jobctl.planning import framework_block
@@ -63,6 +63,8 @@ class Submission:
     token: str | None = None  # idempotency: a second submit_all with the same token submits nothing
     cwd: str | None = None  # where the job's command runs; None: where jobctl runs
     framework_files: dict[str, str] = field(default_factory=dict)  # rendered configuration files by name
+    # the framework's package and the releases its rendering is for (the runner checks the job's own)
+    expects: dict = field(default_factory=dict)
 
     def resource_key(self) -> str:
         """Jobs with equal keys can share one job array (one sbatch call)."""
@@ -72,7 +74,7 @@ class Submission:
     def runner(self, folder: JobFolder, jobctl_id: int) -> NodeRunner:
         return NodeRunner(str(folder.path), jobctl_id, self.plan.nodes, self.plan.gpus_per_node, dict(self.env),
                           list(self.command), self.launcher, cwd=self.cwd or os.getcwd(), policy=self.policy,
-                          recovery=RECOVERY, umask=current_umask())
+                          recovery=RECOVERY, umask=current_umask(), expects=dict(self.expects))
 
     def request(self, folder: JobFolder, jobctl_id: int) -> SubmitRequest:
         return SubmitRequest(self.runner(folder, jobctl_id), folder, self.parameters, self.recipe_name)
@@ -114,8 +116,23 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
         launcher=launch_block.get("launcher") or recipe.launch.launcher,
         workdir=jobs_root(inv.workdir), overrides=list(overrides or []), recipe_source=dict(recipe_loaded.data),
         inventory_source=dict(inv_loaded.data), policy=RetryPolicy(hooks=bool(launch_block.get("hooks", False))),
-        framework_files=_framework_files(fw),
+        framework_files=_framework_files(fw), expects=_expects(fw.get("name") or ""),
     )
+
+
+def _expects(name: str) -> dict:
+    """What the runner checks in the job's environment: the framework's package, the releases
+    jobctl renders for, and known breakages with other packages' releases."""
+    from jobctl import frameworks
+
+    try:
+        caps = frameworks.get(name).caps
+    except Exception:  # noqa: BLE001 - an unknown name renders nothing to check
+        return {}
+    if not caps.package:
+        return {}
+    return {"framework": caps.name, "package": caps.package, "versions": list(caps.versions),
+            "skews": [list(s) for s in caps.skews]}
 
 
 def _no_nul(path: str, command: list[str], env: dict[str, str]) -> None:
@@ -153,9 +170,10 @@ def render(sub: Submission, script: str | None = None) -> dict:
     where = str(_placeholder(sub).path)
     command = [a.replace(JOB_FOLDER_TOKEN, where) for a in sub.command]
     for rank in range(sub.plan.nodes):
-        argv = launch.launcher_argv(sub.plan.nodes, sub.plan.gpus_per_node, command, rank, FIRST_NODE,
+        node_command = [per_node(a, rank, FIRST_NODE, 29500) for a in command]
+        argv = launch.launcher_argv(sub.plan.nodes, sub.plan.gpus_per_node, node_command, rank, FIRST_NODE,
                                     29500, sub.launcher, rdzv_id="<job-id>") if sub.launcher == "torchrun" \
-            else list(command)
+            else node_command
         nodes.append({"node_rank": rank, "argv": argv})
     out = {
         "recipe": sub.recipe_path, "cluster": sub.cluster, "partition": sub.partition,

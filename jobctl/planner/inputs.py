@@ -6,7 +6,7 @@ from dataclasses import fields, replace
 
 from jobctl import frameworks
 from jobctl.planner.catalog import GIB, lookup_gpu
-from jobctl.planner.memory import Overheads, Workload
+from jobctl.planner.memory import Overheads, Training, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.perf import Links, gemm_ceiling
 from jobctl.planner.search import Constraints, Target
@@ -20,7 +20,7 @@ def model_spec(model) -> ModelSpec:
         name=model.name, family=model.family, layers=model.layers, hidden=model.hidden,
         ffn_hidden=model.ffn_hidden, heads=model.heads, kv_heads=model.kv_heads or model.heads,
         vocab=model.vocab, tied_embeddings=model.tied_embeddings, max_seq_len=model.max_seq_len,
-        dropout=model.dropout,
+        dropout=model.dropout, rope_theta=model.rope_theta, rope_scaling=model.rope_scaling, norm_eps=model.norm_eps,
     )
 
 
@@ -61,7 +61,20 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         lora_targets=tuple(t.lora_targets), attention=t.attention, fused_cross_entropy=t.fused_cross_entropy,
         framework=framework(recipe),
         overheads=o,
+        training=training(recipe),
+        device="cpu" if cpu else "gpu",
     )
+
+
+def training(recipe) -> Training:
+    """The recipe's schedule, optimizer settings, seed and tokenizer (planner.memory.Training)."""
+    t, tok = recipe.train, recipe.tokenizer
+    steps = t.steps
+    if steps is None and t.tokens:
+        steps = -(-t.tokens // (t.global_batch_size * t.seq_len))
+    return Training(steps=steps, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, schedule=t.lr_schedule,
+                    weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
+                    grad_clip=t.grad_clip, seed=t.seed, tokenizer=tok.type, tokenizer_path=tok.path)
 
 
 def links(partition, gpu, precision: str) -> Links:

@@ -27,6 +27,9 @@ class ModelSpec:
     tied_embeddings: bool = False
     max_seq_len: int = 0  # learned position embeddings (gpt); 0 = rotary, no parameters
     dropout: float = 0.0
+    rope_theta: float = 10000.0  # RoPE base (llama family)
+    rope_scaling: float = 0.0  # Llama 3.1's RoPE scaling factor (low 1, high 4, original 8192); 0: none
+    norm_eps: float = 1e-5
 
     @property
     def head_dim(self) -> int:
@@ -98,12 +101,16 @@ def padded_vocab(vocab: int, multiple: int) -> int:
     return int(math.ceil(vocab / multiple) * multiple) if multiple > 1 else vocab
 
 
-def _llama(name, layers, hidden, ffn, heads, kv, vocab, tied=False):
-    return ModelSpec(name, "llama", layers, hidden, ffn, heads, kv, vocab, tied)
+def _llama(name, layers, hidden, ffn, heads, kv, vocab, tied=False, theta=10000.0, scaling=0.0):
+    return ModelSpec(name, "llama", layers, hidden, ffn, heads, kv, vocab, tied, rope_theta=theta, rope_scaling=scaling)
 
 
 # Llama 2 (Touvron et al. 2023, Table 1 and the released configs), Llama 3.1 (Llama 3 paper,
-# Table 3; vocabulary 128256), Llama 3.2 1B/3B (released configs: tied embeddings).
+# Table 3; vocabulary 128256), Llama 3.2 1B/3B (released configs: tied embeddings). RoPE base
+# and scaling from the released config.json files: Llama 2 rope_theta 10000; Llama 3.1
+# rope_theta 500000 with rope_scaling {rope_type llama3, factor 8, low_freq_factor 1,
+# high_freq_factor 4, original_max_position_embeddings 8192}; Llama 3.2 the same with factor 32;
+# rms_norm_eps 1e-5 in all of them.
 # GPT-2 small (Radford et al. 2019; 124M with tied head) and GPT-3 175B (Brown et al. 2020,
 # Table 2.1), used by Korthikanti et al. 2022.
 PRESETS: dict[str, ModelSpec] = {
@@ -112,11 +119,11 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000),
         _llama("llama2-13b", 40, 5120, 13824, 40, 40, 32000),
         _llama("llama2-70b", 80, 8192, 28672, 64, 8, 32000),
-        _llama("llama3.1-8b", 32, 4096, 14336, 32, 8, 128256),
-        _llama("llama3.1-70b", 80, 8192, 28672, 64, 8, 128256),
-        _llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 128256),
-        _llama("llama3.2-1b", 16, 2048, 8192, 32, 8, 128256, tied=True),
-        _llama("llama3.2-3b", 28, 3072, 8192, 24, 8, 128256, tied=True),
+        _llama("llama3.1-8b", 32, 4096, 14336, 32, 8, 128256, theta=500000.0, scaling=8.0),
+        _llama("llama3.1-70b", 80, 8192, 28672, 64, 8, 128256, theta=500000.0, scaling=8.0),
+        _llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 128256, theta=500000.0, scaling=8.0),
+        _llama("llama3.2-1b", 16, 2048, 8192, 32, 8, 128256, tied=True, theta=500000.0, scaling=32.0),
+        _llama("llama3.2-3b", 28, 3072, 8192, 24, 8, 128256, tied=True, theta=500000.0, scaling=32.0),
         ModelSpec("gpt2", "gpt", 12, 768, 3072, 12, 12, 50257, True, 1024, 0.1),
         ModelSpec("gpt3-175b", "gpt", 96, 12288, 49152, 96, 96, 51200, True, 2048, 0.1),
     )

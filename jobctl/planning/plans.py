@@ -140,11 +140,25 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         result=res, workload=w)
     if w.overheads.learned_from:
         report.learned = learned_block(w)
+    report.warnings = version_warnings(recipe_loaded.value, w) or None
     if explain:
         report.explain = explain_search(res)
         report.explain["memory_checks"] = memory_checks(w, best.plan, memory["terms"])
         report.explain["memory_evidence"] = MEMORY_EVIDENCE
     return report
+
+
+def version_warnings(recipe, w) -> list[str]:
+    """The release of the framework the recipe declares (framework.version), when jobctl renders
+    it for another."""
+    caps = w.caps
+    declared = None if isinstance(recipe.framework, str) else recipe.framework.version
+    if not declared or not caps.versions:
+        return []
+    if any(declared == v or v.startswith(declared + ".") or declared.startswith(v + ".") for v in caps.versions):
+        return []
+    return [f"the recipe's framework.version is {caps.package} {declared}; jobctl renders {caps.name} for "
+            f"{', '.join(caps.versions)} (README: Frameworks): check the rendered flags against {declared}"]
 
 
 def framework_block(w, plan) -> dict:

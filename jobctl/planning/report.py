@@ -18,7 +18,8 @@ _FIT_KEYS = ("recipe", "cluster", "partition", "gpu", "feasible", "objective", "
 _NO_FIT_KEYS = ("recipe", "cluster", "partition", "gpu", "feasible", "model", "plan", "memory", "closest",
                 "search", "reasons", "suggestions")
 # ... and the blocks added when there is something to say, in the order they come.
-_OPTIONAL_KEYS = ("learned", "explain", "objective_choice", "ladder", "history", "frameworks", "framework_advice")
+_OPTIONAL_KEYS = ("learned", "explain", "objective_choice", "ladder", "history", "frameworks", "framework_advice",
+                  "warnings")
 
 
 @dataclass(slots=True)
@@ -51,6 +52,7 @@ class PlanReport:
     history: dict | None = None  # what the history says of this cluster
     frameworks: list[dict] | None = None  # every framework's row (--explain)
     framework_advice: list[str] | None = None
+    warnings: list[str] | None = None  # the framework's release: the recipe's (or this machine's) vs jobctl's
     # the planner's own objects, for the services (never in the JSON)
     result: Any = field(default=None, repr=False, compare=False)  # planner.search.SearchResult
     workload: Any = field(default=None, repr=False, compare=False)  # planner.memory.Workload

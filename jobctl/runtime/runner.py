@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from jobctl.backends import launch
 from jobctl.backends.slurm import SlurmBackend
 from jobctl.errors import UsageError
-from jobctl.model import JOB_FOLDER_TOKEN, RetryPolicy
+from jobctl.model import JOB_FOLDER_TOKEN, RetryPolicy, per_node
 from jobctl.runtime.outcome import (
     OUTCOME_WAIT_S,
     Outcome,
@@ -66,14 +66,17 @@ class NodeRunner:
     # the user's umask when submitting, for the command's own files: jobctl submits under umask 077
     # (submitit's pickles, the scheduler's and jobctl's files in the job folder stay owner-only)
     umask: int | None = None
+    # {framework, package, versions, skews}: what the rendering is for (jobs.submission._expects)
+    expects: dict = field(default_factory=dict)
 
     def argv(self, node_rank: int, master: str, job_id: str) -> list[str]:
         # a rendered framework file's path is written with the job-folder token (jobctl.frameworks)
-        command = [a.replace(JOB_FOLDER_TOKEN, self.folder) for a in self.command]
+        port = launch.rdzv_port(job_id)
+        command = [per_node(a.replace(JOB_FOLDER_TOKEN, self.folder), node_rank, master, port) for a in self.command]
         if self.launcher == "none" and command and command[0] in ("python", "python3"):
             command[0] = sys.executable  # "python" means the job's interpreter
         return launch.launcher_argv(self.nodes, self.gpus_per_node, command, node_rank, master,
-                                    launch.rdzv_port(job_id), self.launcher, rdzv_id=f"jobctl-{job_id}")
+                                    port, self.launcher, rdzv_id=f"jobctl-{job_id}")
 
     def environment(self, rank: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -105,6 +108,8 @@ class NodeRunner:
         sampler = _start_sampler(folder, rank, self.policy.sample_interval_s)
         started = time.time()
         print(f"jobctl: node {rank}/{self.nodes} running: {json.dumps(argv)}", flush=True)
+        for warning in version_warnings(self.expects):
+            print(f"jobctl: warning: {warning}", flush=True)
         code: int | None = None
         try:
             with open(log_path, "ab", buffering=0) as log:
@@ -199,6 +204,34 @@ class _PeerWatcher:
             if self.proc.poll() is None:
                 self.proc.kill()
             return
+
+
+def version_warnings(expects: dict, version=None) -> list[str]:
+    """What the job's environment has that its rendering was not made for: another release of the
+    framework, or a release of another package known to break it (`version`: the installed
+    release of a distribution, None when absent; importlib.metadata by default)."""
+    if not expects.get("package"):
+        return []
+    if version is None:
+        from importlib import metadata
+
+        def version(dist):
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                return None
+    out = []
+    have = version(expects["package"])
+    wanted = expects.get("versions") or []
+    if have is not None and wanted and not any(have == v or have.startswith(v + ".") for v in wanted):
+        out.append(f"{expects['package']} {have} is installed; jobctl renders {expects.get('framework')} for "
+                   f"{', '.join(wanted)}: check the rendered flags against that release")
+    for dist, prefix, what in expects.get("skews") or []:
+        other = version(dist)
+        if have is not None and other is not None and (other == prefix or other.startswith(prefix + ".")
+                                                       or other.startswith(prefix + "+")):
+            out.append(f"{dist} {other} with {expects['package']} {have}: {what}")
+    return out
 
 
 def _start_sampler(folder: JobFolder, rank: int, interval_s: float):

@@ -178,7 +178,7 @@ def _render_fit(report: dict, explain: bool) -> None:
     elif s:
         para(f"{s['considered']} layouts evaluated, {s['feasible']} fit, objective: "
              f"{report.get('objective', 'balanced')}", style="dim")
-    for line in report.get("framework_advice") or []:
+    for line in [*(report.get("framework_advice") or []), *(report.get("warnings") or [])]:
         para(line, "yellow")
     if explain:
         render_explain(report["explain"])
@@ -434,6 +434,9 @@ def render_framework(block: dict) -> None:
 
     name = block.get("name", "")
     out = [f"# {name}: arguments (${{framework.args}})", shlex.join(block.get("args") or []) or "(none)"]
+    for key, what in (("hf_args", "Hugging Face Trainer's arguments"), ("launch_args", "its launcher's arguments")):
+        if block.get(key):
+            out += [f"# {what} (${{framework.{key}}})", shlex.join(block[key])]
     env = block.get("env") or {}
     if env:
         out.append("# environment")

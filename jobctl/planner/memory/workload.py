@@ -61,6 +61,26 @@ class Overheads:
 
 
 @dataclass(frozen=True)
+class Training:
+    """What the recipe says of training beyond the layout: the steps, the learning-rate schedule,
+    the optimizer's settings, the seed and the tokenizer. The frameworks' renderings put it in
+    their own names; the memory and speed models do not read it."""
+
+    steps: int | None = None
+    lr: float | None = None
+    min_lr: float | None = None
+    warmup_steps: int | None = None
+    schedule: str = "cosine"  # cosine | linear | constant
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0: none
+    seed: int = 1234
+    tokenizer: str = "null"  # null | huggingface | sentencepiece | tiktoken
+    tokenizer_path: str | None = None
+
+
+@dataclass(frozen=True)
 class Workload:
     """What is trained, independent of where: the planner's view of a recipe."""
 
@@ -76,6 +96,8 @@ class Workload:
     fused_cross_entropy: bool = False
     framework: Framework = field(default_factory=lambda: frameworks.get("custom"))
     overheads: Overheads = field(default_factory=Overheads)
+    training: Training = field(default_factory=Training)
+    device: str = "gpu"  # "cpu": a CPU partition (gloo, no CUDA context; frameworks' CPU paths)
 
     def __post_init__(self):
         if not isinstance(self.framework, Framework):  # a name: its table
