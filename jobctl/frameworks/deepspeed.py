@@ -108,7 +108,7 @@ def config(plan, w) -> dict:
     t = w.training
     if t.grad_clip:
         cfg["gradient_clipping"] = t.grad_clip
-    optimizer = _optimizer(w)
+    optimizer = _optimizer(w, plan)
     if optimizer:
         cfg["optimizer"] = optimizer
         scheduler = _scheduler(t)
@@ -127,7 +127,7 @@ def config(plan, w) -> dict:
 _OPTIMIZERS = {"adamw": "AdamW", "lion": "Lion"}
 
 
-def _optimizer(w) -> dict | None:
+def _optimizer(w, plan) -> dict | None:
     t = w.training
     name = _OPTIMIZERS.get(w.optimizer)
     if name is None or t.lr is None:
@@ -135,6 +135,10 @@ def _optimizer(w) -> dict | None:
     params: dict = {"lr": t.lr, "weight_decay": t.weight_decay}
     if w.optimizer == "adamw":
         params.update(betas=list(t.betas), eps=t.eps)
+        if w.device == "cpu" and plan.offload == "none":
+            # on CPU ranks FusedAdam is a C++ op JIT-compiled at start-up (ops/adam/fused_adam.py);
+            # `torch_adam` takes torch.optim.AdamW instead (engine.py get_optimizer_configuration)
+            params["torch_adam"] = True
     return {"type": name, "params": params}
 
 
@@ -170,7 +174,8 @@ def render(plan, w) -> Rendered:
     if plan.recompute == "full":
         hf += ("--gradient_checkpointing",)
         notes.append("recompute=full: ${framework.hf_args} turns on the Trainer's --gradient_checkpointing, the file "
-                     "a PipelineModule's (pipeline.activation_checkpoint_interval 1); a script of your own checkpoints "
+                     "a PipelineModule's (pipeline.activation_checkpoint_interval 1; give it checkpointable_layers=[your block "
+                     "class] so the embedding is not checkpointed); a script of your own checkpoints "
                      "its layers itself (JOBCTL_RECOMPUTE=full says so in the job)")
     if plan.pp > 1:
         # the Trainer wraps a plain module with deepspeed.initialize; only a PipelineModule gets the pipeline engine
