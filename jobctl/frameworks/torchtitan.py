@@ -36,7 +36,10 @@ CAPS = Capabilities(
     skews=(("torch", "2.13", "torchtitan 0.3.0 calls torch.distributed.set_timeout (distributed/utils.py:595), "
             "which torch 2.13 does not have (the run fails after its first step), and passes arg_mbs= to the "
             "pipeline schedule's step (trainer.py:857), which torch 2.13's schedules (pipelining/schedules.py "
-            "step) take as a model keyword"),),
+            "step) take as a model keyword; seen on CPU ranks, its default parallelism.spmd_backend "
+            "'spmd_types' hands fully_shard parameters torch 2.13's FSDP2 refuses ('all parameters must be "
+            "DTensors on the full SPMD mesh', models/llama3/parallelize.py:71), where "
+            "--parallelism.spmd_backend=partial_dtensor runs"),),
     tp=True,
     sequence_parallel="with tp",
     cp=True,
