@@ -107,6 +107,10 @@ def _shard(plan) -> tuple[int, int]:
 
 def environment(plan, w) -> dict[str, str]:
     env = {"ACCELERATE_MIXED_PRECISION": MIXED[w.precision]}
+    if w.device == "cpu":
+        # what `accelerate launch` exports for use_cpu (utils/launch.py); under torchrun's
+        # WORLD_SIZE > 1 accelerate then runs MULTI_CPU on gloo (state.py _prepare_backend)
+        env["ACCELERATE_USE_CPU"] = "true"
     if plan.sharding == "none":
         return env  # plain DDP: accelerate's default under torchrun
     rep, shard = _shard(plan)
@@ -172,12 +176,17 @@ def config_yaml(plan, w) -> str:
 
 def render(plan, w) -> Rendered:
     args = hf_training_args(plan, w)
+    if w.device == "cpu":
+        args += ("--use_cpu",)  # TrainingArguments refuses --bf16 without a GPU otherwise
     notes = ["the FSDP settings are in the environment (what `accelerate launch` exports) under jobctl's torchrun; "
              "with `launch.launcher: none`, run `accelerate launch ${framework.launch_args} train.py ...`: the "
              f"same settings from {file_path(CONFIG_FILE)}, with this node's rank and the first node's address"]
     launch_args = ("--config_file", file_path(CONFIG_FILE), "--num_machines", str(plan.nodes),
                    "--num_processes", str(plan.world_size), "--machine_rank", NODE_RANK_TOKEN,
                    "--main_process_ip", MASTER_ADDR_TOKEN, "--main_process_port", MASTER_PORT_TOKEN)
+    if w.device == "cpu" and plan.world_size > 1:
+        notes.append("CPU ranks: `accelerate launch` with use_cpu starts one process per node unless it runs under "
+                     "mpirun (commands/launch.py simple_launcher); keep jobctl's torchrun, which starts them all")
     return Rendered(CAPS.name, args, {CONFIG_FILE: config_yaml(plan, w)}, environment(plan, w), tuple(notes),
                     launch_args=launch_args)
 

@@ -1,0 +1,88 @@
+"""Real trainers in CI (issue 33), accelerate: Hugging Face's Trainer (tests/trainers/hf_train.py)
+trains a tiny transformers Llama with the TrainingArguments jobctl renders for the fsdp framework,
+through `jobctl submit --wait`:
+
+- on this machine's two CPU ranks (local scheduler, jobctl's torchrun with the accelerate
+  environment jobctl renders): accelerate runs MULTI_CPU on gloo, and jobctl planned sharding
+  none there because accelerate applies FSDP only on GPUs (state.py);
+- on the dev Slurm cluster's two nodes (tests/data/clusters/dev-2x1.yaml: one rank per node),
+  both ways a user starts it: `accelerate launch ${framework.launch_args}` (the YAML route, with
+  each node's machine rank and the first node's address filled in per node) and jobctl's torchrun
+  (the environment route). The nodes have no GPU, so the command adds --use_cpu (a test
+  stand-in); the rest is as rendered.
+
+Expectations from outside jobctl: accelerate's own state reports the world size and the
+distributed type; an untrained model's loss is about ln(vocab) = ln(256); the task is learnable,
+so the loss must fall well below it; 8 = 2 ranks x micro-batch 2 x accumulation 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from jobctl_run import history_rows, jobctl, need_package
+
+RECIPE = "tests/data/trainers/hf-ddp.yaml"
+LOCAL = "tests/data/trainers/cpu2.yaml"
+DEV = "tests/data/clusters/dev-2x1.yaml"
+VOCAB, STEPS = 256, 30  # as written in the recipe
+SHAPE = ("--layers ${model.layers} --hidden ${model.hidden} --ffn-hidden ${model.ffn_hidden} --heads ${model.heads} "
+         "--kv-heads ${model.kv_heads} --vocab ${model.vocab} --seq-len ${train.seq_len}")
+
+
+def train(tmp_path, cluster, *overrides) -> tuple[dict, dict, list[str]]:
+    need_package("accelerate")
+    need_package("transformers")
+    home = tmp_path / "home"
+    r = jobctl("submit", RECIPE, *overrides, "--cluster", cluster, "--wait", env={"JOBCTL_HOME": str(home)},
+               timeout=540)
+    rows = history_rows(home)
+    assert rows, (r.stdout[-2000:], r.stderr[-2000:])
+    (row,) = rows
+    folder = Path(row["job_folder"])
+    logs = {int(p.stem.split("-")[1]): p.read_text(errors="replace") for p in (folder / "logs").glob("node-*.log")}
+    assert r.returncode == 0 and row["state"] == "COMPLETED", (r.stderr[-2000:], {k: v[-3000:] for k, v in logs.items()})
+    return json.loads(row["plan_json"]), logs, (folder / "framework" / "accelerate_config.yaml").read_text()
+
+
+def check_learned(log: str) -> None:
+    seen = {int(s): float(v) for s, v in re.findall(r"hf_train: step (\d+) loss ([\d.]+)", log)}
+    assert sorted(seen) == list(range(1, STEPS + 1)), sorted(seen)
+    assert abs(seen[1] - math.log(VOCAB)) < 0.5, seen[1]
+    tail = sum(seen[s] for s in range(STEPS - 4, STEPS + 1)) / 5
+    assert tail < 0.4 * seen[1], seen
+
+
+def world(log: str) -> tuple[int, str, int, int]:
+    m = re.search(r"hf_train: world (\d+) type (\w+) micro (\d+) accum (\d+)", log)
+    return int(m[1]), m[2], int(m[3]), int(m[4])
+
+
+def test_accelerate_trains_on_cpu_ranks_as_planned_there(tmp_path):
+    plan, logs, config = train(tmp_path, LOCAL)
+    assert plan["sharding"] == "none" and plan["dp"] == 2  # FSDP is GPU-only in accelerate
+    assert "use_cpu: true" in config
+    assert world(logs[0]) == (2, "MULTI_CPU", 2, 2) and 2 * 2 * 2 == plan["global_batch_size"]
+    check_learned(logs[0])
+
+
+@pytest.mark.parametrize("route", ["accelerate launch", "torchrun"])
+def test_two_node_accelerate_job_starts_and_trains(slurm_cluster, tmp_path, route):
+    if route == "accelerate launch":
+        overrides = ["launch.launcher=none", "launch.command=accelerate launch ${framework.launch_args} "
+                     f"tests/trainers/hf_train.py ${{framework.args}} --use_cpu {SHAPE}"]
+    else:
+        overrides = [f"launch.command=python tests/trainers/hf_train.py ${{framework.args}} --use_cpu {SHAPE}"]
+    plan, logs, config = train(tmp_path, DEV, "parallelism.sharding=none", *overrides)
+    assert (plan["nodes"], plan["world_size"]) == (2, 2)
+    assert "num_machines: 2" in config
+    assert sorted(logs) == [0, 1]
+    for node, log in logs.items():  # each node's process joined the same 2-rank world as its own rank
+        (rank,) = re.findall(r"hf_train: rank (\d) of 2 on \S+ \(node rank (\d)\)", log)
+        assert rank == (str(node), str(node)), rank
+    assert world(logs[0]) == (2, "MULTI_CPU", 2, 2)
+    check_learned(logs[0])
