@@ -237,3 +237,36 @@ def test_hf_trainer_check_refuses_a_learning_rate_that_disagrees():
     hf[hf.index("--learning_rate") + 1] = "0.5"
     r = run_checker("hf_deepspeed", [dict(base, framework=dict(base["framework"], hf_args=hf))])[0]
     assert not r["ok"] and "learning_rate" in r["error"]
+
+
+# What Megatron-LM (core_v0.16.1) has no usable default for, so a command without them fails
+# before the first step: --lr (training.py:1391, float() of None in the LR scheduler), a
+# tokenizer (megatron/training/tokenizer build_tokenizer; the null tokenizer needs --vocab-size
+# for mock data) and a length (--train-iters or --train-samples, validate_args).
+MEGATRON_NEEDS = ("--lr", "--tokenizer-type", "--train-iters")
+
+
+@pytest.mark.parametrize("recipe", ["llama70b", "llama405b"])
+def test_shipped_megatron_recipes_need_only_their_data(recipe, tmp_path, monkeypatch):
+    """The whole command a shipped Megatron recipe runs (jobctl submit --dry-run, node 0, after the
+    script name) goes through Megatron's option table and megatron-core's checks, and carries
+    everything Megatron needs: the recipe's command adds only --mock-data."""
+    _need("megatron")
+    from jobctl_run import jobctl
+
+    r = jobctl("submit", f"recipes/{recipe}.yaml", "--cluster", "h100", "--dry-run", "--json",
+               env={"JOBCTL_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stderr
+    dry = json.loads(r.stdout)
+    argv = dry["nodes"][0]["argv"]
+    args = argv[argv.index("pretrain_gpt.py") + 1:]
+    for flag in MEGATRON_NEEDS:
+        assert flag in args, flag
+    if args[args.index("--tokenizer-type") + 1] == "NullTokenizer":
+        assert "--vocab-size" in args
+    data = plan_on(load_recipe(f"recipes/{recipe}.yaml", []), load_inventory("h100", []), alternatives=0).to_dict()
+    (result,) = run_checker("megatron", [{"plan": data["plan"], "framework": dict(data["framework"], args=args),
+                                           "case": [recipe]}])
+    assert result["ok"], result
+    user_part = [a for a in args if a not in data["framework"]["args"]]
+    assert user_part == ["--mock-data"]
