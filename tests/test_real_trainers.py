@@ -33,10 +33,10 @@ def extensions(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("torch_extensions"))
 
 
-def train(tmp_path, extensions, *overrides) -> tuple[dict, dict, list[str]]:
+def train(tmp_path, extensions, *overrides, cluster=CLUSTER) -> tuple[dict, dict, list[str]]:
     need_package("deepspeed")
     home = tmp_path / "home"
-    r = jobctl("submit", RECIPE, *overrides, "--cluster", CLUSTER, "--wait",
+    r = jobctl("submit", RECIPE, *overrides, "--cluster", cluster, "--wait",
                env={"JOBCTL_HOME": str(home), "TORCH_EXTENSIONS_DIR": extensions}, timeout=540)
     (row,) = history_rows(home)
     folder = Path(row["job_folder"])
@@ -104,4 +104,15 @@ def test_deepspeed_pipeline_trains_with_recompute(tmp_path, extensions):
     assert config["pipeline"] == {"activation_checkpoint_interval": 1}
     assert (got["dp"], got["pp"]) == ("1", "2")
     assert int(got["grad_accum_steps"]) == plan["grad_accum_steps"] == 8 // (1 * 2)  # global / (dp x micro)
+    check_learned(lines)
+
+
+def test_deepspeed_trains_across_the_dev_clusters_two_nodes(slurm_cluster, tmp_path, extensions):
+    """The multi-node path: one rank on each of the dev cluster's two Slurm nodes
+    (tests/data/clusters/dev-2x1.yaml), jobctl's torchrun rendezvous between them. The nodes
+    have no GPU, so bf16 stays on and DeepSpeed runs its CPU accelerator, as on one node."""
+    plan, config, lines = train(tmp_path, extensions, cluster="tests/data/clusters/dev-2x1.yaml")
+    got = layout(lines)
+    assert (plan["nodes"], plan["dp"]) == (2, 2)
+    assert (got["ranks"], got["dp"], int(got["zero_stage"])) == ("2", "2", 1)
     check_learned(lines)

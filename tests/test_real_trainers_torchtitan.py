@@ -26,10 +26,10 @@ VOCAB, STEPS = 2048, 30  # llama3_debugmodel's vocabulary; the recipe's train.st
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def train(tmp_path, *overrides) -> tuple[dict, str]:
+def train(tmp_path, *overrides, cluster=CLUSTER) -> tuple[dict, str]:
     need_package("torchtitan")
     home = tmp_path / "home"
-    r = jobctl("submit", RECIPE, *overrides, "--cluster", CLUSTER, "--wait", env={"JOBCTL_HOME": str(home)},
+    r = jobctl("submit", RECIPE, *overrides, "--cluster", cluster, "--wait", env={"JOBCTL_HOME": str(home)},
                timeout=540)
     (row,) = history_rows(home)
     log = ANSI.sub("", (Path(row["job_folder"]) / "logs" / "node-0.log").read_text(errors="replace"))
@@ -99,3 +99,12 @@ def test_torchtitan_refuses_options_after_the_subcommand_and_jobctl_puts_its_own
     started = json.loads(re.search(r"tt_cpu_train: argv (\[.*\])", log)[1])
     assert started[-1].startswith("activation_checkpoint:"), started[-3:]
     assert "--metrics.log_freq=1" in started
+
+
+def test_torchtitan_trains_fsdp_across_the_dev_clusters_two_nodes(slurm_cluster, tmp_path):
+    """The multi-node path: one rank on each of the dev cluster's two Slurm nodes
+    (tests/data/clusters/dev-2x1.yaml), FSDP2 across them through jobctl's torchrun rendezvous."""
+    plan, log = train(tmp_path, cluster="tests/data/clusters/dev-2x1.yaml")
+    assert (plan["nodes"], plan["dp"], plan["sharding"]) == (2, 2, "zero3")
+    assert mesh(log)["dp_shard"] == 2
+    check_learned(log)
