@@ -16,6 +16,7 @@ not verify (edited, planted, copied from another user) is a miss.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import hmac
 import json
@@ -112,14 +113,24 @@ def _cache_dir() -> Path | None:
     return base / "jobctl" / "validated"
 
 
-def key(kind: str, text: str) -> str:
+@functools.lru_cache(maxsize=1)
+def _definitions_digest() -> bytes:
+    """The code that validates, read once per process (at its first lookup, right after the
+    modules were imported): keying by the files as they are later would let a process that
+    runs old code write entries under the new code's key while the files are being edited."""
     here = Path(__file__).resolve().parents[1]  # the jobctl package
-    h = hashlib.sha256(kind.encode() + b"\0" + text.encode("utf-8", "surrogateescape"))
+    h = hashlib.sha256()
     for name in _DEFINITIONS:
         try:
             h.update((here / name).read_bytes())
         except OSError:
             h.update(name.encode())
+    return h.digest()
+
+
+def key(kind: str, text: str) -> str:
+    h = hashlib.sha256(kind.encode() + b"\0" + text.encode("utf-8", "surrogateescape"))
+    h.update(_definitions_digest())
     return h.hexdigest()
 
 
