@@ -172,7 +172,7 @@ def test_golden_unknown_keys_stderr(capsys):
     assert code == 2
     assert err == (
         "error: tests/data/bad/unknown_keys.yaml:7: train.optimiser: unknown key; did you mean 'optimizer'? "
-        "(allowed here: adam_beta1, adam_beta2, adam_eps, attention, fused_cross_entropy, global_batch_size, "
+        "(allowed here: adam_beta1, adam_beta2, adam_eps, attention, fp8_recipe, fused_cross_entropy, global_batch_size, "
         "grad_clip, lora_rank, lora_targets, lr, lr_schedule, method, min_lr, optimizer, precision, seed, seq_len, "
         "steps, tokens, warmup_steps, weight_decay)\n"
         "tests/data/bad/unknown_keys.yaml:9: parallelism.tpp: unknown key; did you mean 'tp'? "
@@ -218,7 +218,7 @@ def test_golden_unknown_gpu():
     assert load_issues(f"{BAD}/inv_unknown_gpu.yaml", schema.Inventory, checks=(_check_gpus,))[0] == (
         "tests/data/bad/inv_unknown_gpu.yaml:5: partitions.0.gpu: unknown GPU 'h100-sxm-80g'; did you mean "
         "'h100-sxm-80gb' or 'a100-sxm-80gb' or 'a100-sxm-40gb'? (allowed: a100-sxm-40gb, a100-sxm-80gb, a10g-24gb, "
-        "b200-192gb, cpu, h100-pcie-80gb, h100-sxm-80gb, h200-141gb, l40s-48gb, mi300x-192gb, rtx4090-24gb, v100-32gb)"
+        "b200-192gb, cpu, gb200-186gb, h100-pcie-80gb, h100-sxm-80gb, h200-141gb, l40s-48gb, mi300x-192gb, rtx4090-24gb, v100-32gb)"
     )
 
 

@@ -60,6 +60,10 @@ MATRIX = {
         ("llama8b", "h100", ["framework=megatron", "parallelism.cp=2", "parallelism.tp=4"]),
         ("llama70b", "h100", ["parallelism.offload=optimizer", "parallelism.sharding=zero1"]),
         ("llama8b", "h100", ["framework=megatron", "train.fused_cross_entropy=true"]),  # --cross-entropy-loss-fusion
+        ("llama70b", "h100", ["train.precision=fp8"]),  # --fp8-format hybrid --fp8-recipe tensorwise
+        ("llama70b", "h100", ["train.precision=fp8", "train.fp8_recipe=delayed"]),
+        ("llama70b", "b200", ["train.precision=mxfp8"]),
+        ("llama70b", "b200", ["train.precision=nvfp4"]),  # --fp4-format e2m1 --fp4-recipe nvfp4
     ],
     "torchtitan": [
         ("llama8b", "h100", []),
@@ -118,7 +122,23 @@ def test_megatron_accepts_what_jobctl_renders():
             per_chunk = p["recompute_layers"] // p["virtual_stages"]
             assert (r["recompute_method"], r["recompute_num_layers"]) == (
                 ("block", per_chunk) if p["recompute_layers"] else ("uniform", 1))
+        # TransformerConfig's fp8/fp4 fields as Megatron-LM sets them from --fp8-format/--fp8-recipe and
+        # --fp4-format/--fp4-recipe: what the recipe's precision means in Transformer Engine's terms
+        precision = dict(o.split("=") for o in case["case"][2] if o.startswith("train.")).get("train.precision")
+        recipe = dict(o.split("=") for o in case["case"][2] if o.startswith("train.")).get("train.fp8_recipe")
+        expected = {None: (None, None, None, None), "fp8": ("hybrid", recipe or "tensorwise", None, None),
+                    "mxfp8": ("e4m3", "mxfp8", None, None), "nvfp4": (None, None, "e2m1", "nvfp4")}[precision]
+        assert (r["fp8"], r["fp8_recipe"], r["fp4"], r["fp4_recipe"]) == expected, case["case"]
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)  # the interleaved schedule was exercised
+
+
+def test_megatron_checker_refuses_an_fp8_recipe_megatron_does_not_have():
+    _need("megatron")
+    base = next(c for c in plans("megatron") if "train.precision=fp8" in c["case"][2])
+    args = list(base["framework"]["args"])
+    args[args.index("--fp8-recipe") + 1] = "rowwise"  # torchao's name; Megatron's choices differ
+    r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=args))])[0]
+    assert not r["ok"] and "--fp8-recipe" in r["error"]
 
 
 def test_megatron_checker_refuses_what_megatron_refuses():

@@ -17,7 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 Auto = Literal["auto"]
 Optimizer = Literal["adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum"]
-Precision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"]
+Precision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32", "fp8", "mxfp8", "nvfp4"]
+# The scaling recipes of `precision: fp8` (Transformer Engine's, as Megatron-Core names them):
+# per-tensor current scaling ("tensorwise", Megatron-Bridge's FP8-CS), delayed scaling from an
+# amax history, and 1x128/128x128 block scaling. mxfp8 and nvfp4 are recipes of their own.
+Fp8Recipe = Literal["tensorwise", "delayed", "blockwise"]
 Method = Literal["full", "lora", "qlora"]
 Attention = Literal["flash", "sdpa", "eager"]
 FrameworkName = Literal["custom", "generic", "megatron", "torchtitan", "deepspeed", "fsdp"]
@@ -73,6 +77,7 @@ class Train(_Strict):
     global_batch_size: int = Field(gt=0, le=1 << 24, description="sequences per optimizer step")
     optimizer: Optimizer = "adamw"
     precision: Precision = "bf16-mixed"
+    fp8_recipe: Fp8Recipe | None = Field(default=None, description="with precision fp8; default tensorwise")
     method: Method = "full"
     lora_rank: int = Field(default=16, gt=0, le=65536)
     lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "fc1", "fc2", "qkv"]] = Field(
@@ -105,6 +110,9 @@ class Train(_Strict):
             raise ValueError(f"min_lr ({self.min_lr:g}) is above lr ({self.lr:g})")
         if self.warmup_steps and self.steps and self.warmup_steps > self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) is more than steps ({self.steps})")
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            raise ValueError(f"fp8_recipe is the scaling of precision fp8, and precision is {self.precision} "
+                             "(set precision: fp8, or remove fp8_recipe)")
         return self
 
 

@@ -14,6 +14,9 @@ from typing import Any
 
 from jobctl.model import JOB_FOLDER_TOKEN, StrEnum
 
+# train.precision values that need the GPU's low-precision tensor cores (catalog GPUSpec.formats)
+LOW_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
+
 NONE = "none"
 
 
@@ -66,6 +69,8 @@ class Capabilities:
     optimizers: tuple[str, ...] = ("adamw",)
     methods: tuple[str, ...] = ("full",)  # full | lora | qlora
     precisions: tuple[str, ...] = ("bf16-mixed", "fp16-mixed", "fp32")
+    # why fp8/mxfp8/nvfp4 are not among `precisions`, in the framework's terms (shown with the refusal)
+    low_precision_note: str = ""
     vocab_multiple_per_tp: int = 1  # the vocabulary is padded to a multiple of this x tp
     state_recipe: StateRecipe = StateRecipe.ZERO
     reduce_bytes: int = 2  # bytes per gradient element in the data-parallel reduction
@@ -235,5 +240,6 @@ def common_problems(caps: Capabilities, plan: Any, w: Any) -> list[str]:
     if w.method not in caps.methods:
         out.append(f"{name} does not train with method {w.method} (it offers {', '.join(caps.methods)})")
     if w.precision not in caps.precisions:
-        out.append(f"{name} does not train in {w.precision} (it offers {', '.join(caps.precisions)})")
+        why = f": {caps.low_precision_note}" if caps.low_precision_note and w.precision in LOW_PRECISIONS else ""
+        out.append(f"{name} does not train in {w.precision} (it offers {', '.join(caps.precisions)}){why}")
     return out

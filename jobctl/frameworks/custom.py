@@ -30,7 +30,9 @@ CAPS = Capabilities(
     offload=("none",),
     optimizers=("adamw", "adam8bit", "lion", "sgd", "sgd-momentum", "adam-mini", "adafactor"),
     methods=("full", "lora", "qlora"),
-    precisions=("bf16-mixed", "fp16-mixed", "bf16-pure", "fp32"),
+    # fp8/mxfp8/nvfp4: the code's own Transformer Engine layers (JOBCTL_PRECISION says which);
+    # memory as TE keeps it
+    precisions=("bf16-mixed", "fp16-mixed", "bf16-pure", "fp32", "fp8", "mxfp8", "nvfp4"),
     state_recipe=StateRecipe.ZERO,
     reduce_bytes=2,
     grad_buffer=GradBuffer.DDP_BUCKETS,

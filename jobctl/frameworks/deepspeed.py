@@ -45,6 +45,8 @@ CAPS = Capabilities(
     optimizers=("adamw", "lion", "adam8bit", "sgd", "sgd-momentum", "adafactor", "adam-mini"),
     methods=("full", "lora", "qlora"),
     precisions=("bf16-mixed", "fp16-mixed", "fp32"),
+    low_precision_note=("DeepSpeed has no FP8 training recipe of its own (ds_config has no fp8 section): FP8 comes "
+                        "from the model's layers, e.g. Transformer Engine's, in code of your own (framework custom)"),
     state_recipe=StateRecipe.ZERO,
     reduce_bytes=2,
     grad_buffer=GradBuffer.REDUCE_BUCKET,

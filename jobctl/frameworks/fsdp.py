@@ -45,6 +45,9 @@ CAPS = Capabilities(
     optimizers=("adamw", "lion", "adam8bit", "sgd", "sgd-momentum", "adafactor", "adam-mini"),
     methods=("full", "lora", "qlora"),
     precisions=("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"),
+    low_precision_note=("accelerate's FP8 (mixed_precision fp8 with its TE, torchao or MS-AMP backend, "
+                        "utils/dataclasses.py) needs an Accelerator of your own: HF Trainer sets the mixed "
+                        "precision from --bf16/--fp16; jobctl does not render it yet"),
     state_recipe=StateRecipe.FP32_PARAMS,
     reduce_bytes=2,
     grad_buffer=GradBuffer.DDP_BUCKETS,

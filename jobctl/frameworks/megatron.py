@@ -39,7 +39,7 @@ CAPS = Capabilities(
     offload=("none", "optimizer"),
     optimizers=("adamw", "sgd", "sgd-momentum"),
     methods=("full",),
-    precisions=("bf16-mixed", "fp16-mixed", "fp32"),
+    precisions=("bf16-mixed", "fp16-mixed", "fp32", "fp8", "mxfp8", "nvfp4"),
     vocab_multiple_per_tp=128,
     state_recipe=StateRecipe.MEGATRON,
     reduce_bytes=4,
@@ -239,6 +239,7 @@ def _memory_flags(plan) -> list:
 def _training_flags(w) -> list:
     """Precision, optimizer, attention backend and the fused loss."""
     a = {"bf16-mixed": ["--bf16"], "fp16-mixed": ["--fp16"]}.get(w.precision, [])
+    a += _low_precision_flags(w)
     a += ["--optimizer", "adam" if w.optimizer == "adamw" else "sgd"]
     if w.optimizer == "sgd":
         a += ["--sgd-momentum", 0.0]
@@ -247,6 +248,24 @@ def _training_flags(w) -> list:
     if w.fused_cross_entropy:  # Megatron-Core's own fused loss (fusions/fused_cross_entropy.py)
         a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native"]
     return a
+
+
+def _low_precision_flags(w) -> list:
+    """FP8/MXFP8/NVFP4 as Megatron-LM's arguments.py (core_v0.16.1) names them: Transformer
+    Engine's recipes over BF16 training (the main weights, gradients and optimizer stay as under
+    --bf16). fp8: the hybrid format (E4M3 forward, E5M2 gradients) with the recipe's scaling,
+    delayed scaling from a 1024-step amax history (TE's default length, max of the history);
+    mxfp8: E4M3 with block scales (Blackwell); nvfp4: E2M1 with --fp4-recipe nvfp4."""
+    if w.precision == "fp8":
+        a = ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", w.fp8_recipe]
+        if w.fp8_recipe == "delayed":
+            a += ["--fp8-amax-history-len", 1024, "--fp8-amax-compute-algo", "max"]
+        return a
+    if w.precision == "mxfp8":
+        return ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"]
+    if w.precision == "nvfp4":
+        return ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+    return []
 
 
 FRAMEWORK = Framework(CAPS, problems, render)

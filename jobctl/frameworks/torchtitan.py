@@ -54,6 +54,10 @@ CAPS = Capabilities(
     optimizers=("adamw",),
     methods=("full",),
     precisions=("bf16-mixed", "fp32"),
+    low_precision_note=("torchtitan 0.3.0 turns Float8/MXFP8/NVFP4 on with a model converter inside a registry "
+                        "config (models/llama3/config_registry.py: llama3_405b's Float8LinearConverter, "
+                        "llama3_8b_mxfp8), not with a flag jobctl can render; name such a config in your command "
+                        "with framework custom"),
     vocab_multiple_per_tp=1,
     state_recipe=StateRecipe.FP32_PARAMS,
     reduce_bytes=4,

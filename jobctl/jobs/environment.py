@@ -224,11 +224,16 @@ def job_environment(plan: Plan, recipe: Any, inventory: Any, framework_env: dict
 def train_environment(recipe: Any) -> dict[str, str]:
     """The recipe's training values a script may read (so that `--sweep train.lr=...` reaches a
     job whose command does not name ${train.lr}): JOBCTL_SEQ_LEN, and JOBCTL_LR and
-    JOBCTL_TRAIN_STEPS when the recipe gives them."""
+    JOBCTL_TRAIN_STEPS when the recipe gives them; JOBCTL_PRECISION (and JOBCTL_FP8_RECIPE under
+    fp8), which code of one's own reads to pick its Transformer Engine recipe."""
     train = getattr(recipe, "train", None)
     out = {}
     if getattr(train, "seq_len", None) is not None:
         out["JOBCTL_SEQ_LEN"] = str(train.seq_len)
+    if getattr(train, "precision", None) is not None:
+        out["JOBCTL_PRECISION"] = str(train.precision)
+        if train.precision == "fp8":
+            out["JOBCTL_FP8_RECIPE"] = str(getattr(train, "fp8_recipe", None) or "tensorwise")
     if getattr(train, "lr", None) is not None:
         out["JOBCTL_LR"] = repr(float(train.lr))
     if getattr(train, "steps", None) is not None:

@@ -47,7 +47,8 @@ def framework(recipe) -> frameworks.Framework:
     return frameworks.get(f.name, supports)
 
 
-def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = None) -> Workload:
+def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = None,
+             formats: tuple[str, ...] = ()) -> Workload:
     """The recipe as the planner sees it; `learned` ({fixed_gap_bytes, per_scaling, from}): what an
     earlier CUDA OOM of this workload on this partition showed the model missed."""
     t = recipe.train
@@ -63,6 +64,8 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         overheads=o,
         training=training(recipe),
         device="cpu" if cpu else "gpu",
+        fp8_recipe=t.fp8_recipe or "tensorwise",
+        formats=tuple(formats),
     )
 
 

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from jobctl import frameworks
+from jobctl.frameworks.base import LOW_PRECISIONS
 from jobctl.planner.catalog import GIB
 from jobctl.planner.memory import Workload, stage_layers
 from jobctl.planner.space import (  # noqa: F401  (re-exported: the search's vocabulary)
@@ -92,7 +93,16 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     for what, value, offered in (("optimizer", w.optimizer, caps.optimizers), ("method", w.method, caps.methods),
                                  ("precision", w.precision, caps.precisions)):
         if value not in offered:
-            out.append(f"train.{what}={value}: framework {caps.name} does not run it (it offers {', '.join(offered)})")
+            why = f"; {caps.low_precision_note}" if what == "precision" and caps.low_precision_note and \
+                value in LOW_PRECISIONS else ""
+            out.append(f"train.{what}={value}: framework {caps.name} does not run it (it offers "
+                       f"{', '.join(offered)}){why}")
+    if w.precision in LOW_PRECISIONS and w.precision not in t.gpu.formats:
+        need = "Hopper, Ada or Blackwell" if w.precision == "fp8" else "Blackwell (B200, GB200)"
+        have = f"runs only {', '.join(t.gpu.formats)}" if t.gpu.formats else "has no FP8 tensor cores"
+        instead = " or ".join((*t.gpu.formats, "bf16-mixed"))
+        out.append(f"train.precision={w.precision} needs {need} tensor cores; {t.gpu.key} {have}: use "
+                   f"{instead} here, or plan on a partition with such GPUs")
     for dim, offered in (("tp", caps.tp), ("pp", caps.pp)):
         value = getattr(c, dim)
         if value is not None and value > 1 and not offered:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from jobctl import frameworks
+from jobctl.frameworks.base import LOW_PRECISIONS
 from jobctl.planner import inputs
 from jobctl.planner.advice import suggestions
 from jobctl.planner.catalog import GIB
@@ -99,13 +100,14 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
     identity = None
     for part in parts:
         tgt = inputs.target(inv, part, recipe.train.precision)
-        w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu)
+        w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, formats=tgt.gpu.formats)
         learned = None
         if learn:
             identity = identity or (w.model.name, w.model.params())
             learned = learned_calibration(inv.name, part.name, identity, w.seq_len)
             if learned:
-                w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, learned=learned)
+                w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, learned=learned,
+                                    formats=tgt.gpu.formats)
         if framework is not None:
             w = replace(w, framework=frameworks.get(framework))
         yield w, tgt, learned
@@ -140,7 +142,7 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         result=res, workload=w)
     if w.overheads.learned_from:
         report.learned = learned_block(w)
-    report.warnings = version_warnings(recipe_loaded.value, w) or None
+    report.warnings = plan_warnings(recipe_loaded.value, w) or None
     if explain:
         report.explain = explain_search(res)
         report.explain["memory_checks"] = memory_checks(w, best.plan, memory["terms"])
@@ -148,17 +150,23 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
     return report
 
 
-def version_warnings(recipe, w) -> list[str]:
-    """The release of the framework the recipe declares (framework.version), when jobctl renders
-    it for another."""
+def plan_warnings(recipe, w) -> list[str]:
+    """What the user should know before trusting the numbers: a low precision whose speed is not
+    fitted yet, and the release of the framework the recipe declares (framework.version) when
+    jobctl renders it for another."""
+    out = []
+    if w.precision in LOW_PRECISIONS:
+        out.append(f"{w.precision}: the step time counts the GEMMs at the BF16 rate until the {w.precision} "
+                   "efficiency is fitted on published runs (no speed-up is promised yet); the memory includes "
+                   f"Transformer Engine's {w.precision} weight copies")
     caps = w.caps
     declared = None if isinstance(recipe.framework, str) else recipe.framework.version
     if not declared or not caps.versions:
-        return []
+        return out
     if any(declared == v or v.startswith(declared + ".") or declared.startswith(v + ".") for v in caps.versions):
-        return []
-    return [f"the recipe's framework.version is {caps.package} {declared}; jobctl renders {caps.name} for "
-            f"{', '.join(caps.versions)} (README: Frameworks): check the rendered flags against {declared}"]
+        return out
+    return out + [f"the recipe's framework.version is {caps.package} {declared}; jobctl renders {caps.name} for "
+                  f"{', '.join(caps.versions)} (README: Frameworks): check the rendered flags against {declared}"]
 
 
 def framework_block(w, plan) -> dict:

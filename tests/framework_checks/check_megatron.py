@@ -69,7 +69,10 @@ def check(case):
             "recompute": cfg.recompute_granularity, "recompute_method": cfg.recompute_method,
             "recompute_num_layers": cfg.recompute_num_layers, "sequence_parallel": cfg.sequence_parallel,
             "distributed_optimizer": bool(ns.get("use_distributed_optimizer")),
-            "cpu_offload": bool(ns.get("optimizer_cpu_offload"))}
+            "cpu_offload": bool(ns.get("optimizer_cpu_offload")),
+            "fp8": cfg.fp8, "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)) if cfg.fp8 else None,
+            "fp4": getattr(cfg, "fp4", None),
+            "fp4_recipe": str(getattr(cfg.fp4_recipe, "value", cfg.fp4_recipe)) if getattr(cfg, "fp4", None) else None}
 
 
 out = []

@@ -12,6 +12,7 @@ from jobctl.planner.memory.stages import _stage_matrices, _stage_params_cached
 from jobctl.planner.memory.workload import (
     BNB_BLOCK,
     DEEPSPEED_REDUCE_BUCKET_ELEMS,
+    LOW_PRECISION_WEIGHT_BYTES,
     QLORA_WEIGHT_BYTES,
     Term,
     Workload,
@@ -189,6 +190,11 @@ def _state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: in
         weight_name = "lora adapters"
     add_model_states(add, trainable, state_elems, sb, w.optimizer, sharding, n, offload, compute_b, weight_name,
                      w.caps.offload_keeps_grads)
+    low = LOW_PRECISION_WEIGHT_BYTES.get(w.precision)
+    if low:
+        add(f"{w.precision} weight copies", layer_p * low, "weights", lambda:
+            f"{layer_p:.4g} layer params x {low:.4g} B (row-wise + transposed {w.precision} copies with their "
+            "scales, kept through the step)")
     return tuple(items)
 
 

@@ -22,6 +22,12 @@ DEEPSPEED_REDUCE_BUCKET_ELEMS = 500_000_000
 BNB_BLOCK = 2048
 
 
+# Bytes per weight of the low-precision copies Transformer Engine quantizes each GEMM weight into
+# and keeps through the step (cached across micro-batches): a row-wise copy for the forward and a
+# column-wise (transposed) one for the backward's data gradient, each with its scales
+# (transformer_engine/pytorch/tensor: Float8Tensor one fp32 scale per tensor; MXFP8Tensor one
+# E8M0 byte per 32 values; NVFP4Tensor 4-bit values with one E4M3 byte per 16).
+LOW_PRECISION_WEIGHT_BYTES = {"fp8": 2 * 1.0, "mxfp8": 2 * (1 + 1 / 32), "nvfp4": 2 * (0.5 + 1 / 16)}
 # QLoRA (Dettmers et al. 2023): NF4 weights (0.5 byte) with double-quantised constants:
 # 8-bit absmax per 64 weights plus one fp32 per 256 such blocks = 0.5 + 1/64 + 4/(64·256).
 QLORA_WEIGHT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
@@ -98,6 +104,8 @@ class Workload:
     overheads: Overheads = field(default_factory=Overheads)
     training: Training = field(default_factory=Training)
     device: str = "gpu"  # "cpu": a CPU partition (gloo, no CUDA context; frameworks' CPU paths)
+    fp8_recipe: str = "tensorwise"  # the scaling of precision fp8 (config/schema.py Fp8Recipe)
+    formats: tuple[str, ...] = ()  # the low-precision formats the partition's GPU runs (catalog)
 
     def __post_init__(self):
         if not isinstance(self.framework, Framework):  # a name: its table

@@ -1,0 +1,91 @@
+"""precision fp8 / mxfp8 / nvfp4 (issue 29, first part): which GPUs and frameworks run them, what
+Megatron is told, and the memory Transformer Engine's weight copies take. Expected values come
+from the datasheets, Megatron-LM's option names and hand derivations written here."""
+
+import json
+
+import pytest
+from jobctl_run import jobctl
+
+from jobctl.errors import ConfigError
+from jobctl.planning import load_inventory, load_recipe, plan_on
+
+
+def plan(recipe, cluster, *overrides):
+    return plan_on(load_recipe(f"recipes/{recipe}.yaml", list(overrides)), load_inventory(cluster, []),
+                   alternatives=0).to_dict()
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_with_the_reason():
+    d = plan("llama70b", "a100-40", "train.precision=fp8")
+    assert not d["feasible"]
+    (reason,) = d["reasons"]
+    assert "needs Hopper, Ada or Blackwell tensor cores" in reason and "a100-sxm-40gb has no FP8" in reason
+
+
+def test_block_scaled_formats_need_blackwell():
+    d = plan("llama70b", "h100", "train.precision=nvfp4")
+    assert not d["feasible"]
+    assert "Blackwell" in d["reasons"][0] and "use fp8 or bf16-mixed" in d["reasons"][0]
+    assert plan("llama70b", "b200", "train.precision=nvfp4")["feasible"]
+
+
+def test_frameworks_without_a_renderable_fp8_recipe_say_why():
+    d = plan("llama8b", "h100", "train.precision=fp8")  # torchtitan
+    assert not d["feasible"]
+    assert "Float8LinearConverter" in d["reasons"][0]
+    d = plan("llama3.2-1b-a10g", "h100", "train.precision=fp8")  # deepspeed
+    assert "no FP8 training recipe" in d["reasons"][0]
+
+
+@pytest.mark.parametrize("precision, recipe, expected", [
+    # Megatron-LM arguments.py (core_v0.16.1): --fp8-format {e4m3,hybrid}, --fp8-recipe
+    # {tensorwise,delayed,mxfp8,blockwise}, --fp4-format e2m1, --fp4-recipe nvfp4
+    ("fp8", None, ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]),
+    ("fp8", "delayed", ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len",
+                        "1024", "--fp8-amax-compute-algo", "max"]),
+    ("fp8", "blockwise", ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "blockwise"]),
+    ("mxfp8", None, ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"]),
+    ("nvfp4", None, ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]),
+])
+def test_megatron_is_told_the_recipe(precision, recipe, expected):
+    over = [f"train.precision={precision}"] + ([f"train.fp8_recipe={recipe}"] if recipe else [])
+    args = plan("llama70b", "b200", *over)["framework"]["args"]
+    i = args.index("--bf16")
+    assert args[i:i + len(expected)] == expected
+    assert "--fp16" not in args
+
+
+def test_fp8_recipe_without_fp8_is_a_recipe_error():
+    with pytest.raises(ConfigError) as e:
+        load_recipe("recipes/llama70b.yaml", ["train.fp8_recipe=delayed"])
+    assert "fp8_recipe" in str(e.value) and "precision: fp8" in str(e.value)
+
+
+@pytest.mark.parametrize("precision, per_weight", [
+    ("fp8", 1 + 1),  # one byte row-wise + one byte transposed; one fp32 scale per tensor
+    ("mxfp8", 2 * (1 + 1 / 32)),  # plus one E8M0 scale byte per 32 values, both copies
+    ("nvfp4", 2 * (0.5 + 1 / 16)),  # half a byte plus one E4M3 scale byte per 16 values
+])
+def test_the_weight_copies_are_two_low_precision_copies_of_the_ranks_layer_weights(precision, per_weight):
+    """Llama 3.1 70B (its config.json: hidden 8192, 64 heads of 128, 8 KV heads, FFN 28672, 80
+    layers) at tp=4 pp=4: 20 layers per stage, each layer's matrices split 4 ways."""
+    h, kv, ffn = 8192, 8 * 128, 28672
+    matrices = h * h + 2 * h * kv + h * h + 3 * h * ffn  # q, k, v, o, gate/up/down
+    norms = 2 * h
+    per_rank = 20 * (matrices / 4 + norms / 4)
+    d = plan("llama70b", "b200", f"train.precision={precision}", "parallelism.tp=4", "parallelism.pp=4")
+    assert d["feasible"], d["reasons"]
+    (term,) = [t for t in d["memory"]["terms"] if t["name"] == f"{precision} weight copies"]
+    assert term["group"] == "weights"
+    assert term["bytes"] == pytest.approx(per_rank * per_weight, rel=1e-3)
+    bf16 = plan("llama70b", "b200", "parallelism.tp=4", "parallelism.pp=4")
+    assert [t for t in bf16["memory"]["terms"] if "copies" in t["name"]] == []
+
+
+def test_custom_code_gets_the_precision_in_its_environment(tmp_path):
+    r = jobctl("submit", "recipes/tiny.yaml", "train.precision=fp8", "train.fp8_recipe=delayed", "--cluster",
+               "tests/data/clusters/dev-2x1.yaml", "--dry-run", "--json", env={"JOBCTL_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)["env"]
+    assert (env["JOBCTL_PRECISION"], env["JOBCTL_FP8_RECIPE"]) == ("fp8", "delayed")
