@@ -117,6 +117,10 @@ def test_megatron_accepts_what_jobctl_renders():
         assert r["sequence_parallel"] == (p["sequence_parallel"] and p["tp"] > 1)
         assert r["distributed_optimizer"] == (p["sharding"] == "zero1")
         assert r["cpu_offload"] == (p["offload"] == "optimizer")
+        # the overlaps the step model counts on are on: the gradient reduce with any data-parallel
+        # group, the parameter gather with the distributed optimizer
+        assert r["overlap_grad_reduce"] == (p["dp"] * p["cp"] > 1)
+        assert r["overlap_param_gather"] == (p["dp"] * p["cp"] > 1 and p["sharding"] == "zero1")
         assert r["recompute"] == {"none": None, "selective": "selective", "full": "full"}[p["recompute"]]
         if p["recompute"] == "full":  # the first N layers of each model chunk (block), or all (uniform)
             per_chunk = p["recompute_layers"] // p["virtual_stages"]
@@ -139,6 +143,14 @@ def test_megatron_checker_refuses_an_fp8_recipe_megatron_does_not_have():
     args[args.index("--fp8-recipe") + 1] = "rowwise"  # torchao's name; Megatron's choices differ
     r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=args))])[0]
     assert not r["ok"] and "--fp8-recipe" in r["error"]
+
+
+def test_megatron_checker_refuses_a_param_gather_overlap_without_the_distributed_optimizer():
+    _need("megatron")
+    base = next(c for c in plans("megatron") if "--overlap-param-gather" in c["framework"]["args"])
+    args = [a for a in base["framework"]["args"] if a != "--use-distributed-optimizer"]
+    r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=args))])[0]
+    assert not r["ok"] and "distributed optimizer" in r["error"]
 
 
 def test_megatron_checker_refuses_what_megatron_refuses():

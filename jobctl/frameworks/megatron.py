@@ -233,7 +233,19 @@ def _memory_flags(plan) -> list:
             a += ["--recompute-method", "uniform", "--recompute-num-layers", 1]
     if plan.offload == "optimizer":
         a += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
-    return a
+    return a + _overlap_flags(plan)
+
+
+def _overlap_flags(plan) -> list:
+    """The data-parallel overlaps the step model counts on (planner/perf.py _data_parallel: the
+    gradient reduce-scatter behind the backward, the parameter all-gather behind the forward),
+    off by default in Megatron-LM: --overlap-grad-reduce with any data-parallel group, and
+    --overlap-param-gather with the distributed optimizer, which validate_args requires of it
+    together with --overlap-grad-reduce (arguments.py). The interleaved schedule's P2P overlap
+    is on by default (--no-overlap-p2p-communication turns it off)."""
+    if plan.dp * plan.cp == 1:
+        return []
+    return ["--overlap-grad-reduce"] + (["--overlap-param-gather"] if plan.sharding == "zero1" else [])
 
 
 def _training_flags(w) -> list:

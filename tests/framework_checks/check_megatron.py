@@ -47,6 +47,11 @@ def check(case):
     pp = ns["pipeline_model_parallel_size"]
     if layers % pp:  # validate_args: 'Number of layers should be divisible by the pipeline-model-parallel size'
         raise ValueError("number of layers not divisible by pp")
+    if ns.get("overlap_param_gather"):  # arguments.py validate_args, word for word
+        if not ns.get("use_distributed_optimizer"):
+            raise ValueError("--overlap-param-gather only supported with distributed optimizer")
+        if not ns.get("overlap_grad_reduce"):
+            raise ValueError("Must use --overlap-param-gather with --overlap-grad-reduce")
     vpp = None
     if ns.get("num_layers_per_virtual_pipeline_stage"):
         per_stage = layers // pp
@@ -70,6 +75,8 @@ def check(case):
             "recompute_num_layers": cfg.recompute_num_layers, "sequence_parallel": cfg.sequence_parallel,
             "distributed_optimizer": bool(ns.get("use_distributed_optimizer")),
             "cpu_offload": bool(ns.get("optimizer_cpu_offload")),
+            "overlap_grad_reduce": bool(ns.get("overlap_grad_reduce")),
+            "overlap_param_gather": bool(ns.get("overlap_param_gather")),
             "fp8": cfg.fp8, "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)) if cfg.fp8 else None,
             "fp4": getattr(cfg, "fp4", None),
             "fp4_recipe": str(getattr(cfg.fp4_recipe, "value", cfg.fp4_recipe)) if getattr(cfg, "fp4", None) else None}
