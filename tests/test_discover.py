@@ -291,3 +291,34 @@ def test_cli_asks_on_a_terminal(multi_cluster, capsys, monkeypatch):
     inv = Inventory.model_validate(yaml.safe_load(out))
     assert [p.gpu for p in inv.partitions] == ["a100-sxm-40gb", "h100-sxm-80gb", "cpu", "l40s-48gb"]
     assert "which one?" in err
+
+
+# --- block topology (Slurm topology/block, one block per NVLink domain) --------------------------
+
+def test_hostlists_expand_as_slurm_writes_them():
+    assert d.expand_hostlist("gb[001-003,010],login1") == ["gb001", "gb002", "gb003", "gb010", "login1"]
+    assert d.expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    for bad in ("gb[1-", "gb[3-1]", "gb[a-b]", "gb[[1]]"):
+        with pytest.raises(d.DiscoveryError):
+            d.expand_hostlist(bad)
+    with pytest.raises(d.DiscoveryError):
+        d.expand_hostlist("n[0-999999999]")  # more nodes than any inventory may hold
+
+
+def test_a_block_topology_becomes_the_partitions_nvlink_domain():
+    """`scontrol show topology` under topology/block prints one "BlockName=... BlockIndex=...
+    Nodes=..." record per block (slurm src/plugins/topology/block/topology_block.c
+    _print_topo_record); on a GB200 NVL72 system a block is a rack's NVLink domain. The dev
+    cluster's two 8-GPU nodes in one block: a domain of 16 GPUs."""
+    part = _read("dev-scontrol-partition.txt") if (DATA / "dev-scontrol-partition.txt").exists() else ""
+    topology = "BlockName=rack1 BlockIndex=0 Nodes=node[1-2]\n"
+    (f,) = d.cluster_facts(_read("dev-sinfo.txt"), part, _read("dev-scontrol-node.txt"), topology)
+    assert f.block_nodes == 2
+    text = d.inventory_yaml("dev", [f], {"gpu": "h100-sxm-80gb"}, source="test")
+    (p,) = Inventory.model_validate(yaml.safe_load(text)).partitions
+    assert p.nvlink_domain_gpus == 16
+    # a tree topology, or none, says nothing about NVLink
+    (g,) = d.cluster_facts(_read("dev-sinfo.txt"), part, _read("dev-scontrol-node.txt"),
+                           "SwitchName=s0 Level=0 LinkSpeed=1 Nodes=node[1-2]\n")
+    assert g.block_nodes == 0 and "nvlink_domain_gpus" not in d.inventory_yaml("dev", [g], {"gpu": "h100-sxm-80gb"},
+                                                                               source="test")

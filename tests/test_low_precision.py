@@ -89,3 +89,40 @@ def test_custom_code_gets_the_precision_in_its_environment(tmp_path):
     assert r.returncode == 0, r.stderr
     env = json.loads(r.stdout)["env"]
     assert (env["JOBCTL_PRECISION"], env["JOBCTL_FP8_RECIPE"]) == ("fp8", "delayed")
+
+
+# --- NVLink domains that span nodes (GB200 NVL72) ----------------------------------------------
+
+def gb200(*overrides, inv=()):
+    rec = load_recipe("recipes/llama405b.yaml", list(overrides))
+    return plan_on(rec, load_inventory("gb200", list(inv)), alternatives=0).to_dict()
+
+
+def test_tensor_parallelism_may_span_the_trays_of_one_nvlink_domain():
+    """A GB200 NVL72 rack: 4 GPUs per node (compute tray), one NVLink domain of 72 (NVIDIA's
+    GB200 NVL72 datasheet). tp=8 spans two trays and stays on NVLink; with the domain cut to one
+    tray it crosses the node boundary and is refused."""
+    assert gb200("parallelism.tp=8")["feasible"]
+    cut = gb200("parallelism.tp=8", inv=["partitions.0.nvlink_domain_gpus=4"])
+    assert not cut["feasible"] and "crosses the node boundary" in cut["reasons"][0]
+
+
+def test_data_parallel_traffic_inside_the_domain_goes_over_nvlink():
+    """The same layout with the domain cut to one tray: its data-parallel group (4 ranks, 9
+    pipeline stages apart, spanning trays) now reduces over the network, so its exposed
+    communication can only grow, and the step with it."""
+    pins = ["parallelism.tp=8", "parallelism.pp=9", "parallelism.dp=1", "parallelism.cp=1"]
+    rec = ["model=llama3.1-70b", "train.global_batch_size=1024", *pins]
+    inside = gb200(*rec)
+    rec_dp = ["model=llama3.1-70b", "train.global_batch_size=1024", "parallelism.tp=2", "parallelism.pp=9",
+              "parallelism.dp=4", "parallelism.cp=1"]
+    a, b = gb200(*rec_dp), gb200(*rec_dp, inv=["partitions.0.nvlink_domain_gpus=4"])
+    assert inside["feasible"] and a["feasible"] and b["feasible"]
+    assert a["estimate"]["parts"]["dp_comm_s"] < b["estimate"]["parts"]["dp_comm_s"]
+    assert a["estimate"]["step_time_s"] < b["estimate"]["step_time_s"]
+
+
+def test_a_domain_must_be_whole_nodes():
+    with pytest.raises(ConfigError) as e:
+        load_inventory("gb200", ["partitions.0.nvlink_domain_gpus=70"])
+    assert "whole number of nodes of 4 GPUs" in str(e.value)

@@ -195,6 +195,7 @@ class PartitionFacts:
     down: list[str] = field(default_factory=list)
     other_shapes: int = 0  # nodes whose shape differs from the one reported
     source: str = "scontrol show node"
+    block_nodes: int = 0  # nodes per Slurm topology block holding its nodes (0: no block topology)
 
     @property
     def has_gpus(self) -> bool:
@@ -205,8 +206,28 @@ class PartitionFacts:
         return f"gpu:{self.gres_type}:{self.gpus_per_node}" if self.gres_type else f"gpu:{self.gpus_per_node}"
 
 
-def cluster_facts(sinfo_text: str, partition_text: str, node_text: str) -> list[PartitionFacts]:
-    """Partitions with their nodes' shape, from the three commands' outputs (any may be empty)."""
+def cluster_facts(sinfo_text: str, partition_text: str, node_text: str,
+                  topology_text: str = "") -> list[PartitionFacts]:
+    """Partitions with their nodes' shape, from the commands' outputs (any may be empty);
+    `topology_text`: `scontrol show topology` under topology/block (block sizes)."""
+    facts = _cluster_facts(sinfo_text, partition_text, node_text)
+    try:
+        blocks = block_sizes(topology_text)
+    except DiscoveryError:
+        blocks = {}  # an unreadable topology leaves the domains at one node, as without one
+    if blocks:
+        members: dict[str, list[str]] = {}
+        for n in parse_scontrol(node_text):
+            for p in (n.get("Partitions") or "").split(","):
+                members.setdefault(p, []).append(n.get("NodeName", ""))
+        for f in facts:
+            sizes = [blocks.get(node) for node in members.get(f.name, [])]
+            if sizes and all(sizes):
+                f.block_nodes = min(sizes)  # the domain every job of the partition can count on
+    return facts
+
+
+def _cluster_facts(sinfo_text: str, partition_text: str, node_text: str) -> list[PartitionFacts]:
     sinfo = parse_sinfo(sinfo_text)
     parts = parse_scontrol(partition_text)
     nodes = parse_scontrol(node_text)
@@ -262,6 +283,64 @@ def cluster_facts(sinfo_text: str, partition_text: str, node_text: str) -> list[
                                     time_limit(raw_time), raw_time, name in default,
                                     other_shapes=sum(x.nodes for x in rows) - r.nodes, source="sinfo"))
     return facts
+
+
+# --- block topology (Slurm's topology/block: one block per NVLink domain, e.g. a GB200 NVL72 rack)
+
+MAX_HOSTS = 1 << 17  # the inventory schema's node limit
+
+
+def expand_hostlist(expr: str, limit: int = MAX_HOSTS) -> list[str]:
+    """Slurm's hostlist syntax ("gb[001-018,020],login1") as names; more than `limit` names, a
+    bracket left open or a range backwards is a DiscoveryError (scheduler output is input)."""
+    out: list[str] = []
+    depth, start = 0, 0
+    items = []
+    for i, ch in enumerate(expr + ","):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(expr[start:i])
+            start = i + 1
+        if depth not in (0, 1):
+            raise DiscoveryError(f"cannot read the host list {expr[:200]!r}: nested brackets")
+    if depth:
+        raise DiscoveryError(f"cannot read the host list {expr[:200]!r}: a bracket is not closed")
+    for item in filter(None, (x.strip() for x in items)):
+        out += _expand_item(item, limit - len(out))
+    return out
+
+
+def _expand_item(item: str, room: int) -> list[str]:
+    if "[" not in item:
+        return [item]
+    head, rest = item.split("[", 1)
+    ranges, tail = rest.split("]", 1)
+    names = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) < int(lo):
+            raise DiscoveryError(f"cannot read the host range {part[:50]!r} in {item[:200]!r}")
+        if int(hi or lo) - int(lo) + 1 + len(names) > room:
+            raise DiscoveryError(f"the host list {item[:200]!r} names more than {MAX_HOSTS} nodes")
+        names += [f"{head}{k:0{len(lo)}d}" for k in range(int(lo), int(hi or lo) + 1)]
+    return [n + t for n in names for t in (_expand_item(tail, room) if "[" in tail else [tail])][:room]
+
+
+def block_sizes(text: str) -> dict[str, int]:
+    """Node name -> nodes in its block, from `scontrol show topology` under topology/block, whose
+    records are "BlockName=b1 BlockIndex=0 Nodes=gb[01-18]" (slurm src/plugins/topology/block
+    _print_topo_record). Other topologies (SwitchName= records) give {}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if "BlockName" in fields and fields.get("Nodes"):
+            nodes = expand_hostlist(fields["Nodes"])
+            for n in nodes:
+                out[n] = len(nodes)
+    return out
 
 
 # --- GPU types ---------------------------------------------------------------------------------
@@ -377,6 +456,9 @@ def inventory_yaml(name: str, facts: list[PartitionFacts], gpus: dict[str, str],
         mem = f.mem_gib if f.mem_gib else 1
         lines.append(f"    mem_gib: {mem}  # RealMemory MB / 1024, rounded down" if f.mem_gib else
                      "    mem_gib: 1  # RealMemory unknown: set it")
+        if f.block_nodes > 1 and f.has_gpus:
+            lines.append(f"    nvlink_domain_gpus: {f.block_nodes * f.gpus_per_node}  # Slurm topology/block: "
+                         f"{f.block_nodes} nodes per block, taken as one NVLink domain (check it)")
         if f.time_limit:
             lines.append(f"    time_limit: {_scalar(f.time_limit)}  # MaxTime")
         else:

@@ -41,6 +41,7 @@ SINFO_ARGV = ["sinfo", "-h", "-o", "%P|%a|%l|%D|%c|%m|%G|%N"]
 PARTITION_ARGV = ["scontrol", "show", "partition", "-o"]
 NODE_ARGV = ["scontrol", "show", "node", "-o"]
 CONFIG_ARGV = ["scontrol", "show", "config"]
+TOPOLOGY_ARGV = ["scontrol", "show", "topology"]
 
 Run = Callable[[list[str], bool], str]  # (argv, required) -> stdout; SchedulerError on failure
 
@@ -325,8 +326,9 @@ class SlurmBackend:
         sinfo = self._run(SINFO_ARGV, True)
         parts = self._run(PARTITION_ARGV, True)
         nodes = self._run(NODE_ARGV, True)
+        topology = self._run(TOPOLOGY_ARGV, False)  # blocks only under topology/block (Slurm >= 23.11)
         try:
-            return d.cluster_facts(sinfo, parts, nodes)
+            return d.cluster_facts(sinfo, parts, nodes, topology)
         except ValueError as e:
             raise SchedulerError(f"cannot read Slurm's answer: {e}") from e
 

@@ -254,6 +254,16 @@ class Partition(_Strict):
     inter_node_gbit_per_node: float | None = Field(default=None, gt=0)
     pcie_gbs: float | None = Field(default=None, gt=0)
     time_limit: str | None = None
+    # GPUs one NVLink domain spans, when it spans several nodes (a GB200 NVL72 rack: 72 GPUs, 4
+    # per node); default: the catalog's for the GPU, else one node
+    nvlink_domain_gpus: int | None = Field(default=None, gt=0, le=1 << 12)
+
+    @model_validator(mode="after")
+    def _domain(self):
+        d = self.nvlink_domain_gpus
+        if d is not None and d % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain_gpus ({d}) must be a whole number of nodes of {self.gpus_per_node} GPUs")
+        return self
 
 
 class SlurmOptions(_Strict):

@@ -107,6 +107,7 @@ def target(inventory, partition, precision: str = "bf16-mixed") -> Target:
         cluster=inventory.name, partition=partition.name, gpu=gpu, gpus_per_node=partition.gpus_per_node,
         nodes=partition.nodes, host_mem_bytes=int(partition.mem_gib * GIB), gpu_memory_bytes=mem,
         links=links(partition, gpu, precision),
+        domain_gpus=getattr(partition, "nvlink_domain_gpus", None) or gpu.nvlink_domain_gpus,
     )
 
 

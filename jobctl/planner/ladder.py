@@ -372,7 +372,7 @@ def _parallel_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Iterat
     moves = []
     caps = w.caps
     if c.tp is None and caps.tp:
-        moves += [(x, p.pp, p.cp) for x in divisors(t.gpus_per_node)
+        moves += [(x, p.pp, p.cp) for x in divisors(t.nvlink_gpus)
                   if x > p.tp and x % p.tp == 0 and m.heads % x == 0 and m.kv_heads % x == 0]
     if c.pp is None and caps.pp:
         moves += [(p.tp, x, p.cp) for x in range(2 * p.pp, m.layers + 1, p.pp) if stage_layers(m.layers, x)]

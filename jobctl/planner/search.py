@@ -83,7 +83,10 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
             out.append(f"tp={c.tp} does not divide the attention heads: {m.heads} % {c.tp} = {m.heads % c.tp}")
         if m.kv_heads % c.tp:
             out.append(f"tp={c.tp} does not divide the KV heads: {m.kv_heads} % {c.tp} = {m.kv_heads % c.tp}")
-        if c.tp > t.gpus_per_node:
+        if c.tp > t.nvlink_gpus and t.nvlink_gpus > t.gpus_per_node:
+            out.append(f"tp={c.tp} crosses the NVLink domain: one of {t.partition} spans {_gpus(t.nvlink_gpus)}; "
+                       "tensor parallelism must stay inside it")
+        elif c.tp > t.nvlink_gpus:
             out.append(f"tp={c.tp} crosses the node boundary: a node of {t.partition} has {_gpus(t.gpus_per_node)}; "
                        "tensor parallelism must stay inside a node")
     if c.pp is not None and not stage_layers(m.layers, c.pp):

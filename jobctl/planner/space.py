@@ -29,6 +29,7 @@ from jobctl.planner.perf import (
 from jobctl.planner.plan import Plan
 
 MAX_VIRTUAL_STAGES = 8
+MAX_TP = 64  # tensor parallelism wider than this splits layers too thin to be worth searching
 MIN_CP_TOKENS = 1024
 SMALL_BUBBLE = 0.02
 
@@ -57,10 +58,16 @@ class Target:
     host_mem_bytes: int
     gpu_memory_bytes: int
     links: Links | None = None
+    domain_gpus: int = 0  # GPUs of one NVLink domain when it spans nodes (0: one node)
 
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def nvlink_gpus(self) -> int:
+        """The GPUs that talk over NVLink: a node, or the multi-node domain (GB200 NVL72)."""
+        return max(self.gpus_per_node, min(self.domain_gpus, self.total_gpus))
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ def layouts(w: Workload, t: Target, c: Constraints):
     """Yield (tp, pp, cp, dp, nodes, gpus_per_node) for every valid parallel layout."""
     m = w.model
     caps = w.caps
-    tps = [c.tp] if c.tp else [d for d in divisors(t.gpus_per_node)
+    tps = [c.tp] if c.tp else [d for d in divisors(t.nvlink_gpus) if d <= MAX_TP
                                if m.heads % d == 0 and m.kv_heads % d == 0 and (d == 1 or caps.tp)]
     pps = [c.pp] if c.pp else [p for p in range(1, m.layers + 1) if stage_layers(m.layers, p) and (p == 1 or caps.pp)]
     if c.cp:
@@ -336,7 +343,7 @@ class Evaluations:
                     shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
                                       L.sequence_parallel, v, hs)
                     # as StepEstimate computes them: tokens / step, and that / world
-                    step = step_time(w, shape, t.links, t.gpus_per_node)
+                    step = step_time(w, shape, t.links, t.nvlink_gpus)
                     tokens = max(tokens, tps / step)
                     per_gpu = max(per_gpu, tps / step / L.world)
         self._bounds[L.key] = per_gpu, tokens
@@ -360,7 +367,7 @@ class Evaluations:
             for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
                 shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, "none", mbs, L.per_dp // mbs,
                                   L.sequence_parallel, v)
-                if tps / pipeline_time(w, shape, self.t.links, self.t.gpus_per_node) >= floor:
+                if tps / pipeline_time(w, shape, self.t.links, self.t.nvlink_gpus) >= floor:
                     return self.bound(layout, "time") >= floor
         return False
 
@@ -435,7 +442,7 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
                 if w.framework.problems(plan, w):
                     out.rejected["the framework refuses it"] += 1
                     continue  # e.g. an interleaved schedule whose micro-batches do not divide
-                est = estimate_step(w, plan, t.links, t.gpus_per_node, ev.steps) if t.links else None
+                est = estimate_step(w, plan, t.links, t.nvlink_gpus, ev.steps) if t.links else None
                 cand = Candidate(plan, mem, est, plan.gpus_per_node == t.gpus_per_node)
                 out.feasible += 1
                 out.every.append(cand)
@@ -474,7 +481,7 @@ def _knob_bound(ev: Evaluations, L: Layout, v: int, sh: str, rc: str, of: str, h
     mbs = L.micro_batches[0]
     shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
                       L.sequence_parallel, v, hs, rc, n_rc, of)
-    least = shape.grad_accum_steps * stage_time(w, shape, t.links, t.gpus_per_node) + host_side_time(w, shape, t.links)
+    least = shape.grad_accum_steps * stage_time(w, shape, t.links, t.nvlink_gpus) + host_side_time(w, shape, t.links)
     return w.global_batch_size * w.seq_len / least
 
 

@@ -71,7 +71,7 @@ def after_oom(recipe_loaded, inv_loaded, failed_plan: dict, figures: OOMFigures 
 def _ladder_report(recipe_loaded, w, t, step, failed: Plan) -> PlanReport:
     """A ladder step as a plan report with its `ladder` block."""
     recipe = recipe_loaded.value
-    est = estimate_step(w, step.plan, t.links, t.gpus_per_node, train_steps(recipe)) if t.links else None
+    est = estimate_step(w, step.plan, t.links, t.nvlink_gpus, train_steps(recipe)) if t.links else None
 
     # the step as a search's result (one plan, nothing else considered), for the plan report
     res = SearchResult(target=t, best=Candidate(step.plan, step.memory, est), feasible_count=1)
