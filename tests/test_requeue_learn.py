@@ -339,3 +339,78 @@ def test_history_path_follows_the_store(monkeypatch, env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert learn.history_path() == default_path()
+
+
+# --- learning that cannot poison (issue 30) ----------------------------------------------------------
+
+def _oom(id, *, scaling=0.5, gap=GIB, recipe="llama70b", days=1, predicted=60 * GIB, partition="gpu"):
+    from datetime import datetime, timedelta, timezone
+
+    return learn.PastJob(id, "FAILED", "CUDA_OOM", "h100", partition, {}, ("llama3.1-70b", 70), 8192, predicted,
+                         calibration={"fixed_gap_bytes": gap, "per_scaling": scaling}, recipe_name=recipe,
+                         created_at=(datetime.now(timezone.utc) - timedelta(days=days)).isoformat())
+
+
+def _done(id, *, predicted, attempt=1):
+    return learn.PastJob(id, "COMPLETED", None, "h100", "gpu", {}, ("llama3.1-70b", 70), 8192, predicted,
+                         attempt=attempt, recipe_name="other")
+
+
+def _for(jobs, recipe="llama70b"):
+    return learn.calibration_for(jobs, "gpu", ("llama3.1-70b", 70), 8192, recipe, gpu_bytes=80 * GIB)
+
+
+def test_a_calibration_applies_to_the_recipe_whose_job_taught_it():
+    got = _for([_oom(3)])
+    assert got["from"] == "job #3's CUDA OOM" and got["per_scaling"] == 0.5 and "advice" not in got
+    other = _for([_oom(3, recipe="probe")])
+    assert "fixed_gap_bytes" not in other  # advice for another recipe of the model, not a term
+    (line,) = other["advice"]
+    assert "job #3" in line and "recipe 'probe'" in line
+
+
+def test_an_implausible_calibration_is_suspect_evidence():
+    """Job #6 of the issue: '77.13 GiB + 2.16e+03 x activations' on a 24 GiB partition's model."""
+    for job in (_oom(6, scaling=2160.0), _oom(6, gap=int(77.13 * GIB))):
+        got = _for([job])
+        assert "fixed_gap_bytes" not in got and "suspect" in got["advice"][0]
+        assert "--forget-learned 6" in got["advice"][0]
+
+
+def test_a_calibration_expires():
+    assert "fixed_gap_bytes" in _for([_oom(3, days=learn.CALIBRATION_TTL_DAYS - 1)])
+    old = _for([_oom(3, days=learn.CALIBRATION_TTL_DAYS + 1)])
+    assert "fixed_gap_bytes" not in old and "older than" in old["advice"][0]
+
+
+def test_a_later_completed_job_at_a_larger_footprint_refutes_it():
+    refuting = _for([_oom(3, predicted=60 * GIB), _done(5, predicted=61 * GIB)])
+    assert "fixed_gap_bytes" not in refuting and "refuted by job #5" in refuting["advice"][0]
+    # a smaller footprint, an earlier job, or a retry (planned with a calibration) proves nothing
+    for done in (_done(5, predicted=59 * GIB), _done(2, predicted=61 * GIB), _done(5, predicted=61 * GIB, attempt=2)):
+        assert _for([_oom(3, predicted=60 * GIB), done])["from"] == "job #3's CUDA OOM"
+
+
+def test_an_older_good_calibration_applies_when_the_newest_is_not():
+    got = _for([_oom(3), _oom(7, scaling=5000.0)])
+    assert got["from"] == "job #3's CUDA OOM" and "job #7" in got["advice"][0]
+
+
+def test_plan_shows_advice_and_history_forgets_the_calibration(capsys):
+    """Through the real CLI and sqlite history: a suspect calibration recorded with an OOMed job is
+    shown by `plan` and not applied; `history --forget-learned` drops it from the history."""
+    report = _report(capsys)
+    jid = _record(report, state="FAILED", failure_kind="CUDA_OOM")
+    with History.open() as h:
+        h.set_extra(jid, {"calibration": {"fixed_gap_bytes": 77 * GIB, "per_scaling": 2160.0, "points": []}})
+    again = _report(capsys)
+    assert "learned" not in again and again["plan"] == report["plan"]
+    assert any(f"job #{jid}'s CUDA OOM" in w and "suspect" in w for w in again["warnings"])
+    code, out, _ = jobctl(capsys, "plan", "recipes/llama70b.yaml", "--cluster", "h100")
+    assert code == 0 and "suspect evidence" in out
+    code, out, err = jobctl(capsys, "history", "--forget-learned", str(jid))
+    assert code == 0 and "forgotten" in (out + err)
+    with History.open() as h:
+        assert "calibration" not in h.get(jid).extra
+    after = _report(capsys)
+    assert not any("suspect" in w for w in after.get("warnings") or [])

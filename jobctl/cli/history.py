@@ -13,6 +13,7 @@ EPILOG = """examples:
   jobctl history --state failed,timeout       # only those (repeatable, comma-separated)
   jobctl history --recipe tiny --cluster dev --limit 0    # all of them
   jobctl history --json | jq '.[].id'
+  jobctl history --forget-learned 6           # plans stop applying what job #6's OOM taught
 
 States are the recorded ones: run `jobctl status` to ask the scheduler for fresh ones.
 exit codes: 0 ok, 2 bad option (an unknown state, a negative limit)."""
@@ -29,9 +30,23 @@ def add_arguments(p) -> None:
                    help=f"show the N newest matching jobs (default {DEFAULT_LIMIT}; 0: all)")
     p.add_argument("--wide", action="store_true", help="every column in full (node lists, dates with the year)")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the rows as JSON on stdout")
+    p.add_argument("--forget-learned", metavar="JOB",
+                   help="drop the memory calibration JOB's CUDA OOM recorded (`plan` applies it to later plans "
+                        "of that recipe; `plan --no-learn` ignores all of them for one plan)")
 
 
 def run(args) -> int:
+    if args.forget_learned:
+        from jobctl.jobs.commands import forget_learned
+
+        job_id, dropped = forget_learned(args.forget_learned)
+        if args.as_json:
+            ui.print_json({"id": job_id, "forgotten": dropped})
+        elif dropped is None:
+            ui.info(f"job #{job_id} has no calibration to forget")
+        else:
+            ui.info(f"job #{job_id}'s calibration is forgotten: plans no longer apply it")
+        return 0
     if args.limit < 0:
         raise UsageError(f"--limit {args.limit}: expected 0 (all) or a positive number")
     states = [parse_state(s) for item in args.state for s in item.split(",") if s.strip()] or None

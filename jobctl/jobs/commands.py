@@ -34,6 +34,20 @@ def history_rows(recipe: str | None, states: list | None, cluster: str | None,
         return [job_row(history, r) for r in records[:limit]], more
 
 
+def forget_learned(ref: str) -> tuple[int, dict | None]:
+    """`history --forget-learned JOB`: drop the memory calibration job JOB's CUDA OOM recorded, so
+    that no plan applies it again; (the job's id, the calibration dropped or None)."""
+    from jobctl.jobs.status import resolve
+
+    with History.open() as history:
+        (record,) = resolve(history, [ref])
+        extra = dict(record.extra)
+        dropped = extra.pop("calibration", None)
+        if dropped is not None:
+            history.set_extra(record.id, extra)
+        return record.id, dropped
+
+
 def cancel_jobs(refs: list[str], say: Callable[[str], None]) -> list[dict]:
     """`cancel`: every job named (all must be known, or nothing is cancelled), in that order."""
     from jobctl.jobs.cancel import cancel_records

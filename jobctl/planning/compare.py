@@ -91,7 +91,7 @@ def _fits_at_all(recipe, inv, learn: bool, framework: str) -> bool:
         return False
     cons, steps = inputs.constraints(recipe), train_steps(recipe)
     return any(search(w, tgt, cons, objective="gpus", steps=steps).best is not None
-               for w, tgt, _ in _workloads(recipe, inv, parts, learn, framework))
+               for w, tgt, _, _ in _workloads(recipe, inv, parts, learn, framework))
 
 
 def _could_be_faster(recipe, inv, learn: bool, framework: str, tokens_per_s: float) -> bool:
@@ -100,7 +100,7 @@ def _could_be_faster(recipe, inv, learn: bool, framework: str, tokens_per_s: flo
     if isinstance(parts, str):
         return False
     cons, steps = inputs.constraints(recipe), train_steps(recipe)
-    for w, tgt, _ in _workloads(recipe, inv, parts, learn, framework):
+    for w, tgt, _, _ in _workloads(recipe, inv, parts, learn, framework):
         res = search(w, tgt, cons, objective="time", steps=steps, faster_than=tokens_per_s)
         if any(c.tokens_per_s > tokens_per_s for c in res.ranked):
             return True

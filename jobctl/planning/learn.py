@@ -8,6 +8,7 @@ history (read-only, and not at all when there is no history file: `plan` is run 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from jobctl.config.loader import parse_yaml_text
@@ -22,6 +23,14 @@ RECENT_JOBS = 5000
 MAX_OOM_JOBS = 50  # OOMed jobs looked at for warnings (their recipe text is parsed)
 MAX_ERROR_JOBS = 200  # the newest finished jobs behind the model-error figures
 MAX_WARNINGS = 3  # the newest ones; more would repeat each other
+# A calibration is evidence about one recipe's job, and evidence ages: past this many days (the
+# code, drivers and frameworks under it change) it is no longer applied.
+CALIBRATION_TTL_DAYS = 30
+# An OOM that "shows" the model missed more than ten times the activations, or more fixed
+# bytes than this share of the GPU, says more about the job (another command, a leak, a payload
+# that asked for the memory) than about the model: reported as suspect, never applied.
+MAX_PLAUSIBLE_SCALING = 10.0
+MAX_PLAUSIBLE_GAP_SHARE = 0.5
 
 OOM_REASON = FailureKind.CUDA_OOM  # the failure kind the in-job recovery records (jobs/recovery.py)
 # Runs whose measured peak is the steady state: they ran to the end or to the time limit.
@@ -51,6 +60,8 @@ class PastJob:
     attempt: int = 1
     successor: tuple[int, str, dict] | None = None  # (id, state, plan) of the job that continued it
     calibration: dict | None = None  # what its CUDA OOM showed the model missed (planner.ladder.Calibration)
+    recipe_name: str | None = None  # the recipe (command) whose job it was
+    created_at: str | None = None  # ISO 8601, UTC
 
 
 # --- the rules (pure) ------------------------------------------------------------------------------
@@ -129,18 +140,65 @@ def model_error(jobs: list[PastJob]) -> dict | None:
             "worst_pct": round(max(errors, key=abs), 1)}
 
 
-def calibration_for(jobs: list[PastJob], partition: str, model: tuple[str, int], seq_len: int) -> dict | None:
+def calibration_for(jobs: list[PastJob], partition: str, model: tuple[str, int], seq_len: int,
+                    recipe_name: str | None = None, gpu_bytes: int | None = None,
+                    now: datetime | None = None) -> dict | None:
     """The newest calibration a CUDA OOM of the same model and sequence length on this
-    partition recorded (with the job it came from), or None."""
-    for job in sorted(jobs, key=lambda j: -j.id):
-        if job.failure_kind == OOM_REASON and job.calibration and job.partition == partition \
-                and job.model == model and job.seq_len == seq_len:
-            return {**job.calibration, "from": f"job #{job.id}'s CUDA OOM"}
+    partition recorded, to apply (with the job it came from), or None; with "advice": the
+    calibrations not applied and why. One applies only to the recipe whose job taught it (for
+    another recipe of the model it is advice), while it is younger than CALIBRATION_TTL_DAYS,
+    plausible (MAX_PLAUSIBLE_*), and not refuted: a later job of the model that completed on the
+    partition with a predicted peak at least the OOMed one's shows the memory was there."""
+    now = now or datetime.now(timezone.utc)
+    same = [j for j in jobs if j.partition == partition and j.model == model and j.seq_len == seq_len]
+    advice: list[str] = []
+    for job in sorted((j for j in same if j.failure_kind == OOM_REASON and j.calibration), key=lambda j: -j.id):
+        why = _not_applied(job, same, recipe_name, gpu_bytes, now)
+        if why is None:
+            return {**job.calibration, "from": f"job #{job.id}'s CUDA OOM", **({"advice": advice} if advice else {})}
+        if len(advice) < MAX_WARNINGS:
+            advice.append(f"job #{job.id}'s CUDA OOM ({_calibration_text(job.calibration)}) is not applied: {why}")
+    return {"advice": advice} if advice else None
+
+
+def _not_applied(job: PastJob, same: list[PastJob], recipe_name, gpu_bytes, now: datetime) -> str | None:
+    c = job.calibration
+    scaling, gap = float(c.get("per_scaling") or 0.0), int(c.get("fixed_gap_bytes") or 0)
+    if scaling > MAX_PLAUSIBLE_SCALING or (gpu_bytes and gap > MAX_PLAUSIBLE_GAP_SHARE * gpu_bytes):
+        return ("suspect evidence (more than the model could miss: check that job's command; "
+                f"`jobctl history --forget-learned {job.id}` drops it)")
+    age = _age_days(job.created_at, now)
+    if age is not None and age > CALIBRATION_TTL_DAYS:
+        return f"older than {CALIBRATION_TTL_DAYS} days"
+    # fresh submissions only: a retry was planned with a calibration, so its footprint proves nothing
+    later = [j for j in same if j.id > job.id and j.state == JobState.COMPLETED.value and j.attempt == 1
+             and j.predicted_peak_bytes and job.predicted_peak_bytes
+             and j.predicted_peak_bytes >= job.predicted_peak_bytes]
+    if later:
+        return (f"refuted by job #{later[0].id}, which completed with a predicted "
+                f"{_gib(later[0].predicted_peak_bytes)} GiB >= its {_gib(job.predicted_peak_bytes)} GiB")
+    if recipe_name is not None and job.recipe_name is not None and job.recipe_name != recipe_name:
+        return f"it was recipe {job.recipe_name!r}'s job (advice for this one, not a term)"
     return None
 
 
+def _calibration_text(c: dict) -> str:
+    return f"+{_gib(int(c.get('fixed_gap_bytes') or 0))} GiB and {float(c.get('per_scaling') or 0):.3g} x activations"
+
+
+def _age_days(created_at: str | None, now: datetime) -> float | None:
+    try:
+        t = datetime.fromisoformat(str(created_at).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return (now - t).total_seconds() / 86400
+
+
 def learned_calibration(cluster: str, partition: str, model: tuple[str, int], seq_len: int,
-                        path: Path | None = None) -> dict | None:
+                        path: Path | None = None, recipe_name: str | None = None,
+                        gpu_bytes: int | None = None) -> dict | None:
     """`calibration_for` from the history file (read-only; None without one or when it cannot
     be read: a plan never fails for it)."""
     path = history_path() if path is None else Path(path)
@@ -149,7 +207,7 @@ def learned_calibration(cluster: str, partition: str, model: tuple[str, int], se
     from jobctl.store.history import HistoryError  # sqlite: only when there is a history to read
 
     try:
-        return calibration_for(load(path, cluster), partition, model, seq_len)
+        return calibration_for(load(path, cluster), partition, model, seq_len, recipe_name, gpu_bytes)
     except (OSError, HistoryError):
         return None
 
@@ -218,6 +276,17 @@ def load(path: Path, cluster: str) -> list[PastJob]:
         job = _oom_job(r, cluster, children.get(r.id), identities)
         if job is not None:
             out.append(job)
+    # what refutes a calibration (calibration_for): completed jobs newer than a calibrated OOM, at
+    # most MAX_OOM_JOBS of them (each distinct recipe text is parsed once), none without such an OOM
+    calibrated = [j.id for j in out if j.calibration]
+    newer = [r for r in rows.get("completed", []) if calibrated and r.id > min(calibrated)][:MAX_OOM_JOBS]
+    for r in newer:
+        if r.recipe_hash not in identities:
+            identities[r.recipe_hash] = _recipe_identity(r.recipe_text)
+        model, seq_len = identities[r.recipe_hash]
+        out.append(PastJob(r.id, r.state.value, None, cluster, r.partition, {}, model, seq_len,
+                           r.predicted_peak_bytes, None, r.attempt, recipe_name=r.recipe_name,
+                           created_at=r.created_at))
     return out
 
 
@@ -257,7 +326,7 @@ def _oom_job(row, cluster: str, successor, identities: dict) -> PastJob | None:
     predicted = row.predicted_peak_bytes or (report.get("memory") or {}).get("total_bytes")
     return PastJob(row.id, row.state.value, row.failure_kind.value if row.failure_kind else None, cluster,
                    row.partition or report.get("partition"), plan, model, seq_len, predicted, None, row.attempt,
-                   successor, row.extra.get("calibration"))
+                   successor, row.extra.get("calibration"), row.recipe_name, row.created_at)
 
 
 def _recipe_identity(text: str) -> tuple[tuple[str, int] | None, int | None]:

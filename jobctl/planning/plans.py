@@ -6,7 +6,7 @@ This is the edge between files and the pure planner; `cli.plan` renders its resu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from jobctl import frameworks
 from jobctl.frameworks.base import LOW_PRECISIONS
@@ -42,9 +42,12 @@ def plan_on(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJECTIVE, expla
             report.objective_choice = objective_summary(w, tgt, cons, res, steps, every=explain)
         if best.learned:  # the evidence itself, so a chain that OOMs again builds on it
             report.learned["calibration"] = {k: v for k, v in best.learned.items() if k != "from"}
+        report.warnings = (report.warnings or []) + best.advice or None
         return report
     tips = suggestions(w, tgt, cons, res) if not res.reasons or res.considered else []
-    return no_fit(recipe_loaded, inv, res, res.reasons, tips, w)
+    report = no_fit(recipe_loaded, inv, res, res.reasons, tips, w)
+    report.warnings = (report.warnings or []) + best.advice or None
+    return report
 
 
 @dataclass
@@ -58,6 +61,7 @@ class _Best:
     result: object = None  # the SearchResult on that partition
     learned: dict | None = None  # the calibration applied on that partition
     missing_partition: str | None = None  # resources.partition is not in the inventory: why
+    advice: list = field(default_factory=list)  # calibrations of the history not applied, and why
 
 
 def _best_on(recipe, inv, objective: str, learn: bool, framework: str | None = None) -> _Best:
@@ -69,17 +73,18 @@ def _best_on(recipe, inv, objective: str, learn: bool, framework: str | None = N
     cons = inputs.constraints(recipe)
     steps = train_steps(recipe)
     found, first = [], None
-    for w, tgt, learned in _workloads(recipe, inv, parts, learn, framework):
+    for w, tgt, learned, advice in _workloads(recipe, inv, parts, learn, framework):
         res = search(w, tgt, cons, objective=objective, steps=steps)
         if res.best is not None:
-            found.append((res.best, w, tgt, res, learned))
+            found.append((res.best, w, tgt, res, learned, advice))
         elif first is None:
-            first = (w, tgt, res)
+            first = (w, tgt, res, None, advice)
     if found:
         order = rank([f[0] for f in found], objective)
-        _, w, tgt, res, learned = next(f for f in found if f[0] is order[0])
-        return _Best(True, w, tgt, res, learned)
-    return _Best(False, *first)
+        _, w, tgt, res, learned, advice = next(f for f in found if f[0] is order[0])
+        return _Best(True, w, tgt, res, learned, advice=advice)
+    w, tgt, res, _, advice = first
+    return _Best(False, w, tgt, res, advice=advice)
 
 
 def _partitions(recipe, inv) -> list | str:
@@ -101,16 +106,18 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
     for part in parts:
         tgt = inputs.target(inv, part, recipe.train.precision)
         w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, formats=tgt.gpu.formats)
-        learned = None
+        learned, advice = None, []
         if learn:
             identity = identity or (w.model.name, w.model.params())
-            learned = learned_calibration(inv.name, part.name, identity, w.seq_len)
+            learned = learned_calibration(inv.name, part.name, identity, w.seq_len, recipe_name=recipe.name,
+                                          gpu_bytes=tgt.gpu_memory_bytes)
+            advice = (learned or {}).pop("advice", [])
             if learned:
                 w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, learned=learned,
                                     formats=tgt.gpu.formats)
         if framework is not None:
             w = replace(w, framework=frameworks.get(framework))
-        yield w, tgt, learned
+        yield w, tgt, learned, advice
 
 
 def _model_info(w) -> dict:

@@ -470,6 +470,9 @@ def _recent_jobs(path, cluster, recent, failure_kind, max_failed, finished_state
             f"""SELECT * FROM jobs WHERE {window} AND state IN ({", ".join("?" * len(states))})
                 AND predicted_peak_bytes > 0 AND measured_peak_bytes > 0 ORDER BY id DESC LIMIT ?""",
             (recent, cluster, *states, max_finished)).fetchall()
+        completed = db.execute(
+            f"""SELECT * FROM jobs WHERE {window} AND state = ? AND predicted_peak_bytes > 0
+                ORDER BY id DESC LIMIT ?""", (recent, cluster, JobState.COMPLETED.value, max_finished)).fetchall()
         children = []
         if failed:
             ids = [r["id"] for r in failed]
@@ -478,7 +481,8 @@ def _recent_jobs(path, cluster, recent, failure_kind, max_failed, finished_state
     finally:
         db.close()
     return {"failed": [JobRecord._from_row(r) for r in failed], "finished": [JobRecord._from_row(r) for r in finished],
-            "children": [JobRecord._from_row(r) for r in children]}
+            "children": [JobRecord._from_row(r) for r in children],
+            "completed": [JobRecord._from_row(r) for r in completed]}
 
 
 class _WriteTransaction:
