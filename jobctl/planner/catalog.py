@@ -48,6 +48,12 @@ class GPUSpec:
             return ("fp8", "mxfp8", "nvfp4")
         return ("fp8",) if self.fp8_tflops else ()
 
+    def low_precision_tflops(self, precision: str) -> float:
+        """The dense peak of a low-precision format: FP8 for fp8 and mxfp8, FP4 for nvfp4."""
+        if precision == "nvfp4":
+            return self.fp4_tflops or 0.0
+        return (self.fp8_tflops or 0.0) if precision in ("fp8", "mxfp8") else 0.0
+
     def peak_tflops(self, precision: str) -> float:
         """Peak dense tensor throughput for a precision recipe (fp32 runs on TF32 units)."""
         if precision.startswith("bf16") or precision in LOW_PRECISIONS:

@@ -8,7 +8,7 @@ from jobctl import frameworks
 from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Training, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
-from jobctl.planner.perf import Links, gemm_ceiling
+from jobctl.planner.perf import Links, gemm_ceiling, low_precision_ceiling
 from jobctl.planner.search import Constraints, Target
 
 
@@ -88,10 +88,12 @@ def links(partition, gpu, precision: str) -> Links:
         inter = partition.inter_node_gbit_per_node / 8 / partition.gpus_per_node
     else:
         inter = gpu.inter_node_gbit / 8
+    low = low_precision_ceiling(gpu.key, precision)
     return Links(
         intra_node_gbs=partition.intra_node_gbs or gpu.intra_node_gbs, inter_node_gbs=inter,
         pcie_gbs=partition.pcie_gbs or gpu.pcie_gbs, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs,
         peak_tflops=gpu.peak_tflops(precision), gemm_efficiency=gemm_ceiling(gpu.key),
+        low_tflops=gpu.low_precision_tflops(precision) if low else 0.0, low_efficiency=low,
     )
 
 

@@ -28,6 +28,12 @@ GEMM_EFFICIENCY = 0.67
 # "check" half and docs/step-time-accuracy.md show how it holds). Hopper's dense peak is
 # harder to approach than Ampere's: the same training code reaches a lower fraction of it.
 GEMM_EFFICIENCY_BY_GPU = {"a100": 0.80, "h100": 0.55, "h200": 0.55}
+# The layers' linear GEMMs under a low-precision recipe (Transformer Engine's fp8, mxfp8,
+# nvfp4; attention and the output layer stay in BF16) reach this fraction of the format's dense
+# peak, per GPU generation and format, casts and scaling included; fitted like the above on the
+# "fit" half of benchmarks/data/published_throughput_2025.yaml. A pair not here is timed at the
+# BF16 rate (no speed-up promised that was not measured), and the plan says so.
+LOW_PRECISION_GEMM_EFFICIENCY: dict[tuple[str, str], float] = {}
 # Small GEMMs cannot fill the GPU: efficiency x/(x + x0) with x = tokens·hidden/tp of the
 # activation tile (one saturation constant, fitted: 2^18 elements halves efficiency at ~256k).
 GEMM_SATURATION_ELEMS = 1 << 18
@@ -91,6 +97,9 @@ class Links:
     mem_bandwidth_gbs: float
     peak_tflops: float
     gemm_efficiency: float = 0.0  # 0: GEMM_EFFICIENCY; else the GPU's own (GEMM_EFFICIENCY_BY_GPU)
+    # the layers' GEMMs in a low-precision format: its dense peak and fitted efficiency (0: BF16)
+    low_tflops: float = 0.0
+    low_efficiency: float = 0.0
 
     def __hash__(self) -> int:  # a key of the per-layer cost cache: hashed once
         h = self.__dict__.get("_hash")
@@ -148,6 +157,11 @@ def gemm_efficiency(tile_elems: float, ceiling: float = 0.0) -> float:
 def gemm_ceiling(gpu_key: str) -> float:
     """The large-GEMM efficiency of a GPU: its own where fitted, else GEMM_EFFICIENCY."""
     return GEMM_EFFICIENCY_BY_GPU.get(gpu_key.split("-")[0], GEMM_EFFICIENCY)
+
+
+def low_precision_ceiling(gpu_key: str, precision: str) -> float:
+    """The fitted large-GEMM efficiency of a low-precision format on a GPU, or 0 (not fitted)."""
+    return LOW_PRECISION_GEMM_EFFICIENCY.get((gpu_key.split("-")[0], precision), 0.0)
 
 
 def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float, latency: float = 0.0) -> float:
@@ -302,7 +316,12 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     eff = gemm_efficiency(tokens_rank * h / t, links.gemm_efficiency)
     chunk = s / (2 * c) if c > 1 else s
     att_eff = ATTENTION_EFFICIENCY * chunk / (chunk + ATTENTION_SATURATION_TOKENS)
-    layer_compute = fwd_gemm * passes_gemm / (peak * eff) + fwd_attn * passes_attn / (peak * att_eff)
+    if links.low_tflops:  # fp8/mxfp8/nvfp4 GEMMs at the format's rate; attention stays BF16
+        gemm_s = fwd_gemm * passes_gemm / (links.low_tflops * 1e12 * gemm_efficiency(tokens_rank * h / t,
+                                                                                    links.low_efficiency))
+    else:
+        gemm_s = fwd_gemm * passes_gemm / (peak * eff)
+    layer_compute = gemm_s + fwd_attn * passes_attn / (peak * att_eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
     membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank * (1 + rc / 3)
     if attention == "eager":

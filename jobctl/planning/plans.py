@@ -149,7 +149,7 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         result=res, workload=w)
     if w.overheads.learned_from:
         report.learned = learned_block(w)
-    report.warnings = plan_warnings(recipe_loaded.value, w) or None
+    report.warnings = plan_warnings(recipe_loaded.value, w, t.links) or None
     if explain:
         report.explain = explain_search(res)
         report.explain["memory_checks"] = memory_checks(w, best.plan, memory["terms"])
@@ -157,15 +157,15 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
     return report
 
 
-def plan_warnings(recipe, w) -> list[str]:
+def plan_warnings(recipe, w, links=None) -> list[str]:
     """What the user should know before trusting the numbers: a low precision whose speed is not
     fitted yet, and the release of the framework the recipe declares (framework.version) when
     jobctl renders it for another."""
     out = []
-    if w.precision in LOW_PRECISIONS:
-        out.append(f"{w.precision}: the step time counts the GEMMs at the BF16 rate until the {w.precision} "
-                   "efficiency is fitted on published runs (no speed-up is promised yet); the memory includes "
-                   f"Transformer Engine's {w.precision} weight copies")
+    if w.precision in LOW_PRECISIONS and not (links and links.low_tflops):
+        out.append(f"{w.precision}: the step time counts the GEMMs at the BF16 rate on this GPU until the "
+                   f"{w.precision} efficiency is fitted on published runs of it (no speed-up is promised yet); "
+                   f"the memory includes Transformer Engine's {w.precision} weight copies")
     caps = w.caps
     declared = None if isinstance(recipe.framework, str) else recipe.framework.version
     if not declared or not caps.versions:
