@@ -311,6 +311,7 @@ def test_job_environment_plan_values_derived_by_hand():
         "JOBCTL_PLAN": env["JOBCTL_PLAN"],  # checked below, as data
         "JOBCTL_RECIPE_NAME": "llama-test",
         "JOBCTL_SEQ_LEN": "4096",  # the recipe's train.seq_len (it gives no lr and no steps: those are not set)
+        "JOBCTL_PRECISION": "bf16-mixed",  # the recipe's train.precision (the default)
     }
     decoded = json.loads(env["JOBCTL_PLAN"])
     expected = {

@@ -88,8 +88,17 @@ def main(argv=None) -> int:
         print(f"hf_train: world {state.num_processes} type {state.distributed_type.value} "
               f"micro {args.per_device_train_batch_size} accum {args.gradient_accumulation_steps}", flush=True)
     trainer.train()
+    if torch.distributed.is_initialized():  # leave together: a rank that exits first aborts the other's gloo
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Leave without the interpreter's teardown: on CPU ranks under `accelerate launch` (static
+    # rendezvous) torch 2.13 sometimes aborts there ("terminate called without an active
+    # exception", a joinable store/gloo thread destroyed at exit) after training has ended.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
