@@ -34,9 +34,10 @@ def _choice(flag: str, value: str, allowed: tuple) -> None:
 
 def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0, num_gpus=1, optimizer="adamw",
               precision="bf16-mixed", zero_stage=0, framework="custom", offload="none", seq_len=None,
-              micro_batch_size=1, recompute="none") -> dict:
+              micro_batch_size=1, recompute="none", suggest: bool = True) -> dict:
     """`jobctl memory`: the model states (and, with --model and --seq-len, the activations) per
-    GPU, whether they fit, and what the usual rules of thumb get right or wrong here."""
+    GPU, whether they fit, and what the usual rules of thumb get right or wrong here (`suggest`:
+    with what would fit when it does not; the search for it asks without)."""
     asked = {"params": params, "model_size_gb": model_size_gb, "model": model, "gpu_memory_gb": gpu_memory_gb,
              "num_gpus": num_gpus, "optimizer": optimizer, "precision": precision, "zero_stage": zero_stage,
              "framework": framework, "offload": offload, "seq_len": seq_len,
@@ -69,7 +70,7 @@ def calculate(*, params=None, model_size_gb=None, model=None, gpu_memory_gb=80.0
     left = usable - total
     verdict = (f"fits: {total / GIB:.2f} GiB of {usable / GIB:.2f} GiB usable, {left / GIB:.2f} GiB left for activations"
                if fits else f"does not fit: needs {total / GIB:.2f} GiB, {usable / GIB:.2f} GiB usable "
-               f"({-left / GIB:.2f} GiB short); " + _what_fits(asked))
+               f"({-left / GIB:.2f} GiB short)" + (f"; {_what_fits(asked)}" if suggest else ""))
     headline = (f"{n / 1e9:.2f}B parameters, {precision}, {optimizer}, ZeRO stage {zero_stage} over {num_gpus} GPU(s), "
                 f"{framework}")
     return {"fits": fits, "params": n, "memory": mem, "notes": notes, "verdict": verdict, "headline": headline,
@@ -133,7 +134,7 @@ def _what_fits(asked: dict) -> str:
     on the same GPUs (the lowest that fits: ZeRO-1 before ZeRO-3, which also gathers weights),
     then optimizer offload, then ZeRO-3 over more GPUs (the fewest, by doubling)."""
     def fits(**change) -> float | None:
-        r = calculate(**{**asked, **change})
+        r = calculate(**{**asked, **change}, suggest=False)  # one level: each answer is a plain verdict
         m = r["memory"]
         return m["total_bytes"] / GIB if r["fits"] else None
 
