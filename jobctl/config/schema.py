@@ -257,6 +257,11 @@ class Partition(_Strict):
     # GPUs one NVLink domain spans, when it spans several nodes (a GB200 NVL72 rack: 72 GPUs, 4
     # per node); default: the catalog's for the GPU, else one node
     nvlink_domain_gpus: int | None = Field(default=None, gt=0, le=1 << 12)
+    # planning for failures (planner/resilience.py): a node's share of the file system's write
+    # bandwidth when all write their checkpoint shards (default 2 GB/s), and how often a node
+    # interrupts a job (default: the Llama 3 paper's 419 in 54 days on 2,048 nodes)
+    checkpoint_write_gbs_per_node: float | None = Field(default=None, gt=0, le=1e4)
+    interruptions_per_node_day: float | None = Field(default=None, ge=0, le=100)
 
     @model_validator(mode="after")
     def _domain(self):

@@ -110,6 +110,8 @@ def target(inventory, partition, precision: str = "bf16-mixed") -> Target:
         nodes=partition.nodes, host_mem_bytes=int(partition.mem_gib * GIB), gpu_memory_bytes=mem,
         links=links(partition, gpu, precision),
         domain_gpus=getattr(partition, "nvlink_domain_gpus", None) or gpu.nvlink_domain_gpus,
+        checkpoint_write_gbs_per_node=getattr(partition, "checkpoint_write_gbs_per_node", None),
+        interruptions_per_node_day=getattr(partition, "interruptions_per_node_day", None),
     )
 
 

@@ -59,6 +59,8 @@ class Target:
     gpu_memory_bytes: int
     links: Links | None = None
     domain_gpus: int = 0  # GPUs of one NVLink domain when it spans nodes (0: one node)
+    checkpoint_write_gbs_per_node: float | None = None  # planner/resilience.py (None: its default)
+    interruptions_per_node_day: float | None = None
 
     @property
     def total_gpus(self) -> int:

@@ -15,7 +15,8 @@ from jobctl.planner.advice import suggestions
 from jobctl.planner.catalog import GIB
 from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_summary, why_lost
 from jobctl.planner.explain import explain as explain_search
-from jobctl.planner.memory import estimate
+from jobctl.planner.memory import estimate, state_bytes
+from jobctl.planner.resilience import checkpoint_bytes, plan_for_failures
 from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
 from jobctl.planning.learn import learned_calibration
 from jobctl.planning.load import train_steps
@@ -149,12 +150,24 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         result=res, workload=w)
     if w.overheads.learned_from:
         report.learned = learned_block(w)
+    report.resilience = resilience_block(w, best.plan, best.estimate, t)
     report.warnings = plan_warnings(recipe_loaded.value, w, t.links) or None
     if explain:
         report.explain = explain_search(res)
         report.explain["memory_checks"] = memory_checks(w, best.plan, memory["terms"])
         report.explain["memory_evidence"] = MEMORY_EVIDENCE
     return report
+
+
+def resilience_block(w, plan, est, t) -> dict | None:
+    """Checkpoints and interruptions for a full training run (planner/resilience.py); None for
+    LoRA (its adapters are a small checkpoint) or without a step estimate."""
+    if w.method != "full" or est is None or not est.step_time_s:
+        return None
+    sb = state_bytes(w.framework, w.precision, w.optimizer)
+    size = checkpoint_bytes(w.model.params(), sb.weight, sb.master, sb.state_elem, w.optimizer)
+    return plan_for_failures(size, plan.nodes, est.step_time_s, est.time_to_train_s,
+                             t.checkpoint_write_gbs_per_node, t.interruptions_per_node_day).to_dict()
 
 
 def plan_warnings(recipe, w, links=None) -> list[str]:

@@ -18,7 +18,7 @@ _FIT_KEYS = ("recipe", "cluster", "partition", "gpu", "feasible", "objective", "
 _NO_FIT_KEYS = ("recipe", "cluster", "partition", "gpu", "feasible", "model", "plan", "memory", "closest",
                 "search", "reasons", "suggestions")
 # ... and the blocks added when there is something to say, in the order they come.
-_OPTIONAL_KEYS = ("learned", "explain", "objective_choice", "ladder", "history", "frameworks", "framework_advice",
+_OPTIONAL_KEYS = ("resilience", "learned", "explain", "objective_choice", "ladder", "history", "frameworks", "framework_advice",
                   "warnings")
 
 
@@ -46,6 +46,7 @@ class PlanReport:
     closest: dict | None = None
     # what the services add
     learned: dict | None = None  # the calibration an earlier OOM taught
+    resilience: dict | None = None  # checkpoints and interruptions (planner/resilience.py)
     explain: dict | None = None  # --explain: the whole decision
     objective_choice: dict | None = None
     ladder: dict | None = None  # after an OOM: which rung, why, the calibration

@@ -153,6 +153,9 @@ def _render_fit(report: dict, explain: bool) -> None:
     if est:
         for text in estimate_lines(est, gpus):
             para(text, style="bold")
+        line = resilience_line(report.get("resilience"))
+        if line:
+            para(line)
     why_not = report.get("why_not") or []
     if explain:
         for w in why_not:
@@ -191,6 +194,16 @@ def estimate_lines(est: dict, gpus: int) -> list[str]:
     if est.get("time_to_train_s"):
         out.append(f"{est['steps']:,} steps: {duration(est['time_to_train_s'])}, {est['gpu_hours']:,.0f} GPU-hours")
     return out
+
+
+def resilience_line(r: dict | None) -> str | None:
+    """Checkpoints and interruptions in one line (the JSON's "resilience" block has the rest)."""
+    if not r or not r.get("time_to_train_s"):
+        return None
+    size = r["checkpoint_bytes"] / 1e12
+    what = f"{size:.2f} TB" if size >= 0.1 else f"{r['checkpoint_bytes'] / 1e9:.1f} GB"
+    return (f"with failures (1/{r['mtbi_h']:,.0f} h): {duration(r['time_to_train_s'])}, goodput {r['goodput']:.0%}, "
+            f"{what} checkpoint / {r['interval_steps']:,} steps")
 
 
 def alternatives_lines(alts: list[dict], gpus: int) -> None:
