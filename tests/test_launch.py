@@ -510,3 +510,50 @@ def test_rdzv_port_is_stable_across_processes():
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout for seed in ("1", "2")}
     assert outs == {f"{rdzv_port('4242')} {rdzv_port('77_3')}\n"}
+
+
+# -- nodes kept out (issue 30) ---------------------------------------------------------------------
+
+
+def test_excluded_nodes_reach_sbatch_and_count_against_the_partition():
+    """PLAN uses 2 of the 16-node partition: excluding Slurm's range gpu[01-14] (14 nodes) leaves
+    exactly 2; one more name leaves 1, and the job would wait forever."""
+    inv = make_inventory()
+    ok = make_recipe(resources=Resources(exclude=["gpu[01-14]"]))
+    assert slurm_parameters(PLAN, ok, inv, inv.partitions[0])["exclude"] == "gpu[01-14]"
+    too_many = make_recipe(resources=Resources(exclude=["gpu[01-14]", "gpu15"]))
+    with pytest.raises(LaunchError) as e:
+        slurm_parameters(PLAN, too_many, inv, inv.partitions[0])
+    assert "keeps 15 of them out: 1 left" in e.value.message
+    assert "exclude" not in slurm_parameters(PLAN, make_recipe(), inv, inv.partitions[0])
+
+
+@pytest.mark.parametrize("name", ["node2;rm -rf /", "node 2", "-x", "node[1-2", "$(id)", "a" * 300])
+def test_an_excluded_node_name_is_a_node_name(name):
+    with pytest.raises(ValueError):
+        Resources(exclude=[name])
+
+
+def test_exclude_cannot_come_in_through_slurm_additional():
+    inv = make_inventory(slurm=SlurmOptions(additional={"exclude": "gpu01"}))
+    with pytest.raises(LaunchError) as e:
+        slurm_parameters(PLAN, make_recipe(), inv, inv.partitions[0])
+    assert "resources.exclude" in e.value.message
+
+
+def test_submit_keeps_the_job_off_an_excluded_node(slurm_cluster, tmp_path):
+    """On the dev cluster's two nodes: --exclude node1 runs the 1-node job on node2 (as Slurm's
+    accounting says), and excluding both refuses the job before Slurm sees it."""
+    import os
+
+    from jobctl_run import history_rows, jobctl
+
+    env = {"JOBCTL_HOME": str(tmp_path / "home")}
+    r = jobctl("submit", "recipes/tiny.yaml", "--cluster", "dev", "--exclude", "node1", "--wait", env=env)
+    assert r.returncode == 0, r.stderr
+    (row,) = history_rows(tmp_path / "home")
+    acct = subprocess.run(["sacct", "-j", row["scheduler_job_id"], "-n", "-P", "-X", "-o", "NodeList"],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=60)
+    assert acct.stdout.strip() == "node2", acct.stdout + acct.stderr
+    r = jobctl("submit", "recipes/tiny.yaml", "--cluster", "dev", "--exclude", "node[1-2]", "--dry-run", env=env)
+    assert r.returncode != 0 and "0 left, so the job would wait forever" in r.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import itertools
 import re
 
@@ -55,6 +57,9 @@ def add_arguments(p) -> None:
     p.add_argument("--token", metavar="TOKEN",
                    help="idempotency token: a submission with a token already used returns that job (default: new)")
     p.add_argument("--sync", metavar="DIR", help="remote clusters: upload this working tree and run the job in it")
+    p.add_argument("--exclude", metavar="NODES", action="append", default=[],
+                   help="keep the job off these nodes (names or Slurm ranges, comma-separated; repeatable): "
+                        "sets the recipe's resources.exclude")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON on stdout")
 
 
@@ -72,7 +77,8 @@ def run(args) -> int:
                          hint="run the job from this directory instead (its command runs where jobctl is started)")
     token = submission_token(args.token)
     with ui.progress(f"planning {args.recipe} on {inv.value.name}") as shown:
-        req = prepare_request(args.recipe, args.overrides, args.sweep, inv, policy, args.objective,
+        req = prepare_request(args.recipe, args.overrides + _exclude_overrides(args.exclude), args.sweep, inv, policy,
+                              args.objective,
                               loaded=ui.notes, planning=shown.update)
     if req.no_fit is not None:
         ui.print_json(req.no_fit.to_dict()) if args.as_json else ui.render_plan(req.no_fit.to_dict())
@@ -99,3 +105,21 @@ def run(args) -> int:
         for r in results:  # a remote job's folder: where it is on the login node
             ui.line(f"#{r['id']}\t{r['scheduler_job_id']}\t{r.get('remote_folder') or r['job_folder']}")
     return code
+
+
+def _exclude_overrides(values: list[str]) -> list[str]:
+    """`--exclude a,b[1-3]` as an override of resources.exclude (it replaces the recipe's list);
+    each name is then checked by the recipe schema like one written in the file."""
+    names = []
+    for value in values:
+        depth, item = 0, ""
+        for ch in value:  # commas inside a Slurm range belong to it
+            depth += {"[": 1, "]": -1}.get(ch, 0)
+            if ch == "," and depth == 0:
+                names.append(item.strip())
+                item = ""
+            else:
+                item += ch
+        names.append(item.strip())
+    names = [n for n in names if n]
+    return [f"resources.exclude=[{','.join(json.dumps(n) for n in names)}]"] if names else []

@@ -7,13 +7,13 @@ planner, plain frozen dataclasses are used instead (see planner/).
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
 # pydantic scans every installed distribution's entry points for plugins on first use
 # (~10 ms here); jobctl uses none. Set the variable yourself to keep plugins enabled.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 Auto = Literal["auto"]
 Optimizer = Literal["adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum"]
@@ -170,10 +170,16 @@ class MemoryKnobs(_Strict):
     host_reserve_gib: float | None = Field(default=None, ge=0, le=1 << 16)
 
 
+NODE_LIST = r"^[A-Za-z0-9][A-Za-z0-9._\-]*(\[[0-9,\-]+\][A-Za-z0-9._\-]*)?$"  # a name or a Slurm range
+
+
 class Resources(_Strict):
     time: str | None = None  # Slurm time limit, e.g. "04:00:00" or "2-00:00:00"
     max_nodes: int | None = Field(default=None, gt=0)
     nodes: int | None = Field(default=None, gt=0, description="exactly this many whole nodes")
+    # nodes the job must not run on (sbatch --exclude): names or Slurm ranges such as gpu[03-05]
+    exclude: list[Annotated[str, StringConstraints(pattern=NODE_LIST, max_length=256)]] = Field(
+        default_factory=list, max_length=4096)
 
     @model_validator(mode="after")
     def _nodes_within_max(self):

@@ -30,7 +30,7 @@ _RESERVED_SBATCH = {
     "cpus_per_task": "the partition's cpus_per_node", "mem": "the partition's mem_gib",
     "mem_per_cpu": "the partition's mem_gib", "mem_per_gpu": "the partition's mem_gib",
     "time": "recipe resources.time", "account": "slurm.account", "qos": "slurm.qos",
-    "constraint": "slurm.constraint", "gres": "slurm.gres",
+    "constraint": "slurm.constraint", "gres": "slurm.gres", "exclude": "recipe resources.exclude",
     "output": "submitit (the job folder)", "error": "submitit (the job folder)",
     "open_mode": "submitit", "signal": "submitit", "array": "submitit",
 }
@@ -62,6 +62,9 @@ def slurm_parameters(plan: Plan, recipe: Any, inventory: Any, partition: Any) ->
         "mem": _mem(_share(partition.mem_gib, plan, partition)),
         "time": _time_min(recipe, partition),
     }
+    exclude = list(getattr(getattr(recipe, "resources", None), "exclude", None) or [])
+    if exclude:
+        params["exclude"] = ",".join(exclude)
     gres = getattr(slurm, "gres", None)
     if gpu_partition:
         gres_gpus = None if gres is None else _gres_gpu_count(gres)
@@ -124,12 +127,24 @@ def _check_fits(plan: Any, recipe: Any, inventory: Any, partition: Any) -> None:
     if exact is not None and (plan.nodes != exact or plan.gpus_per_node != partition.gpus_per_node):
         problems.append(f"the plan uses {plan.world_size} GPUs; the recipe asks for resources.nodes={exact} "
                         f"whole nodes ({exact * partition.gpus_per_node} GPUs)")
+    excluded = _excluded_nodes(getattr(resources, "exclude", None) or [])
+    if excluded and plan.nodes > partition.nodes - excluded:
+        problems.append(f"the plan uses {plan.nodes} nodes; {where} has {partition.nodes}, and resources.exclude "
+                        f"keeps {excluded} of them out: {max(0, partition.nodes - excluded)} left, so the job would "
+                        "wait forever")
     wanted = getattr(resources, "partition", None)
     if wanted is not None and wanted != partition.name:
         problems.append(f"the recipe asks for resources.partition={wanted!r}, not {partition.name!r}")
     if problems:
         raise LaunchError("the plan does not fit the job request:\n  " + "\n  ".join(problems),
                           hint="Plan again for this cluster (`jobctl plan RECIPE --cluster NAME`).")
+
+
+def _excluded_nodes(names: list[str]) -> int:
+    """How many nodes resources.exclude names (Slurm ranges expanded, each counted once)."""
+    from jobctl.backends.discover import expand_hostlist
+
+    return len(set(expand_hostlist(",".join(names)))) if names else 0
 
 
 def _share(amount, plan: Any, partition: Any, whole=None):
