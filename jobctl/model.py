@@ -196,6 +196,7 @@ class FailureKind(StrEnum):
     PREEMPTED = "PREEMPTED"
     NODE_FAIL = "NODE_FAIL"
     NCCL = "NCCL"
+    HARDWARE = "HARDWARE"  # a GPU or node fault the driver or CUDA reported (Xid, uncorrectable ECC)
     CANCELLED = "CANCELLED"
     USER_ERROR = "USER_ERROR"
 
@@ -224,6 +225,9 @@ RETRY_TABLE: Mapping[FailureKind, RetryAction] = {
     FailureKind.PREEMPTED: RetryAction.REQUEUE,
     FailureKind.NODE_FAIL: RetryAction.REQUEUE,
     FailureKind.NCCL: RetryAction.NONE,
+    # the same plan on the same node would meet the same fault: a person (or a submission with
+    # that node excluded, `submit --exclude`) decides what follows
+    FailureKind.HARDWARE: RetryAction.NONE,
     FailureKind.CANCELLED: RetryAction.NONE,
     FailureKind.USER_ERROR: RetryAction.NONE,
 }

@@ -22,6 +22,7 @@ def test_the_retry_table_is_the_architecture_decision():
     expected = {
         "COMPLETED": "none", "CUDA_OOM": "ladder", "HOST_OOM": "host", "TIMEOUT": "requeue",
         "PREEMPTED": "requeue", "NODE_FAIL": "requeue", "NCCL": "none", "CANCELLED": "none", "USER_ERROR": "none",
+        "HARDWARE": "none",  # issue 30: the same node fails the same way; exclude it and submit again
     }
     assert {k.value: a.value for k, a in RETRY_TABLE.items()} == expected
     assert set(RETRY_TABLE) == set(FailureKind)  # every kind has an answer

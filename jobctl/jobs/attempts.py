@@ -21,7 +21,7 @@ from jobctl.store.folder import JobFolder
 # kinds (runtime/classify.py FailureKind), then scheduler states for jobs without records.
 FAILURE_WORDS = {
     "CUDA_OOM": "OOM", "HOST_OOM": "host OOM", "TIMEOUT": "timeout", "PREEMPTED": "preempted",
-    "NODE_FAIL": "node failure", "NCCL": "NCCL error", "CANCELLED": "cancelled", "USER_ERROR": "error",
+    "NODE_FAIL": "node failure", "NCCL": "NCCL error", "HARDWARE": "hardware fault", "CANCELLED": "cancelled", "USER_ERROR": "error",
     # Slurm's OUT_OF_MEMORY is the cgroup's oom_kill counter: host memory (classify.py, rule 5)
     "OUT_OF_MEMORY": "host OOM", "FAILED": "failed", "BOOT_FAIL": "boot failure", "DEADLINE": "deadline",
     "SUBMIT_FAILED": "not submitted",

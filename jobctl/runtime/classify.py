@@ -18,7 +18,7 @@
    (--kill-on-bad-exit), so it follows real failures.
 4. Exit code 0 (no signal, state not FAILED/OUT_OF_MEMORY): COMPLETED, whatever the log
    says; an OOM in the log was caught and recovered from.
-5. Evidence, strongest kind first: CUDA_OOM > HOST_OOM > NCCL.
+5. Evidence, strongest kind first: CUDA_OOM > HOST_OOM > HARDWARE > NCCL.
    - CUDA_OOM first, because its message is the failing process's own report, with the
      figures the OOM ladder needs, while host-OOM kills often come during the teardown
      after it. A Slurm OUT_OF_MEMORY state (reason OutOfMemory) comes from the cgroup's
@@ -34,6 +34,9 @@
      ChildFailedError summary ("exitcode : 1 ... error_file: <N/A>") at the end does not
      hide an OOM raised further up. The evidence is the earliest matching line: the first
      rank to fail, not the echoes.
+   - HARDWARE: the GPU driver's fatal Xid events, CUDA's "uncorrectable ECC error
+     encountered", a GPU "fallen off the bus" / "GPU is lost". It beats NCCL for the same
+     reason as an OOM: the peers of a rank whose GPU failed report NCCL errors after it.
    - Weak host-OOM evidence ("oom-kill", "oom_kill" anywhere) counts only when the job was
      killed by SIGKILL (signal 9, exit 137, or torchrun's "Signal 9 (SIGKILL)").
 6. Anything else: USER_ERROR (a bug, a bad config, a missing file), with the last Python
@@ -196,6 +199,20 @@ _HOST_OOM_WEAK = (
     _rule(_K.HOST_OOM, tuple(f"{oom}{sep}{kill}" for oom in ("oom", "OOM") for sep in "-_"
                              for kill in ("kill", "Kill", "KILL")),
           None, "the OOM killer acted and the job was SIGKILLed"),
+)
+# NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors): the events that mean the GPU, its
+# memory or its links failed, as opposed to an application's fault (Xid 13, 31, 43)
+FATAL_XIDS = {48: "double-bit ECC error", 74: "NVLink error", 79: "GPU has fallen off the bus",
+              92: "high single-bit ECC error rate", 94: "contained ECC error", 95: "uncontained ECC error",
+              119: "GSP RPC timeout", 120: "GSP error"}
+_HARDWARE = (
+    # the driver's kernel message "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."
+    _rule(_K.HARDWARE, "NVRM: Xid", r"NVRM: Xid \(PCI:[0-9A-Fa-f:.]+\): (?:" +
+          "|".join(map(str, FATAL_XIDS)) + r")\b", "the GPU driver reported a fatal Xid event"),
+    # cudaGetErrorString(cudaErrorECCUncorrectable), as PyTorch prints it ("CUDA error: ...")
+    _rule(_K.HARDWARE, "uncorrectable ECC error encountered", None, "CUDA reported an uncorrectable ECC error"),
+    # Xid 79's text, and nvidia-smi's "Unable to determine the device handle for GPU...: GPU is lost"
+    _rule(_K.HARDWARE, ("fallen off the bus", "GPU is lost"), None, "a GPU fell off the bus"),
 )
 _NCCL = (
     # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp and NCCLUtils.hpp; NCCL's ncclGetErrorString (src/init.cc)
@@ -404,6 +421,9 @@ def classify(exit_code: int | None, signal: int | None = None, slurm_state: str 
         return _failure(FailureKind.HOST_OOM, "HOST_OOM: Slurm's cgroup saw an OOM kill", evidence)
     killed = sig == _signal.SIGKILL or _earliest(text, _SIGKILL_IN_LOG) is not None
     found = _earliest(text, _HOST_OOM_WEAK) if killed else None
+    if found:
+        return _from_log(text, *found)
+    found = _earliest(text, _HARDWARE)
     if found:
         return _from_log(text, *found)
     found = _earliest(text, _NCCL)

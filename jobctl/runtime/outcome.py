@@ -16,7 +16,7 @@ OUTCOME_WAIT_S = 120.0  # how long the first node waits for the other nodes' out
 LOG_TAIL_BYTES = 4 << 20  # the classifier reads the end of each node's log
 # When several nodes failed, the job's failure is the first kind here that any node saw: an
 # OOM anywhere is the cause (the other ranks then fail in NCCL or are killed).
-PRECEDENCE = (FailureKind.CUDA_OOM, FailureKind.HOST_OOM, FailureKind.NCCL, FailureKind.NODE_FAIL,
+PRECEDENCE = (FailureKind.CUDA_OOM, FailureKind.HOST_OOM, FailureKind.HARDWARE, FailureKind.NCCL, FailureKind.NODE_FAIL,
               FailureKind.TIMEOUT, FailureKind.PREEMPTED)
 
 
