@@ -102,23 +102,8 @@ def test_the_dry_runs_json_keeps_one_entry_per_node(home):
 
 @pytest.mark.parametrize("name", ["history", "plan-llama70b-h100"])
 def test_on_a_terminal_the_same_text_comes_with_colour(name, home):
-    master, slave = pty.openpty()
     env = dict(g.env(home), COLUMNS="80", TERM="xterm-256color")
-    p = subprocess.Popen([sys.executable, "-m", "jobctl", *g.COMMANDS[name]], cwd=g.ROOT, env=env,
-                         stdout=slave, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    os.close(slave)
-    raw = b""
-    while True:
-        try:
-            chunk = os.read(master, 1 << 16)
-        except OSError:  # the child closed the terminal
-            break
-        if not chunk:
-            break
-        raw += chunk
-    assert p.wait(timeout=300) == 0
-    os.close(master)
-    shown = raw.decode().replace("\r\n", "\n")
+    shown = _on_a_terminal(g.COMMANDS[name], env, "stdout").replace("\r\n", "\n")
     assert ANSI.search(shown), "no colour on a terminal"
     assert g.normalise(ANSI.sub("", shown), home) == golden(name)
 
@@ -138,15 +123,22 @@ def _stderr_of(argv: list[str], home, *, terminal: bool, delay: str) -> str:
                            text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         return r.stderr
+    return _on_a_terminal(argv, env, "stderr")
+
+
+def _on_a_terminal(argv: list[str], env: dict, stream: str) -> str:
+    """What `jobctl ARGV` writes to `stream` when that stream is a terminal (a pty), the other
+    one going nowhere; the command must succeed."""
     master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "jobctl", *argv], cwd=g.ROOT, env=env, stdout=subprocess.DEVNULL,
-                         stderr=slave, stdin=subprocess.DEVNULL)
+    streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, stream: slave}
+    p = subprocess.Popen([sys.executable, "-m", "jobctl", *argv], cwd=g.ROOT, env=env, stdin=subprocess.DEVNULL,
+                         **streams)
     os.close(slave)
     raw = b""
     while True:
         try:
             chunk = os.read(master, 1 << 16)
-        except OSError:
+        except OSError:  # the child closed the terminal
             break
         if not chunk:
             break

@@ -294,6 +294,13 @@ def expand_hostlist(expr: str, limit: int = MAX_HOSTS) -> list[str]:
     """Slurm's hostlist syntax ("gb[001-018,020],login1") as names; more than `limit` names, a
     bracket left open or a range backwards is a DiscoveryError (scheduler output is input)."""
     out: list[str] = []
+    for item in split_hostlist(expr):
+        out += _expand_item(item, limit - len(out))
+    return out
+
+
+def split_hostlist(expr: str) -> list[str]:
+    """A host list's items, split at the commas outside brackets ("a,b[1-3,7]" -> a, b[1-3,7])."""
     depth, start = 0, 0
     items = []
     for i, ch in enumerate(expr + ","):
@@ -308,9 +315,7 @@ def expand_hostlist(expr: str, limit: int = MAX_HOSTS) -> list[str]:
             raise DiscoveryError(f"cannot read the host list {expr[:200]!r}: nested brackets")
     if depth:
         raise DiscoveryError(f"cannot read the host list {expr[:200]!r}: a bracket is not closed")
-    for item in filter(None, (x.strip() for x in items)):
-        out += _expand_item(item, limit - len(out))
-    return out
+    return [x.strip() for x in items if x.strip()]
 
 
 def _expand_item(item: str, room: int) -> list[str]:

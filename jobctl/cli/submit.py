@@ -110,16 +110,10 @@ def run(args) -> int:
 def _exclude_overrides(values: list[str]) -> list[str]:
     """`--exclude a,b[1-3]` as an override of resources.exclude (it replaces the recipe's list);
     each name is then checked by the recipe schema like one written in the file."""
-    names = []
-    for value in values:
-        depth, item = 0, ""
-        for ch in value:  # commas inside a Slurm range belong to it
-            depth += {"[": 1, "]": -1}.get(ch, 0)
-            if ch == "," and depth == 0:
-                names.append(item.strip())
-                item = ""
-            else:
-                item += ch
-        names.append(item.strip())
-    names = [n for n in names if n]
+    from jobctl.backends.discover import DiscoveryError, split_hostlist
+
+    try:
+        names = [n for value in values for n in split_hostlist(value)]  # commas inside a range belong to it
+    except DiscoveryError as e:
+        raise UsageError(f"--exclude: {e.message}", hint="e.g. --exclude gpu07 or --exclude 'gpu[03-05],gpu09'") from None
     return [f"resources.exclude=[{','.join(json.dumps(n) for n in names)}]"] if names else []

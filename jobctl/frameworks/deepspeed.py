@@ -172,16 +172,18 @@ def render(plan, w) -> Rendered:
         notes.append("no optimizer block: " + ("train.lr is not set" if w.training.lr is None else
                      f"DeepSpeed builds no {w.optimizer}") + "; the script passes its own optimizer to "
                      "deepspeed.initialize (ZeRO-Offload refuses one: zero_force_ds_cpu_optimizer)")
-    hf = ("--deepspeed", file_path(CONFIG_FILE), *hf_training_args(plan, w))
+    # the Trainer wraps a plain module with deepspeed.initialize; only a PipelineModule gets the
+    # pipeline engine, so a pp > 1 plan has no Trainer arguments
+    hf: tuple[str, ...] = ()
+    if plan.pp == 1:
+        hf = ("--deepspeed", file_path(CONFIG_FILE), *hf_training_args(plan, w),
+              *(("--gradient_checkpointing",) if plan.recompute == "full" else ()))
     if plan.recompute == "full":
-        hf += ("--gradient_checkpointing",)
         notes.append("recompute=full: ${framework.hf_args} turns on the Trainer's --gradient_checkpointing, the file "
                      "a PipelineModule's (pipeline.activation_checkpoint_interval 1; give it checkpointable_layers=[your block "
                      "class] so the embedding is not checkpointed); a script of your own checkpoints "
                      "its layers itself (JOBCTL_RECOMPUTE=full says so in the job)")
     if plan.pp > 1:
-        # the Trainer wraps a plain module with deepspeed.initialize; only a PipelineModule gets the pipeline engine
-        hf = ()
         notes.append(f"pp={plan.pp}: build the model as deepspeed.pipe.PipelineModule(num_stages=JOBCTL_PP) in a "
                      "script of your own; HF Trainer does not drive DeepSpeed's pipeline engine (no hf_args)")
     return Rendered(CAPS.name, ("--deepspeed", "--deepspeed_config", file_path(CONFIG_FILE)),

@@ -30,10 +30,6 @@ CHECKPOINT_WRITE_GBS_PER_NODE = 2.0
 # Requeue, start-up (NCCL set-up, the first step's compilation and allocation) and loading the
 # checkpoint back: the stated default cost of one interruption beyond the lost work.
 RESTART_S = 600.0
-# Optimizer state elements per trained parameter (planner.memory.states optimizer_state_elements
-# for matrices; adafactor's factored moments are counted as nothing here).
-STATES_PER_PARAM = {"adamw": 2, "adam8bit": 2, "lion": 1, "sgd-momentum": 1, "adam-mini": 1, "sgd": 0,
-                    "adafactor": 0}
 
 
 @dataclass(frozen=True)
@@ -57,11 +53,12 @@ class Resilience:
                 "time_to_train_s": None if self.time_to_train_s is None else round(self.time_to_train_s, 1)}
 
 
-def checkpoint_bytes(trained_params: float, weight_b: float, master_b: float, state_elem_b: float,
-                     optimizer: str) -> float:
+def checkpoint_bytes(trained_params: float, weight_b: float, master_b: float, state_elems: float,
+                     state_elem_b: float) -> float:
     """Each model state written once (distributed checkpoints save every shard, replicas once):
-    the weights, the fp32 master copy and the optimizer states; gradients are not saved."""
-    return trained_params * (weight_b + master_b + STATES_PER_PARAM.get(optimizer, 2) * state_elem_b)
+    the weights, the fp32 master copy and the optimizer's `state_elems` elements (the memory
+    model's count for the whole model); gradients are not saved."""
+    return trained_params * (weight_b + master_b) + state_elems * state_elem_b
 
 
 def plan_for_failures(ckpt_bytes: float, nodes: int, step_s: float, time_to_train_s: float | None,

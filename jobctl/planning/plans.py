@@ -15,7 +15,7 @@ from jobctl.planner.advice import suggestions
 from jobctl.planner.catalog import GIB
 from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_summary, why_lost
 from jobctl.planner.explain import explain as explain_search
-from jobctl.planner.memory import estimate, state_bytes
+from jobctl.planner.memory import estimate, model_state_elements, state_bytes
 from jobctl.planner.resilience import checkpoint_bytes, plan_for_failures
 from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
 from jobctl.planning.learn import learned_calibration
@@ -165,7 +165,7 @@ def resilience_block(w, plan, est, t) -> dict | None:
     if w.method != "full" or est is None or not est.step_time_s:
         return None
     sb = state_bytes(w.framework, w.precision, w.optimizer)
-    size = checkpoint_bytes(w.model.params(), sb.weight, sb.master, sb.state_elem, w.optimizer)
+    size = checkpoint_bytes(w.model.params(), sb.weight, sb.master, model_state_elements(w), sb.state_elem)
     return plan_for_failures(size, plan.nodes, est.step_time_s, est.time_to_train_s,
                              t.checkpoint_write_gbs_per_node, t.interruptions_per_node_day).to_dict()
 

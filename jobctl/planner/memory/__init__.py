@@ -41,6 +41,7 @@ from jobctl.planner.memory.states import (
     StateBytes,
     add_model_states,
     lora_params_per_layer,
+    model_state_elements,
     model_state_terms,
     optimizer_state_elements,
     state_bytes,
@@ -61,7 +62,7 @@ __all__ = [
     "BNB_BLOCK", "DEEPSPEED_REDUCE_BUCKET_ELEMS", "FSDP2_ALLOCATOR_TERMS", "GIB", "MemoryBreakdown",
     "Overheads", "QLORA_WEIGHT_BYTES", "StateBytes", "Term", "Training", "Workload", "_stage_matrices",
     "add_model_states", "estimate", "estimate_stage", "framework_vocab", "layer_activation_bytes",
-    "layer_activation_terms", "logits_bytes_per_elem", "lora_params_per_layer", "model_state_terms",
+    "layer_activation_terms", "logits_bytes_per_elem", "lora_params_per_layer", "model_state_elements", "model_state_terms",
     "optimizer_state_elements", "pipeline_in_flight", "recomputed_layers", "stage_layers", "state_bytes",
     "stored_layer_bytes",
 ]

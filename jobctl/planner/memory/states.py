@@ -198,6 +198,11 @@ def _state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: in
     return tuple(items)
 
 
+def model_state_elements(w: Workload) -> float:
+    """Optimizer-state elements of the whole model, unsharded (what a checkpoint holds)."""
+    return _stage_state_elements(w, 1, 1, "only")
+
+
 @lru_cache(maxsize=4096)
 def _stage_state_elements(w: Workload, tp: int, pp: int, stage: str) -> float:
     plan = Plan(1, 1, tp, pp, 1, 1, "none", 1, 1, 1, "none", "none", False)
