@@ -82,8 +82,10 @@ def test_fixture_is_classified_as_its_name_says(path):
 
 
 def test_every_kind_has_a_fixture():
+    # HANG is the runner's watchdog's verdict, not a log's (a hung job prints nothing to read):
+    # tests/test_progress.py and tests/test_scale_faults_e2e.py show it
     kinds = {K[p.stem.split("--")[0].upper()] for p in FIXTURE_FILES}
-    assert kinds == set(FailureKind)
+    assert kinds == set(FailureKind) - {K.HANG}
 
 
 # Figures read off each message by hand: x GiB = x * 2**30 bytes, x MiB = x * 2**20 bytes, rounded to the byte.

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from jobctl.model import CHECKPOINT_DIR_TOKEN
 from jobctl.planning import load_inventory, load_recipe, plan_on
 
 HERE = Path(__file__).parent
@@ -300,5 +301,8 @@ def test_shipped_megatron_recipes_need_only_their_data(recipe, tmp_path):
     (result,) = run_checker("megatron", [{"plan": data["plan"], "framework": dict(data["framework"], args=args),
                                            "case": [recipe]}])
     assert result["ok"], result
-    rendered = data["framework"]["args"]
+    # the chain's checkpoint folder is filled in for the job (the dry run shows where it will be)
+    rendered = [a.replace(CHECKPOINT_DIR_TOKEN, dry["checkpoint_dir"]) for a in data["framework"]["args"]]
     assert args[:len(rendered)] == rendered and args[len(rendered):] == ["--mock-data"]
+    assert args[args.index("--save") + 1] == args[args.index("--load") + 1] == dry["checkpoint_dir"]
+    assert dry["checkpoint_dir"] == dry["job_folder"] + "/checkpoints"

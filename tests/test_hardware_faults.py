@@ -28,7 +28,7 @@ def test_a_hardware_fault_is_named_even_when_nccl_echoes_it(line, what):
     f = classify(1, log_text=f"step 10 loss 2.1\n{line}\n{NCCL_ECHO}\n{NCCL_ECHO}\n")
     assert f.kind is FailureKind.HARDWARE and what in f.summary
     assert f.evidence.startswith(line[:40])
-    assert f.retry is RetryAction.NONE  # the same node would fail the same way: --exclude it
+    assert f.retry is RetryAction.RESUBMIT  # the same node would fail the same way: resubmitted without it
 
 
 def test_an_application_xid_is_not_hardware():

@@ -17,12 +17,14 @@ from jobctl.model import (
 def test_the_retry_table_is_the_architecture_decision():
     """docs/architecture.md, decision 4: only a CUDA OOM walks the GPU ladder; a host OOM steps
     the host side down; preemption, timeouts and lost nodes use submitit's requeue of the same
-    plan; everything else waits for a person. Written out here by hand, kind by kind, so that a
+    plan; a hang or a hardware fault is resubmitted; everything else waits for a person. Written out here by hand, kind by kind, so that a
     change to the table is a visible decision."""
     expected = {
         "COMPLETED": "none", "CUDA_OOM": "ladder", "HOST_OOM": "host", "TIMEOUT": "requeue",
         "PREEMPTED": "requeue", "NODE_FAIL": "requeue", "NCCL": "none", "CANCELLED": "none", "USER_ERROR": "none",
-        "HARDWARE": "none",  # issue 30: the same node fails the same way; exclude it and submit again
+        # issue 30: the same plan again as a new attempt, resuming from the chain's checkpoint; a
+        # hardware fault's node (and a hang's, when it is pinned to one) left out
+        "HARDWARE": "resubmit", "HANG": "resubmit",
     }
     assert {k.value: a.value for k, a in RETRY_TABLE.items()} == expected
     assert set(RETRY_TABLE) == set(FailureKind)  # every kind has an answer
@@ -40,7 +42,7 @@ def test_policy_overrides_only_what_the_user_said():
 @pytest.mark.parametrize("item", ["TIMEOUT=ladder", "CUDA_OOM=requeue", "OOM=ladder", "CUDA_OOM", "=none"])
 def test_policy_refuses_what_cannot_be_overridden(item):
     with pytest.raises(UsageError, match="expected KIND=ACTION with KIND one of CUDA_OOM, HOST_OOM, NCCL, "
-                                         "USER_ERROR and ACTION one of ladder, host, none"):
+                                         "HARDWARE, HANG, USER_ERROR and ACTION one of ladder, host, resubmit, none"):
         RetryPolicy.with_overrides([item])
 
 

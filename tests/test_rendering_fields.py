@@ -20,7 +20,7 @@ import yaml
 
 from jobctl import frameworks
 from jobctl.jobs.environment import plan_environment
-from jobctl.model import JOB_FOLDER_TOKEN
+from jobctl.model import CHECKPOINT_DIR_TOKEN, JOB_FOLDER_TOKEN
 from jobctl.planner.memory import Workload
 from jobctl.planner.models import ModelSpec
 from jobctl.planner.plan import Plan
@@ -209,7 +209,8 @@ def torchtitan_namespace(args: tuple[str, ...]) -> tuple[dict, str]:
 
 
 # The recipe's training setup (tested in the last section) is left out where a test is about the layout.
-TRAINING_KEYS = ("debug.", "optimizer.", "lr_scheduler.", "training.max_norm", "training.steps")
+TRAINING_KEYS = ("debug.", "optimizer.", "lr_scheduler.", "training.max_norm", "training.steps", "checkpoint.",
+                 "metrics.")
 
 
 def layout_only(ns: dict) -> dict:
@@ -448,7 +449,7 @@ def test_custom_zero_stage_is_the_zero_papers(sharding, stage):
 from jobctl.planner.memory import Training  # noqa: E402
 
 SETUP = Training(steps=4321, lr=3.7e-4, min_lr=3.7e-5, warmup_steps=17, schedule="cosine", weight_decay=0.07,
-                 betas=(0.83, 0.97), eps=2e-7, grad_clip=0.6, seed=2024)
+                 betas=(0.83, 0.97), eps=2e-7, grad_clip=0.6, seed=2024, checkpoint_every=250)
 ROPE_MODEL = ModelSpec(name="toy-llama31", family="llama", layers=60, hidden=6144, ffn_hidden=16384, heads=48,
                        kv_heads=12, vocab=32000, rope_theta=250000.0, rope_scaling=16.0, norm_eps=3e-6)
 
@@ -471,6 +472,9 @@ def test_megatron_gets_the_schedule_optimizer_tokenizer_and_rope_the_recipe_stat
     assert (ns["tokenizer_type"], ns["vocab_size"] + 1) == ("NullTokenizer", 32000)
     assert (ns["rotary_base"], ns["use_rope_scaling"], ns["rope_scaling_factor"], ns["layernorm_epsilon"]) == (
         250000, True, 16, "3e-06")
+    # saves to and loads from the chain's folder (the runner's token) every 250 steps
+    assert (ns["save"], ns["load"], ns["save_interval"]) == (CHECKPOINT_DIR_TOKEN, CHECKPOINT_DIR_TOKEN, 250)
+    assert ns["log_interval"] == 1  # "iteration N/ M" every step, for the hang watchdog
     # a tokenizer of the recipe's own
     hf = Training(lr=1e-4, tokenizer="huggingface", tokenizer_path="/data/tok")
     ns = megatron_namespace(rendered_with("megatron", p, hf).args)
@@ -486,7 +490,9 @@ def test_torchtitan_gets_the_schedule_optimizer_and_seed():
     assert {k: v for k, v in ns.items() if k.startswith(TRAINING_KEYS)} == {
         "training.steps": 4321, "training.max_norm": "0.6", "debug.seed": 2024,
         group + "lr": "0.00037", group + "weight_decay": "0.07", group + "eps": "2e-07", group + "betas": (0.83, 0.97),
-        "lr_scheduler.warmup_steps": 17, "lr_scheduler.decay_type": "cosine", "lr_scheduler.min_lr_factor": "0.1"}
+        "lr_scheduler.warmup_steps": 17, "lr_scheduler.decay_type": "cosine", "lr_scheduler.min_lr_factor": "0.1",
+        "checkpoint.enable": True, "checkpoint.folder": CHECKPOINT_DIR_TOKEN, "checkpoint.interval": 250,
+        "metrics.log_freq": 1}  # a metrics line every step, for the hang watchdog
 
 
 def test_deepspeed_builds_the_optimizer_and_schedule_and_the_trainer_agrees():
@@ -499,6 +505,7 @@ def test_deepspeed_builds_the_optimizer_and_schedule_and_the_trainer_agrees():
     assert cfg["scheduler"] == {"type": "WarmupCosineLR", "params": {
         "total_num_steps": 4321, "warmup_num_steps": 17, "warmup_min_ratio": 0.0, "cos_min_ratio": pytest.approx(0.1)}}
     assert cfg["gradient_clipping"] == 0.6 and "pipeline" not in cfg  # stages are PipelineModule's, not the file's
+    assert cfg["steps_per_print"] == 1  # the engine's "step=N" line every step, for the hang watchdog
     hf = list(r.hf_args)
     assert hf[:2] == ["--deepspeed", f"{JOB_FOLDER_TOKEN}/framework/ds_config.json"]
     hf_no_switch = [a for a in hf[2:] if a != "--bf16"]  # bf16-mixed: the one switch
@@ -506,7 +513,8 @@ def test_deepspeed_builds_the_optimizer_and_schedule_and_the_trainer_agrees():
     assert pairs == {"--per_device_train_batch_size": "3", "--gradient_accumulation_steps": "5",
                      "--learning_rate": "0.00037", "--lr_scheduler_type": "cosine", "--warmup_steps": "17",
                      "--max_steps": "4321", "--weight_decay": "0.07", "--max_grad_norm": "0.6", "--seed": "2024",
-                     "--adam_beta1": "0.83", "--adam_beta2": "0.97", "--adam_epsilon": "2e-07"}
+                     "--adam_beta1": "0.83", "--adam_beta2": "0.97", "--adam_epsilon": "2e-07",
+                     "--output_dir": CHECKPOINT_DIR_TOKEN, "--save_strategy": "steps", "--save_steps": "250"}
     # the pipeline engine's activation checkpointing is what the file says
     pp = plan(nodes=1, gpus_per_node=8, pp=2, dp=4, micro_batch_size=3, grad_accum_steps=5, global_batch_size=60,
               sharding="zero1", recompute="full")

@@ -504,7 +504,8 @@ def test_an_old_history_keeps_every_row(db_path):
     raw.close()
 
     with History.open(db_path) as h:
-        assert h._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert h._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert h.suspect_nodes() == []  # version 4's table, made empty
         rows = sorted(h.list(), key=lambda r: r.id)
         assert [r.id for r in rows] == [1, 2, 3, 4, 5, 6]
         assert [(r.failure_kind, r.exit_code, r.detail) for r in rows] == [

@@ -296,6 +296,20 @@ class SlurmBackend:
         if ids:
             self._run(["scancel", "--", *ids], True)
 
+    def keep_off(self, job_id: str, nodes: Sequence[str]) -> bool:
+        """Ask Slurm to keep a pending job off `nodes` (scontrol update ExcNodeList, which a
+        requeued job keeps); False when Slurm refused (the job started meanwhile) or the id or a
+        name is not one Slurm makes."""
+        from jobctl.model import NODE_NAME
+
+        if not valid_job_id(job_id) or not nodes or not all(NODE_NAME.fullmatch(n) for n in nodes):
+            return False
+        try:
+            self._run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"], True)
+            return True
+        except SchedulerError:
+            return False
+
     def output_files(self, submitit_folder: Path, job_id: str, node: int) -> tuple[Path, Path]:
         from submitit.core.utils import JobPaths
 

@@ -21,7 +21,7 @@ from jobctl.config.loader import login_for_host, parse_yaml_text
 from jobctl.errors import EXIT_OK, UsageError
 from jobctl.planner.catalog import gpu_names, unknown_message
 from jobctl.planning import load_inventory
-from jobctl.planning.clusters import check, discover
+from jobctl.planning.clusters import check, discover, suspect_nodes
 
 EXIT_DRIFT = 3
 
@@ -139,8 +139,14 @@ def _check(args) -> int:
 
     loaded = load_inventory(args.target)
     rows, drift = check(loaded)
+    suspects = suspect_nodes(loaded.value.name)
     if args.as_json:
-        ui.print_json({"cluster": loaded.value.name, "drift": drift, "rows": [r.as_dict() for r in rows]})
+        ui.print_json({"cluster": loaded.value.name, "drift": drift, "rows": [r.as_dict() for r in rows],
+                       "suspect_nodes": suspects})
     else:
         ui.render_drift(loaded.value.name, [r.as_dict() for r in rows], drift)
+        for s in suspects:
+            ui.para(f"suspect node {s['node']}: {s['kind']} in job #{s['job_id']} ({s['reason']}); left out of "
+                    f"that job's next attempts until {ui.local_time(s['expires_at'])}", style="yellow")
     return EXIT_DRIFT if drift else EXIT_OK
+

@@ -60,6 +60,10 @@ def add_arguments(p) -> None:
     p.add_argument("--exclude", metavar="NODES", action="append", default=[],
                    help="keep the job off these nodes (names or Slurm ranges, comma-separated; repeatable): "
                         "sets the recipe's resources.exclude")
+    p.add_argument("--hang-after", metavar="SECONDS", type=int,
+                   help="call the job hung after this long without a new training step (the first step gets "
+                        "3x as long): stacks are dumped, the job stopped and resubmitted; 0 turns the watchdog "
+                        "off; sets the recipe's resources.hang_after (default: from the plan's step time)")
     p.add_argument("--json", action="store_true", dest="as_json", help="print the result as JSON on stdout")
 
 
@@ -77,7 +81,9 @@ def run(args) -> int:
                          hint="run the job from this directory instead (its command runs where jobctl is started)")
     token = submission_token(args.token)
     with ui.progress(f"planning {args.recipe} on {inv.value.name}") as shown:
-        req = prepare_request(args.recipe, args.overrides + _exclude_overrides(args.exclude), args.sweep, inv, policy,
+        extra = _exclude_overrides(args.exclude) + ([] if args.hang_after is None else
+                                                    [f"resources.hang_after={args.hang_after}"])
+        req = prepare_request(args.recipe, args.overrides + extra, args.sweep, inv, policy,
                               args.objective,
                               loaded=ui.notes, planning=shown.update)
     if req.no_fit is not None:

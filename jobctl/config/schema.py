@@ -96,6 +96,9 @@ class Train(_Strict):
     lr: float | None = Field(default=None, gt=0, le=10)
     min_lr: float | None = Field(default=None, ge=0, le=10)
     warmup_steps: int | None = Field(default=None, ge=0, le=10**12)
+    # steps between checkpoints, rendered in the framework's flags; unset: the plan's interval
+    # (Young's, planner/resilience.py)
+    checkpoint_interval: int | None = Field(default=None, gt=0, le=10**12)
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     weight_decay: float = Field(default=0.1, ge=0, le=10)
     adam_beta1: float = Field(default=0.9, ge=0, lt=1)
@@ -180,6 +183,16 @@ class Resources(_Strict):
     # nodes the job must not run on (sbatch --exclude): names or Slurm ranges such as gpu[03-05]
     exclude: list[Annotated[str, StringConstraints(pattern=NODE_LIST, max_length=256)]] = Field(
         default_factory=list, max_length=4096)
+    # seconds without a new training step before the runner calls the job hung (the first step
+    # gets three times as long); unset: derived from the plan's step time; 0: never
+    hang_after: int | None = Field(default=None, ge=0, le=7 * 86400)
+
+    @field_validator("hang_after")
+    @classmethod
+    def _hang_after(cls, v):
+        if v is not None and 0 < v < 5:
+            raise ValueError("must be 0 (no hang watchdog) or at least 5 seconds")
+        return v
 
     @model_validator(mode="after")
     def _nodes_within_max(self):

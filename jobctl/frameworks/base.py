@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobctl.model import JOB_FOLDER_TOKEN, StrEnum
+from jobctl.model import CHECKPOINT_DIR_TOKEN, JOB_FOLDER_TOKEN, StrEnum
 
 # train.precision values that need the GPU's low-precision tensor cores (catalog GPUSpec.formats)
 LOW_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
@@ -180,6 +180,11 @@ def hf_training_args(plan, w) -> tuple[str, ...]:
     a += ["--weight_decay", num(t.weight_decay), "--max_grad_norm", num(t.grad_clip), "--seed", str(t.seed)]
     if w.optimizer == "adamw":
         a += ["--adam_beta1", num(t.betas[0]), "--adam_beta2", num(t.betas[1]), "--adam_epsilon", num(t.eps)]
+    # checkpoint-N folders in the chain's folder; resuming is the script's call
+    # (trainer.train(resume_from_checkpoint=$JOBCTL_RESUME_FROM) when JOBCTL_RESUME=1)
+    a += ["--output_dir", CHECKPOINT_DIR_TOKEN]
+    if t.checkpoint_every:
+        a += ["--save_strategy", "steps", "--save_steps", str(t.checkpoint_every)]
     return tuple(a)
 
 

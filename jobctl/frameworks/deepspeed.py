@@ -102,6 +102,9 @@ def config(plan, w) -> dict:
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.grad_accum_steps,
         "zero_optimization": zero,
+        # the engine's "step=N, skipped=..." line every step: the runner's hang watchdog reads
+        # the step from it (0.19.8's default, None, prints none)
+        "steps_per_print": 1,
     }
     if w.precision == "bf16-mixed":
         cfg["bf16"] = {"enabled": True}

@@ -18,6 +18,7 @@ from jobctl.frameworks.base import (
     common_problems,
     num,
 )
+from jobctl.model import CHECKPOINT_DIR_TOKEN
 
 ARGS = "megatron/training/arguments.py@core_v0.16.1"
 
@@ -137,7 +138,7 @@ def render(plan, w) -> Rendered:
     """The plan as pretrain_gpt.py's flags (the model, parallelism, batch, memory knobs,
     precision), and the environment Megatron needs for them."""
     a = [*_model_flags(w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan), *_training_flags(w),
-         *_schedule_flags(w), *_tokenizer_flags(w)]
+         *_schedule_flags(w), *_tokenizer_flags(w), *_checkpoint_flags(w)]
     env = {}
     if plan.tp > 1 or plan.cp > 1:
         # validate_args refuses tp/cp > 1 without it on Hopper and older (compute/comm ordering)
@@ -185,6 +186,17 @@ def _schedule_flags(w) -> list:
     if w.optimizer == "adamw":
         a += ["--adam-beta1", num(t.betas[0]), "--adam-beta2", num(t.betas[1]), "--adam-eps", num(t.eps)]
     return a
+
+
+def _checkpoint_flags(w) -> list:
+    """Save to and load from the chain's checkpoint folder: Megatron loads the newest checkpoint
+    there (latest_checkpointed_iteration.txt) and starts afresh when there is none
+    (training/checkpointing.py load_checkpoint). Its default format, torch_dist, reshards on
+    load, so an OOM ladder's next attempt with other tp/pp resumes too."""
+    a = ["--save", CHECKPOINT_DIR_TOKEN, "--load", CHECKPOINT_DIR_TOKEN]
+    a += ["--save-interval", w.training.checkpoint_every] if w.training.checkpoint_every else []
+    # "iteration N/ M" every step (the default, 100, would leave the hang watchdog blind for 100 steps)
+    return a + ["--log-interval", 1]
 
 
 # The recipe's tokenizer as Megatron's (megatron/training/tokenizer/tokenizer.py build_tokenizer):

@@ -25,6 +25,7 @@ from jobctl.frameworks.base import (
     num,
     ratio,
 )
+from jobctl.model import CHECKPOINT_DIR_TOKEN
 
 TT = "torchtitan 0.3.0"
 
@@ -240,6 +241,13 @@ def _training_args(w) -> list[str]:
     t = w.training
     a = [f"--training.steps={t.steps}"] if t.steps else []
     a += [f"--training.max_norm={num(t.grad_clip)}", f"--debug.seed={t.seed}"]
+    # DCP checkpoints in the chain's folder (an absolute folder is not joined to the dump folder);
+    # the checkpointer loads the newest step-N there by itself (components/checkpointer/dcp.py)
+    a += ["--checkpoint.enable", f"--checkpoint.folder={CHECKPOINT_DIR_TOKEN}"]
+    if t.checkpoint_every:
+        a.append(f"--checkpoint.interval={t.checkpoint_every}")
+    # the metrics line ("step: N ...") every step: the runner's hang watchdog reads it (default 10)
+    a.append("--metrics.log_freq=1")
     if t.lr is not None:
         group = "--optimizer.param_groups.0.optimizer_kwargs"
         a += [f"{group}.lr={num(t.lr)}", f"{group}.weight_decay={num(t.weight_decay)}"]

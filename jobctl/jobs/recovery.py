@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from jobctl.backends.launch import LaunchError
 from jobctl.config import loader as config
 from jobctl.errors import InfeasibleError
 from jobctl.jobs.submission import Submission, prepare, submit_all
@@ -39,11 +40,17 @@ def recover(folder: JobFolder, outcomes: list[Outcome]) -> dict | None:
     if why is not None:
         return _final(folder, why, failure)
     figures = failure_figures(outcomes)
+    action = policy.action(failure.kind)
     step, bottom = None, None
     try:
-        step = next_submission(folder, job, figures, smaller=True,
-                               host=policy.action(failure.kind) is RetryAction.HOST)
-    except InfeasibleError as e:
+        if action is RetryAction.RESUBMIT:
+            nodes = suspects(failure, outcomes)
+            step = next_submission(folder, job, smaller=False, exclude=nodes)
+            step.rung = "same plan"
+            step.reason = f"after {failure.kind}, " + (f"without {', '.join(nodes)}" if nodes else "on any nodes")
+        else:
+            step = next_submission(folder, job, figures, smaller=True, host=action is RetryAction.HOST)
+    except (InfeasibleError, LaunchError) as e:
         bottom = e.message
     calibration = step.calibration if step is not None else None
     if calibration is None and failure.kind is FailureKind.CUDA_OOM:
@@ -64,13 +71,14 @@ def recover(folder: JobFolder, outcomes: list[Outcome]) -> dict | None:
 # -- the decisions (pure: tests/test_recovery_decisions.py) ------------------------------------
 
 def stop_before_looking(failure: Failure, policy: RetryPolicy) -> str | None:
-    """Why the chain stops without looking for a next plan (None: look for one). Only the
-    ladder (CUDA OOM) and the host step (host OOM) submit a new job from here; a requeue is the
-    scheduler's (submitit's checkpointable runner), anything else waits for a person."""
+    """Why the chain stops without looking for a next plan (None: look for one). The ladder
+    (CUDA OOM), the host step (host OOM) and a resubmission (a hang, a hardware fault) submit a
+    new job from here; a requeue is the scheduler's (submitit's checkpointable runner), anything
+    else waits for a person."""
     action = policy.action(failure.kind)
     if action is RetryAction.REQUEUE:
         return f"{failure.kind}: the scheduler requeues the same plan (submitit)"
-    if action not in (RetryAction.LADDER, RetryAction.HOST):
+    if action not in (RetryAction.LADDER, RetryAction.HOST, RetryAction.RESUBMIT):
         return f"{failure.kind}: not retried ({failure.summary})"
     return None
 
@@ -87,10 +95,17 @@ def stop_after_looking(failure: Failure, attempt: int, max_attempts: int, rung: 
     return None
 
 
+# The failures the job's own runner decides (the OOM's message, the watchdog, the driver's
+# report): recorded as the job's ending at once. Other endings (a cancel kills the command
+# too) are left to the scheduler's word.
+OWN_VERDICTS = (FailureKind.CUDA_OOM, FailureKind.HANG, FailureKind.HARDWARE)
+
+
 def _record(job: dict, failure: Failure | None, outcomes: list[Outcome]) -> None:
-    """Tell the history what the job folder knows: the measured peak, and a CUDA OOM as the
-    failure (so `jobctl plan` can warn about layouts that ran out of memory). Best effort: the
-    folder stays the source of truth when the history is out of reach."""
+    """Tell the history what the job folder knows: the measured peak, the progress (last step,
+    newest checkpoint), a failure the runner decided (OWN_VERDICTS; so `jobctl plan` can warn
+    about layouts that ran out of memory) and the nodes it was pinned to (suspects). Best
+    effort: the folder stays the source of truth when the history is out of reach."""
     from pathlib import Path
 
     peaks = measured_peaks(outcomes)
@@ -99,14 +114,48 @@ def _record(job: dict, failure: Failure | None, outcomes: list[Outcome]) -> None
         return
     try:
         with History.open(path) as history:
+            jid = int(job["jobctl_id"])
             if peaks:
-                history.set_measured_peak(int(job["jobctl_id"]), max(peaks))
-            if failure is not None and failure.kind is FailureKind.CUDA_OOM:
-                # Other endings (a cancel kills the command too) are left to the scheduler's word.
-                history.transition(int(job["jobctl_id"]), "FAILED", failure.summary,
-                                   failure_kind=failure.kind, detail=failure.summary)
+                history.set_measured_peak(jid, max(peaks))
+            seen = progress_of(outcomes)
+            if seen:
+                history.set_extra(jid, {**history.get(jid).extra, "progress": seen})
+            if failure is not None and failure.kind in OWN_VERDICTS:
+                history.transition(jid, "FAILED", failure.summary, failure_kind=failure.kind, detail=failure.summary)
+            if failure is not None:
+                for node in suspects(failure, outcomes):
+                    history.add_suspect_node(job.get("cluster") or "", node, failure.kind,
+                                             f"{failure.summary} ({failure.evidence})", jid)
     except Exception:  # noqa: BLE001 - the history is a mirror: never let it cost the recovery
         pass
+
+
+def progress_of(outcomes: list[Outcome]) -> dict:
+    """How far the run got: the last step any node saw, the newest checkpoint's step."""
+    out = {}
+    for key in ("last_step", "checkpoint_step"):
+        values = [getattr(o, key) for o in outcomes if getattr(o, key) is not None]
+        if values:
+            out[key] = max(values)
+    return out
+
+
+def suspects(failure: Failure, outcomes: list[Outcome]) -> list[str]:
+    """The nodes a failure is pinned to, for the next attempt to leave out: a hardware fault's
+    node; a hang's node when the other nodes got further (a node that stopped first holds the
+    rest in a collective); none for a hang every node shares (nothing tells which one caused it)."""
+    by_rank = {o.node_rank: o for o in outcomes}
+    if failure.kind is FailureKind.HARDWARE:
+        o = by_rank.get(failure.node_rank)
+        return [o.host] if o is not None and o.host else []
+    if failure.kind is FailureKind.HANG and len(outcomes) > 1:
+        steps = {o.host: o.last_step for o in outcomes if o.host}
+        if len(steps) == len(outcomes) and None not in steps.values():
+            low = min(steps.values())
+            behind = [h for h, s in steps.items() if s == low]
+            if len(behind) < len(steps):
+                return sorted(behind)
+    return []
 
 
 def failure_figures(outcomes: list[Outcome]) -> OOMFigures:
@@ -164,10 +213,14 @@ class NextAttempt:
 
     def summary(self, res: dict) -> dict:
         """What was submitted (a submit_all result), as successor.json and `requeue --json` show it."""
+        from jobctl.runtime.progress import latest_checkpoint
+
         sub = self.submission
+        saved = latest_checkpoint(sub.checkpoint_dir) if sub.checkpoint_dir else None
         return {"jobctl_id": res["id"], "scheduler_job_id": res["scheduler_job_id"], "job_folder": res["job_folder"],
                 "parent_id": sub.parent_id, "attempt": sub.attempt, "rung": self.rung, "reason": self.reason,
-                "calibration": self.calibration, "plan": sub.plan.to_dict()}
+                "calibration": self.calibration, "plan": sub.plan.to_dict(),
+                "resumes_from_step": saved[0] if saved else None, "checkpoint_dir": sub.checkpoint_dir}
 
 
 def prior_calibration(report: dict) -> dict | None:
@@ -186,7 +239,7 @@ def loaded_inputs(folder: JobFolder, job: dict):
 
 
 def next_submission(folder: JobFolder, job: dict, figures: OOMFigures | None = None, *, smaller: bool = True,
-                    host: bool = False) -> NextAttempt:
+                    host: bool = False, exclude: list[str] | None = None) -> NextAttempt:
     """The next attempt of the job in `folder` (job.json read into `job`), not yet submitted:
     its recipe, inventory and plan come from the folder; with `smaller`, the plan is the OOM
     ladder's next one (global batch kept) given the failure's `figures` (with `host`: the
@@ -196,6 +249,8 @@ def next_submission(folder: JobFolder, job: dict, figures: OOMFigures | None = N
     Shared by the in-job recovery (`recover`) and `jobctl requeue`."""
 
     rec, inv = loaded_inputs(folder, job)
+    if exclude:
+        rec = excluding(rec, exclude)
     report = folder.plan_report()
     Plan.from_dict(report.get("plan"), str(folder.file(layout.PLAN)))  # refuse a damaged plan here, by name
     rung = reason = calibration = None
@@ -217,4 +272,14 @@ def next_submission(folder: JobFolder, job: dict, figures: OOMFigures | None = N
     sub.policy = RetryPolicy.from_dict(job.get("policy"))
     sub.attempt = int(job.get("attempt", 1)) + 1
     sub.cwd = job.get("cwd")  # the same directory as the first attempt (a synced working tree)
+    sub.checkpoint_dir = job.get("checkpoint_dir")  # the chain's: the next attempt resumes from it
     return NextAttempt(sub, rung, reason, calibration)
+
+
+def excluding(rec, nodes: list[str]):
+    """The recipe with `nodes` added to resources.exclude (validated again)."""
+    data = dict(rec.data)
+    resources = dict(data.get("resources") or {})
+    resources["exclude"] = sorted(set(resources.get("exclude") or []) | set(nodes))
+    data["resources"] = resources
+    return config.from_data(data, "Recipe", rec.path)

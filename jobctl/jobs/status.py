@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from jobctl.backends.local import start_time
 from jobctl.errors import SchedulerError, UsageError
 from jobctl.jobs import mirror, placement
-from jobctl.model import JobState, JobStatus, Scheduler
+from jobctl.model import NODE_NAME, FailureKind, JobState, JobStatus, Scheduler
 from jobctl.store import folder as layout
 from jobctl.store.folder import JobFolder
 from jobctl.store.history import UnknownJobError
@@ -32,6 +32,7 @@ def refresh(history, records) -> dict[int, JobStatus]:
             current[r.id] = st
             if _record_earlier_runs(history, r, st):
                 r = history.get(r.id)
+            _keep_off_failed_nodes(history, r, st, backend)
             if st.state != r.state:
                 # expect: only from the state this decision saw (the job may have recorded its own
                 # verdict since `records` were read, and sacct can lag it)
@@ -120,6 +121,29 @@ def _record_earlier_runs(history, record, st: JobStatus) -> bool:
         recorded |= history.transition(record.id, run.state,
                                        f"on {run.nodes or 'its nodes'}; the scheduler requeued the job", at=end)
     return recorded
+
+
+def _keep_off_failed_nodes(history, record, st: JobStatus, backend) -> None:
+    """A run that ended NODE_FAIL on one node (a job's runs on several do not say which failed):
+    the node becomes a suspect of the cluster, once per job, and the requeued job, while it
+    waits, is told to keep off it (scontrol update ExcNodeList): a node that comes back at once
+    (ReturnToService=2) would otherwise get the job again."""
+    runs = [*st.earlier, st]
+    failed = sorted({r.nodes for r in runs if r.state is JobState.NODE_FAIL and r.nodes and NODE_NAME.fullmatch(r.nodes)})
+    if not failed:
+        return
+    extra = record.extra
+    suspected, kept = list(extra.get("suspected_nodes") or []), list(extra.get("kept_off") or [])
+    for node in failed:
+        if node not in suspected:
+            history.add_suspect_node(record.cluster, node, FailureKind.NODE_FAIL,
+                                     f"NODE_FAIL under job #{record.id}", record.id)
+            suspected.append(node)
+    if st.state is JobState.PENDING and set(failed) - set(kept) and hasattr(backend, "keep_off"):
+        if backend.keep_off(record.scheduler_job_id, sorted(set(kept) | set(failed))):
+            kept = sorted(set(kept) | set(failed))
+    if (suspected, kept) != (extra.get("suspected_nodes") or [], extra.get("kept_off") or []):
+        history.set_extra(record.id, {**extra, "suspected_nodes": suspected, "kept_off": kept})
 
 
 def refresh_live(history, records) -> dict[int, JobStatus]:

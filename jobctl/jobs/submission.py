@@ -20,7 +20,7 @@ from jobctl.backends.base import SubmissionUncertain, SubmitRequest
 from jobctl.config import loader as config
 from jobctl.errors import ConfigError, ConfigIssue, SchedulerError, UsageError
 from jobctl.jobs import placement
-from jobctl.model import JOB_FOLDER_TOKEN, JobState, RetryPolicy, Scheduler, per_node
+from jobctl.model import CHECKPOINT_DIR_TOKEN, JOB_FOLDER_TOKEN, JobState, RetryPolicy, Scheduler, per_node
 from jobctl.planner import inputs as planner_inputs
 from jobctl.planner.plan import Plan
 from jobctl.planning import framework_block
@@ -65,6 +65,13 @@ class Submission:
     framework_files: dict[str, str] = field(default_factory=dict)  # rendered configuration files by name
     # the framework's package and the releases its rendering is for (the runner checks the job's own)
     expects: dict = field(default_factory=dict)
+    # the chain's checkpoint folder (None: this job's own <job folder>/checkpoints, a chain's first)
+    checkpoint_dir: str | None = None
+    hang_first_s: float = 0.0  # the runner's hang watchdog (planner/resilience.py hang_thresholds)
+    hang_after_s: float = 0.0
+
+    def checkpoints(self, folder: JobFolder) -> str:
+        return self.checkpoint_dir or str(folder.file("checkpoints"))
 
     def resource_key(self) -> str:
         """Jobs with equal keys can share one job array (one sbatch call)."""
@@ -74,7 +81,9 @@ class Submission:
     def runner(self, folder: JobFolder, jobctl_id: int) -> NodeRunner:
         return NodeRunner(str(folder.path), jobctl_id, self.plan.nodes, self.plan.gpus_per_node, dict(self.env),
                           list(self.command), self.launcher, cwd=self.cwd or os.getcwd(), policy=self.policy,
-                          recovery=RECOVERY, umask=current_umask(), expects=dict(self.expects))
+                          recovery=RECOVERY, umask=current_umask(), expects=dict(self.expects),
+                          checkpoint_dir=self.checkpoints(folder), hang_after_s=self.hang_after_s,
+                          hang_first_s=self.hang_first_s)
 
     def request(self, folder: JobFolder, jobctl_id: int) -> SubmitRequest:
         return SubmitRequest(self.runner(folder, jobctl_id), folder, self.parameters, self.recipe_name)
@@ -109,6 +118,7 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
         parameters = {"timeout_min": minutes, "job_name": layout.slug(recipe.name)}
     data = dict(recipe_loaded.data)
     data["launch"] = launch_block
+    first, after = _hang(report, recipe)
     return Submission(
         recipe_name=recipe.name, recipe_path=recipe_loaded.path, recipe_text=config.dump_yaml(data),
         plan=plan, plan_report=report, cluster=inv.name, partition=part.name, scheduler=scheduler,
@@ -117,7 +127,18 @@ def prepare(recipe_loaded, inv_loaded, report: dict, overrides: list[str] | None
         workdir=jobs_root(inv.workdir), overrides=list(overrides or []), recipe_source=dict(recipe_loaded.data),
         inventory_source=dict(inv_loaded.data), policy=RetryPolicy(hooks=bool(launch_block.get("hooks", False))),
         framework_files=_framework_files(fw), expects=_expects(fw.get("name") or ""),
+        hang_first_s=first, hang_after_s=after,
     )
+
+
+def _hang(report: dict, recipe) -> tuple[float, float]:
+    """The hang watchdog's thresholds: the plan's (its resilience block), else from the recipe."""
+    from jobctl.planner.resilience import hang_thresholds
+
+    r = report.get("resilience") or {}
+    if "hang_after_s" in r:
+        return float(r.get("hang_first_step_s") or 0.0), float(r["hang_after_s"] or 0.0)
+    return hang_thresholds(None, None, recipe.resources.hang_after)
 
 
 def _expects(name: str) -> dict:
@@ -168,7 +189,8 @@ def render(sub: Submission, script: str | None = None) -> dict:
     script submitit writes for it (see dry_run)."""
     nodes = []
     where = str(_placeholder(sub).path)
-    command = [a.replace(JOB_FOLDER_TOKEN, where) for a in sub.command]
+    checkpoints = sub.checkpoints(_placeholder(sub))
+    command = [a.replace(JOB_FOLDER_TOKEN, where).replace(CHECKPOINT_DIR_TOKEN, checkpoints) for a in sub.command]
     for rank in range(sub.plan.nodes):
         node_command = [per_node(a, rank, FIRST_NODE, 29500) for a in command]
         argv = launch.launcher_argv(sub.plan.nodes, sub.plan.gpus_per_node, node_command, rank, FIRST_NODE,
@@ -180,6 +202,7 @@ def render(sub: Submission, script: str | None = None) -> dict:
         "scheduler": sub.scheduler.value, "job_folder": where, "plan": sub.plan.to_dict(),
         "parameters": sub.parameters, "env": {k: v.replace(JOB_FOLDER_TOKEN, where) for k, v in sub.env.items()},
         "nodes": nodes, "framework_files": {k: f"{where}/{layout.FRAMEWORK_DIR}/{k}" for k in sub.framework_files},
+        "checkpoint_dir": checkpoints, "hang": {"first_step_s": sub.hang_first_s, "after_s": sub.hang_after_s},
     }
     if script is not None:
         out["sbatch"] = script
@@ -449,7 +472,7 @@ def write_folder(sub: Submission, folder: JobFolder, job_id: int) -> None:
         "parameters": sub.parameters, "env": sub.env, "command": sub.command, "launcher": sub.launcher,
         "overrides": sub.overrides, "recipe_path": sub.recipe_path, "attempt": sub.attempt,
         "parent_id": sub.parent_id, "policy": sub.policy.to_dict(), "history_path": str(history_path()),
-        "cwd": sub.cwd or os.getcwd(),
+        "cwd": sub.cwd or os.getcwd(), "checkpoint_dir": sub.checkpoints(folder),
     })
 
 

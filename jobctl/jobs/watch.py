@@ -4,6 +4,7 @@ Lines for people go to the `say` callable the command gives; nothing here prints
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -58,18 +59,23 @@ def wait_for(results, history, say: Callable[[str], None] | None = None, poll_s:
     EXIT_JOB_FAILED."""
     ids = [r["id"] for r in results]
     offsets: dict[int, int] = {}
+    requeue_seen: dict[int, float] = {}
     delay = poll_s
     while True:
         records = [history.get(i) for i in ids]
-        live = [r for r in records if not r.terminal]
+        # a run Slurm ended NODE_FAIL/PREEMPTED is asked about again: its job may be requeued
+        live = [r for r in records if not r.terminal or _requeue_pending(r.id, r, requeue_seen)]
         current = refresh(history, live) if live else {}
+        for i in [i for i in requeue_seen if i in current]:
+            _requeue_pending(i, current[i], requeue_seen)  # back in the queue: no longer looked for
         for r in records:  # ended in the history (the job's first node records FAILED itself)
             if r.terminal:
                 current.setdefault(r.id, JobStatus(r.state, r.exit_code, r.ending))
         if say is not None:
             for r in records:
                 _pump_log(r, offsets, say, prefix=f"#{r.id} | " if len(ids) > 1 else "")
-        done = [i for i in ids if current.get(i) and current[i].state.terminal]
+        done = [i for i in ids if current.get(i) and current[i].state.terminal
+                and not _requeue_pending(i, current[i], requeue_seen)]
         # follow attempt chains: a failed job whose first node submitted a successor
         moved = False
         for i in done:
@@ -88,7 +94,22 @@ def wait_for(results, history, say: Callable[[str], None] | None = None, poll_s:
                     say(f"#{i}: {current[i].state}" + (f" ({current[i].reason})" if current[i].reason else ""))
             return EXIT_OK if all(current[i].state is JobState.COMPLETED for i in ids) else EXIT_JOB_FAILED
         time.sleep(delay)
-        delay = min(max_poll_s, delay * 1.5)
+        # a requeue being looked for: look often (the requeued job waits only a few seconds)
+        delay = poll_s if requeue_seen else min(max_poll_s, delay * 1.5)
+
+
+# A run that Slurm ended NODE_FAIL or PREEMPTED comes back as the same job (requeued): its next
+# run shows in accounting a moment later. This long, a job in such a state is followed on.
+REQUEUE_GRACE_S = float(os.environ.get("JOBCTL_REQUEUE_GRACE_S", "60"))
+
+
+def _requeue_pending(job_id: int, status: JobStatus, seen: dict[int, float]) -> bool:
+    """Whether a job just ended by the scheduler may still come back requeued (keep watching)."""
+    if status.state not in (JobState.NODE_FAIL, JobState.PREEMPTED):
+        seen.pop(job_id, None)
+        return False
+    first = seen.setdefault(job_id, time.monotonic())
+    return time.monotonic() - first < REQUEUE_GRACE_S
 
 
 def _pump_log(record, offsets: dict, say, prefix: str) -> None:

@@ -77,7 +77,8 @@ def training(recipe) -> Training:
         steps = -(-t.tokens // (t.global_batch_size * t.seq_len))
     return Training(steps=steps, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, schedule=t.lr_schedule,
                     weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
-                    grad_clip=t.grad_clip, seed=t.seed, tokenizer=tok.type, tokenizer_path=tok.path)
+                    grad_clip=t.grad_clip, seed=t.seed, tokenizer=tok.type, tokenizer_path=tok.path,
+                    checkpoint_every=t.checkpoint_interval)
 
 
 def links(partition, gpu, precision: str) -> Links:

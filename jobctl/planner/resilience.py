@@ -32,6 +32,33 @@ CHECKPOINT_WRITE_GBS_PER_NODE = 2.0
 RESTART_S = 600.0
 
 
+# Hangs (the runner's watchdog, jobctl/runtime/progress.py): a step that has not ended after
+# HANG_STEPS step times plus two checkpoint writes (a step that saves one takes that much longer)
+# is stuck -- three times the planned step leaves room for the model's error (within 30% on the
+# published runs, docs/step-time-accuracy.md) and a slow step -- with a floor of HANG_FLOOR_S -- half of PyTorch's default collective timeout for
+# NCCL (10 min, torch/distributed/constants.py default_pg_nccl_timeout), so that the watchdog
+# sees a stuck collective before NCCL's own watchdog turns it into an NCCL error without stacks.
+# The first step includes NCCL set-up, loading the model and a checkpoint, and compilation:
+# FIRST_STEP_FACTOR times that, at least FIRST_STEP_FLOOR_S. A user's resources.hang_after
+# replaces the steady threshold, and the first-step one is FIRST_STEP_FACTOR times it.
+HANG_STEPS = 3
+HANG_FLOOR_S = 300.0
+FIRST_STEP_FACTOR = 3
+FIRST_STEP_FLOOR_S = 1800.0
+
+
+def hang_thresholds(step_s: float | None, write_s: float | None = None,
+                    hang_after: int | None = None) -> tuple[float, float]:
+    """(first-step threshold, threshold between steps) in seconds; (0, 0) when hang_after is 0
+    (the watchdog off)."""
+    if hang_after == 0:
+        return 0.0, 0.0
+    if hang_after:
+        return float(FIRST_STEP_FACTOR * hang_after), float(hang_after)
+    after = max(HANG_FLOOR_S, HANG_STEPS * (step_s or 0.0) + 2 * (write_s or 0.0))
+    return max(FIRST_STEP_FLOOR_S, FIRST_STEP_FACTOR * after), after
+
+
 @dataclass(frozen=True)
 class Resilience:
     checkpoint_bytes: float  # what one checkpoint writes, all ranks together (each state once)

@@ -102,3 +102,15 @@ def remote_setup(inv, *, install: bool, say) -> dict:
                                       "the login shell there") from None
         out.update(bootstrap.check(remote, sbatch, say))
         return {"cluster": inv.name, "login": str(remote), **out}
+
+
+def suspect_nodes(cluster: str) -> list[dict]:
+    """The nodes of `cluster` a hardware fault or a hang was pinned to (not expired), from the
+    history; none when there is no history yet."""
+    from jobctl.store.history import History
+    from jobctl.store.paths import history_path
+
+    if not history_path().exists():
+        return []
+    with History.open() as history:
+        return history.suspect_nodes(cluster)

@@ -16,7 +16,7 @@ from jobctl.planner.catalog import GIB
 from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_summary, why_lost
 from jobctl.planner.explain import explain as explain_search
 from jobctl.planner.memory import estimate, model_state_elements, state_bytes
-from jobctl.planner.resilience import checkpoint_bytes, plan_for_failures
+from jobctl.planner.resilience import checkpoint_bytes, hang_thresholds, plan_for_failures
 from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
 from jobctl.planning.learn import learned_calibration
 from jobctl.planning.load import train_steps
@@ -142,7 +142,7 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         objective=objective, model=_model_info(w),
         train={"seq_len": w.seq_len, "global_batch_size": w.global_batch_size, "optimizer": w.optimizer,
                "precision": w.precision, "method": w.method, "framework": w.framework.name, "attention": w.attention},
-        plan=best.plan.to_dict(), framework=framework_block(w, best.plan), memory=memory,
+        plan=best.plan.to_dict(), framework=None, memory=memory,
         estimate=best.estimate.to_dict() if best.estimate else None,
         alternatives=[_candidate(c, w, t) for c in res.ranked[1:1 + alternatives]],
         why_not=why_lost(w, t, cons, res, objective) if why_not else [],
@@ -150,7 +150,8 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         result=res, workload=w)
     if w.overheads.learned_from:
         report.learned = learned_block(w)
-    report.resilience = resilience_block(w, best.plan, best.estimate, t)
+    report.resilience = resilience_block(w, best.plan, best.estimate, t, recipe_loaded.value)
+    report.framework = framework_block(w, best.plan, report.resilience.get("interval_steps"))
     report.warnings = plan_warnings(recipe_loaded.value, w, t.links) or None
     if explain:
         report.explain = explain_search(res)
@@ -159,15 +160,21 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
     return report
 
 
-def resilience_block(w, plan, est, t) -> dict | None:
-    """Checkpoints and interruptions for a full training run (planner/resilience.py); None for
-    LoRA (its adapters are a small checkpoint) or without a step estimate."""
-    if w.method != "full" or est is None or not est.step_time_s:
-        return None
-    sb = state_bytes(w.framework, w.precision, w.optimizer)
-    size = checkpoint_bytes(w.model.params(), sb.weight, sb.master, model_state_elements(w), sb.state_elem)
-    return plan_for_failures(size, plan.nodes, est.step_time_s, est.time_to_train_s,
-                             t.checkpoint_write_gbs_per_node, t.interruptions_per_node_day).to_dict()
+def resilience_block(w, plan, est, t, recipe=None) -> dict:
+    """Checkpoints and interruptions for a full training run (planner/resilience.py; not for
+    LoRA, whose adapters are a small checkpoint, nor without a step estimate), and the hang
+    thresholds of the runner's watchdog (always)."""
+    out: dict = {}
+    write_s = None
+    if w.method == "full" and est is not None and est.step_time_s:
+        sb = state_bytes(w.framework, w.precision, w.optimizer)
+        size = checkpoint_bytes(w.model.params(), sb.weight, sb.master, model_state_elements(w), sb.state_elem)
+        out = plan_for_failures(size, plan.nodes, est.step_time_s, est.time_to_train_s,
+                                t.checkpoint_write_gbs_per_node, t.interruptions_per_node_day).to_dict()
+        write_s = out["write_s"]
+    hang_after = getattr(getattr(recipe, "resources", None), "hang_after", None)
+    first, after = hang_thresholds(est.step_time_s if est is not None else None, write_s, hang_after)
+    return out | {"hang_first_step_s": round(first, 1), "hang_after_s": round(after, 1)}
 
 
 def plan_warnings(recipe, w, links=None) -> list[str]:
@@ -189,8 +196,11 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
                   f"{', '.join(caps.versions)} (README: Frameworks): check the rendered flags against {declared}"]
 
 
-def framework_block(w, plan) -> dict:
-    """The plan in its framework's own names: {name, args, files, env, notes} (jobctl.frameworks)."""
+def framework_block(w, plan, checkpoint_every: int | None = None) -> dict:
+    """The plan in its framework's own names: {name, args, files, env, notes} (jobctl.frameworks),
+    saving a checkpoint every `checkpoint_every` steps unless the recipe says how often."""
+    if checkpoint_every and not w.training.checkpoint_every:
+        w = replace(w, training=replace(w.training, checkpoint_every=checkpoint_every))
     return w.framework.render(plan, w).to_dict()
 
 

@@ -211,13 +211,22 @@ def _reinstall(hooks: _Hooks, interval_steps, memory_snapshot) -> bool:
     return True
 
 
+HEARTBEAT_EVERY_S = 5.0  # at most one heartbeat write per process in this long
+_last_beat = [0.0]
+
+
 def step(step: int) -> None:
-    """Record this rank's memory figures every `interval_steps` steps (when step % N == 0).
+    """Record this rank's memory figures every `interval_steps` steps (when step % N == 0),
+    and its heartbeat (the step, in <job folder>/progress/, at most every HEARTBEAT_EVERY_S):
+    the runner's hang watchdog reads it (jobctl/runtime/progress.py), with or without CUDA.
 
     Cheap: a no-op on other steps, and the allocator's counters are read without a device
-    synchronisation. Does nothing before `install` or without CUDA. Never raises."""
+    synchronisation. Does nothing before `install`; only the heartbeat without CUDA. Never raises."""
     hooks = _hooks
-    if hooks is None or not hooks.active:
+    if hooks is None:
+        return
+    _heartbeat(hooks, step)
+    if not hooks.active:
         return
     try:
         hooks.last_step = step
@@ -225,6 +234,24 @@ def step(step: int) -> None:
             _write(hooks, {"event": "step", **_memory_figures(hooks)})
     except Exception as e:
         _write_failed(hooks, e)
+
+
+def _heartbeat(hooks: _Hooks, step: int) -> None:
+    now = time.monotonic()
+    if hooks.settings.folder is None or now - _last_beat[0] < HEARTBEAT_EVERY_S:
+        return
+    _last_beat[0] = now
+    try:
+        folder = Path(hooks.settings.folder) / "progress"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"node{os.environ.get('JOBCTL_NODE_RANK', '0')}-rank{hooks.settings.rank}"
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(int(step)))
+        os.replace(tmp, path)
+    except Exception:  # noqa: BLE001 - a heartbeat must never stop training
+        pass
 
 
 def on_oom(exc: BaseException) -> bool:

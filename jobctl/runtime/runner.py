@@ -17,12 +17,14 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jobctl.backends import launch
 from jobctl.backends.slurm import SlurmBackend
 from jobctl.errors import UsageError
-from jobctl.model import JOB_FOLDER_TOKEN, RetryPolicy, per_node
+from jobctl.model import CHECKPOINT_DIR_TOKEN, JOB_FOLDER_TOKEN, NODE_NAME, RETRY_TABLE, Failure, FailureKind, \
+    RetryPolicy, per_node
+from jobctl.runtime import progress as prog
 from jobctl.runtime.outcome import (
     OUTCOME_WAIT_S,
     Outcome,
@@ -68,28 +70,52 @@ class NodeRunner:
     umask: int | None = None
     # {framework, package, versions, skews}: what the rendering is for (jobs.submission._expects)
     expects: dict = field(default_factory=dict)
+    # the chain's checkpoint folder (the first attempt's <job folder>/checkpoints; None: this
+    # job's), and the hang thresholds in seconds (planner/resilience.py hang_thresholds; 0: off)
+    checkpoint_dir: str | None = None
+    hang_after_s: float = 0.0
+    hang_first_s: float = 0.0
+
+    def checkpoints(self) -> str:
+        return self.checkpoint_dir or os.path.join(self.folder, "checkpoints")
+
+    def _fill(self, text: str) -> str:
+        return text.replace(JOB_FOLDER_TOKEN, self.folder).replace(CHECKPOINT_DIR_TOKEN, self.checkpoints())
 
     def argv(self, node_rank: int, master: str, job_id: str) -> list[str]:
         # a rendered framework file's path is written with the job-folder token (jobctl.frameworks)
         port = launch.rdzv_port(job_id)
-        command = [per_node(a.replace(JOB_FOLDER_TOKEN, self.folder), node_rank, master, port) for a in self.command]
+        command = [per_node(self._fill(a), node_rank, master, port) for a in self.command]
         if self.launcher == "none" and command and command[0] in ("python", "python3"):
             command[0] = sys.executable  # "python" means the job's interpreter
         return launch.launcher_argv(self.nodes, self.gpus_per_node, command, node_rank, master,
                                     port, self.launcher, rdzv_id=f"jobctl-{job_id}")
 
-    def environment(self, rank: int) -> dict[str, str]:
+    def environment(self, rank: int, resume: tuple[int, str] | None = None) -> dict[str, str]:
+        """The command's environment: the job's variables, where it is, its checkpoint folder and
+        whether to resume (`resume`: the newest checkpoint's step and path), and the
+        sitecustomize that registers the stack-dump signal (and the hooks, when on)."""
+        from jobctl.runtime.hooks import site_env, sitecustomize_dir
+
         env = dict(os.environ)
-        env.update({k: v.replace(JOB_FOLDER_TOKEN, self.folder) for k, v in self.env.items()})
+        env.update({k: self._fill(v) for k, v in self.env.items()})
         env["JOBCTL_JOB_ID"] = str(self.jobctl_id)
         env["JOBCTL_JOB_FOLDER"] = self.folder
         env["JOBCTL_NODE_RANK"] = str(rank)
+        env["JOBCTL_CHECKPOINT_DIR"] = self.checkpoints()
+        env["JOBCTL_RESUME"] = "1" if resume else "0"
+        for key in ("JOBCTL_RESUME_STEP", "JOBCTL_RESUME_FROM"):
+            env.pop(key, None)
+        if resume:
+            env["JOBCTL_RESUME_STEP"], env["JOBCTL_RESUME_FROM"] = str(resume[0]), resume[1]
+        env["JOBCTL_STACK_SIGNAL"] = str(int(prog.STACK_SIGNAL))
         if self.policy.memory_snapshot:
             env["JOBCTL_MEMORY_SNAPSHOT"] = "1"
         if self.policy.hooks or self.policy.memory_snapshot:
-            from jobctl.runtime.hooks import site_env
-
             env.update(site_env(env))  # every training process logs its peaks (jobctl.hooks)
+        else:
+            path = env.get("PYTHONPATH", "")
+            env["PYTHONPATH"] = sitecustomize_dir() + (os.pathsep + path if path else "")
         return env
 
     def __call__(self) -> dict:
@@ -99,7 +125,9 @@ class NodeRunner:
         rank = jenv.node if jenv.num_nodes > 1 else 0
         job_id = str(jenv.job_id)
         folder = JobFolder(self.folder)
+        host = _node_name(jenv.hostnames, rank)
         argv = self.argv(rank, first_node_address(jenv.hostnames), job_id)
+        resume = _checkpoint_folder(self.checkpoints())
         log_path = folder.log(rank)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         folder.outcome_path(rank).unlink(missing_ok=True)  # a requeued run starts afresh
@@ -111,10 +139,16 @@ class NodeRunner:
         for warning in version_warnings(self.expects):
             print(f"jobctl: warning: {warning}", flush=True)
         code: int | None = None
+        progress = prog.Progress(self.hang_after_s, self.hang_first_s, folder.file(prog.HEARTBEAT_DIR))
+        hang = None
         try:
             with open(log_path, "ab", buffering=0) as log:
+                if resume:
+                    note = f"jobctl: resuming from the chain's checkpoint of step {resume[0]} ({resume[1]})\n"
+                    log.write(note.encode())
+                    print(note, end="", flush=True)
                 try:
-                    proc = subprocess.Popen(argv, env=self.environment(rank), cwd=self.cwd or os.getcwd(),
+                    proc = subprocess.Popen(argv, env=self.environment(rank, resume), cwd=self.cwd or os.getcwd(),
                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                             umask=-1 if self.umask is None else self.umask)
                 except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
@@ -122,18 +156,28 @@ class NodeRunner:
                     code = 127
                 else:
                     watcher = _PeerWatcher(folder, rank, job_id, proc, log) if self.nodes > 1 else None
+                    hang = _HangWatch(folder, rank, proc, log, progress) if self.hang_after_s or self.hang_first_s \
+                        else None
                     for line in proc.stdout:
                         log.write(line)
                         sys.stdout.buffer.write(line)
                         sys.stdout.flush()
+                        progress.line(line.decode("utf-8", "replace"))
+                        if hang is not None:
+                            hang.copy(line)
                     code = proc.wait()
                     if watcher is not None:
                         watcher.stop()
+                    if hang is not None:
+                        hang.stop()
         finally:
             if sampler is not None:
                 sampler.stop()
         signal = -code if code is not None and code < 0 else None
-        outcome = _outcome(folder, rank, code, signal, time.time() - started, argv, job_id)
+        saved = _checkpoint_folder(self.checkpoints())
+        outcome = _outcome(folder, rank, code, signal, time.time() - started, argv, job_id,
+                           hang=hang.verdict if hang is not None else None, host=host,
+                           last_step=progress.last_step, checkpoint_step=saved[0] if saved else None)
         if rank == 0 and self.recovery is not None:
             _recover(folder, self.nodes, self.recovery)
         elif code != 0 and self.recovery is not None:
@@ -249,14 +293,109 @@ def _start_sampler(folder: JobFolder, rank: int, interval_s: float):
         return None
 
 
-def _outcome(folder: JobFolder, rank: int, code, signal, duration_s: float, argv, job_id: str) -> Outcome:
+def _outcome(folder: JobFolder, rank: int, code, signal, duration_s: float, argv, job_id: str,
+             hang: str | None = None, **more) -> Outcome:
+    """The node's outcome record; a hang the watchdog stopped is HANG, whatever the log says
+    (the stop itself makes the command fail)."""
     try:
-        return write_outcome(folder, rank, code, signal, duration_s, argv, job_id)
+        record = write_outcome(folder, rank, code, signal, duration_s, argv, job_id)
+        if hang is not None:
+            record = replace(record, failure=Failure(FailureKind.HANG, f"hang: {hang}", hang,
+                                                     RETRY_TABLE[FailureKind.HANG]))
+        record = replace(record, **more)
+        save_outcome(folder, record)
+        return record
     except Exception as e:  # the record is best effort; the exit code still decides the job's state
         record = Outcome(rank, code, signal, round(duration_s, 3), job_id, tuple(argv),
                          error=f"outcome classification failed: {e}")
         save_outcome(folder, record)
         return record
+
+
+def _node_name(hostnames: list[str], rank: int) -> str | None:
+    """This node's name as the scheduler knows it (SLURMD_NODENAME), else as submitit lists it."""
+    name = os.environ.get("SLURMD_NODENAME") or (hostnames[rank] if rank < len(hostnames) else None) \
+        or socket.gethostname()
+    return name if name and NODE_NAME.fullmatch(name) else None
+
+
+def _checkpoint_folder(path: str) -> tuple[int, str] | None:
+    """The chain's checkpoint folder made (owner-only, its path checked: it may be on a shared
+    file system) and its newest checkpoint, or None."""
+    from pathlib import Path
+
+    from jobctl.store.private import private_root
+
+    try:
+        private_root(Path(path), "the chain's checkpoint folder")
+    except Exception as e:  # noqa: BLE001 - the job runs without resuming rather than not at all
+        print(f"jobctl: warning: {e}", flush=True)
+        return None
+    return prog.latest_checkpoint(path)
+
+
+class _HangWatch:
+    """The watchdog of a node's command: when `progress` stalls past its threshold, the stacks
+    of every Python process under the command go to stacks/node<R>.txt, then the command is
+    stopped (SIGTERM, then SIGKILL) and `verdict` says why."""
+
+    POLL_S = float(os.environ.get("JOBCTL_HANG_POLL_S", "2"))
+
+    def __init__(self, folder: JobFolder, rank: int, proc, log, progress: prog.Progress):
+        import threading
+
+        self.folder, self.rank, self.proc, self.log, self.progress = folder, rank, proc, log, progress
+        self.verdict: str | None = None
+        self._copy_to = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobctl-hang", daemon=True)
+        self._thread.start()
+
+    def copy(self, line: bytes) -> None:
+        """A line of output while the stacks are being printed: into the stacks file too."""
+        f = self._copy_to
+        if f is not None:
+            try:
+                f.write(line)
+            except (OSError, ValueError):
+                pass
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _say(self, text: str) -> None:
+        try:
+            self.log.write(text.encode())
+        except (OSError, ValueError):
+            pass
+        print(text, end="", flush=True)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.POLL_S):
+            idle = self.progress.stalled()
+            if idle is None:
+                continue
+            self.verdict = self.progress.verdict(idle)
+            self._say(f"jobctl: hang on node {self.rank}: {self.verdict}; dumping stacks, then stopping\n")
+            stacks = self.folder.file(prog.STACKS_DIR, f"node{self.rank}.txt")
+            stacks.parent.mkdir(mode=0o700, exist_ok=True)
+            with open(stacks, "ab") as f:
+                f.write(f"jobctl: {self.verdict}\n".encode())
+                self._copy_to = f
+                try:
+                    how = prog.dump_stacks(self.proc.pid, stacks)
+                except Exception as e:  # noqa: BLE001 - stacks are evidence, the stop is what matters
+                    how = f"failed: {e}"
+                self._done.wait(prog.STACK_WAIT_S)
+                self._copy_to = None
+            self._say(f"jobctl: stacks of node {self.rank} ({how}) in {stacks}\n")
+            self.proc.terminate()
+            if self._done.wait(STOP_GRACE_S):
+                return
+            if self.proc.poll() is None:
+                self.proc.kill()
+            return
 
 
 def _recover(folder: JobFolder, nodes: int, recovery: str) -> None:

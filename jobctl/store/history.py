@@ -29,7 +29,7 @@ import os
 import re
 import sqlite3
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -57,6 +57,9 @@ from jobctl.store.schema import (  # noqa: F401  (re-exported: doctor's checks)
 )
 
 BUSY_TIMEOUT_MS = 30_000  # writers queue behind each other; a write holds the lock for ~ms
+
+
+SUSPECT_TTL_S = 24 * 3600.0  # a suspect node stays out this long (a repaired node comes back by itself)
 
 
 class History:
@@ -407,6 +410,32 @@ class History:
             terminal,
         )
         return [JobRecord._from_row(r) for r in rows]
+
+    def add_suspect_node(self, cluster: str, node: str, kind: FailureKind | str, reason: str,
+                         job_id: int | None = None, ttl_s: float = SUSPECT_TTL_S) -> None:
+        """Keep `node` of `cluster` out of the next attempts for `ttl_s` (a hardware fault or a
+        hang pinned to it, in job `job_id`)."""
+        now = self._clock()
+        with self._write():
+            self._db.execute(
+                "INSERT INTO suspect_nodes (cluster, node, kind, reason, job_id, at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (cluster, node, FailureKind(kind).value, reason[:500], job_id, self._now(now),
+                 self._now(now + timedelta(seconds=ttl_s))))
+
+    def suspect_nodes(self, cluster: str | None = None) -> list[dict]:
+        """The suspect nodes not expired yet (of `cluster`, or all), newest report of each node first."""
+        now = self._now()
+        sql = "SELECT cluster, node, kind, reason, job_id, at, expires_at FROM suspect_nodes WHERE expires_at > ?"
+        args: list[Any] = [now]
+        if cluster is not None:
+            sql += " AND cluster = ?"
+            args.append(cluster)
+        out, seen = [], set()
+        for r in self._db.execute(sql + " ORDER BY id DESC", args):
+            if (r["cluster"], r["node"]) not in seen:
+                seen.add((r["cluster"], r["node"]))
+                out.append(dict(r))
+        return out
 
     def transitions(self, job_id: int) -> list[Transition]:
         """Every state the job went through, oldest first."""

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from jobctl.model import FailureKind
 from jobctl.store.records import HistoryDamaged, default_path, utc_now
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 # Migrations: MIGRATIONS[v] takes a database at user_version v to v + 1. Each runs inside
@@ -114,7 +114,24 @@ def _text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3]
+def _migrate_3_to_4(db: sqlite3.Connection) -> None:
+    """Suspect nodes (issue 30): a node a hardware fault or a hang was pinned to, per cluster,
+    with the kind, why, the job and when; the next attempts leave it out until it expires."""
+    db.execute("""CREATE TABLE suspect_nodes (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            cluster TEXT NOT NULL,
+            node TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            job_id INTEGER,
+            at TEXT NOT NULL,
+            expires_at TEXT NOT NULL
+        )""")
+    db.execute("CREATE INDEX suspect_nodes_cluster ON suspect_nodes(cluster, expires_at)")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3,
+                                                          _migrate_3_to_4]
 
 
 # -- a damaged, read-only or full history ------------------------------------------------------

@@ -151,9 +151,14 @@ def _render_fit(report: dict, explain: bool) -> None:
               "GiB usable")
     est = report.get("estimate")
     if est:
-        for text in estimate_lines(est, gpus):
+        lines = estimate_lines(est, gpus)
+        r = report.get("resilience")
+        with_failures = resilience_line(r)
+        if with_failures and len(lines) > 1:
+            lines[1] += f"; {with_failures}"
+        for text in lines:
             para(text, style="bold")
-        line = resilience_line(report.get("resilience"))
+        line = checkpoint_line(r)
         if line:
             para(line)
     why_not = report.get("why_not") or []
@@ -197,13 +202,26 @@ def estimate_lines(est: dict, gpus: int) -> list[str]:
 
 
 def resilience_line(r: dict | None) -> str | None:
-    """Checkpoints and interruptions in one line (the JSON's "resilience" block has the rest)."""
+    """The time to train with interruptions (the JSON's "resilience" block has the rest)."""
     if not r or not r.get("time_to_train_s"):
         return None
-    size = r["checkpoint_bytes"] / 1e12
-    what = f"{size:.2f} TB" if size >= 0.1 else f"{r['checkpoint_bytes'] / 1e9:.1f} GB"
-    return (f"with failures (1/{r['mtbi_h']:,.0f} h): {duration(r['time_to_train_s'])}, goodput {r['goodput']:.0%}, "
-            f"{what} checkpoint / {r['interval_steps']:,} steps")
+    return f"with failures (1/{r['mtbi_h']:,.0f} h): {duration(r['time_to_train_s'])}"
+
+
+def checkpoint_line(r: dict | None) -> str | None:
+    """Goodput, the checkpoint and its interval, and the runner's hang threshold
+    (resources.hang_after sets it; 0 turns the watchdog off)."""
+    if not r:
+        return None
+    parts = []
+    if r.get("time_to_train_s"):
+        size = r["checkpoint_bytes"] / 1e12
+        what = f"{size:.2f} TB" if size >= 0.1 else f"{r['checkpoint_bytes'] / 1e9:.1f} GB"
+        parts.append(f"goodput {r['goodput']:.0%}, {what} ckpt / {r['interval_steps']:,} steps")
+    if "hang_after_s" in r:
+        parts.append(f"hang: no step in {duration(r['hang_after_s'])} (1st: {duration(r['hang_first_step_s'])})"
+                     if r["hang_after_s"] else "no hang watchdog (resources.hang_after: 0)")
+    return ", ".join(parts) or None
 
 
 def alternatives_lines(alts: list[dict], gpus: int) -> None:

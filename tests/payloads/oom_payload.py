@@ -15,6 +15,18 @@ import time
 GIB = 1 << 30
 
 
+def oom_message(mbs: int) -> str:
+    """PyTorch >= 2.1's OOM message (c10/cuda/CUDACachingAllocator.cpp) for a micro-batch of `mbs`."""
+    tried = 0.25 * mbs
+    return (f"CUDA out of memory. Tried to allocate {tried:.2f} GiB. GPU 0 has a total capacity of "
+            f"79.19 GiB of which {0.75:.2f} GiB is free. Including non-PyTorch memory, this process "
+            f"has 78.43 GiB memory in use. Of the allocated memory 76.20 GiB is allocated by PyTorch, "
+            f"and 1.10 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory "
+            f"is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+            f"fragmentation.  See documentation for Memory Management  "
+            f"(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if "--micro-batch-size" in argv:
@@ -32,15 +44,7 @@ def main() -> int:
         time.sleep(600)
         return 0
     if mbs > budget:
-        tried = 0.25 * mbs
-        # PyTorch >= 2.1 (c10/cuda/CUDACachingAllocator.cpp) formats its OOM like this.
-        message = (f"CUDA out of memory. Tried to allocate {tried:.2f} GiB. GPU 0 has a total capacity of "
-                   f"79.19 GiB of which {0.75:.2f} GiB is free. Including non-PyTorch memory, this process "
-                   f"has 78.43 GiB memory in use. Of the allocated memory 76.20 GiB is allocated by PyTorch, "
-                   f"and 1.10 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory "
-                   f"is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-                   f"fragmentation.  See documentation for Memory Management  "
-                   f"(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+        message = oom_message(mbs)
         try:
             import torch
         except ImportError:  # without torch, the same text and exit status

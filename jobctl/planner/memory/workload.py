@@ -84,6 +84,7 @@ class Training:
     seed: int = 1234
     tokenizer: str = "null"  # null | huggingface | sentencepiece | tiktoken
     tokenizer_path: str | None = None
+    checkpoint_every: int | None = None  # steps between checkpoints (None: no periodic save rendered)
 
 
 @dataclass(frozen=True)

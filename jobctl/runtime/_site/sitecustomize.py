@@ -1,4 +1,9 @@
-"""Run by Python at start-up when this folder is on PYTHONPATH: jobctl's memory hooks, when JOBCTL_HOOKS=1.
+"""Run by Python at start-up when this folder is on PYTHONPATH: the stack-dump signal, and
+jobctl's memory hooks when JOBCTL_HOOKS=1.
+
+JOBCTL_STACK_SIGNAL=N (set by the job runner) registers faulthandler on signal N: every
+thread's Python stack is printed to stderr when the runner's hang watchdog sends it
+(jobctl/runtime/progress.py). A program that sets its own handler for N replaces it.
 
 The job runner puts this folder first on PYTHONPATH (jobctl.runtime.hooks.site_env). Being first
 hides any other sitecustomize (a distribution's, a virtual environment's), so that one is
@@ -45,6 +50,21 @@ try:
     _run_next_sitecustomize()
 except Exception as e:
     print(f"jobctl.hooks: the next sitecustomize failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def _register_stack_signal() -> None:
+    value = os.environ.get("JOBCTL_STACK_SIGNAL", "")
+    if not value.isdigit():
+        return
+    import faulthandler
+
+    faulthandler.register(int(value), all_threads=True, chain=False)
+
+
+try:
+    _register_stack_signal()
+except Exception as e:  # a signal this Python cannot register: no stacks, the job still runs
+    print(f"jobctl: stack-dump signal not registered: {type(e).__name__}: {e}", file=sys.stderr)
 
 if os.environ.get("JOBCTL_HOOKS") == "1":
     try:
