@@ -65,6 +65,7 @@ MATRIX = {
         ("llama70b", "h100", ["train.precision=fp8", "train.fp8_recipe=delayed"]),
         ("llama70b", "b200", ["train.precision=mxfp8"]),
         ("llama70b", "b200", ["train.precision=nvfp4"]),  # --fp4-format e2m1 --fp4-recipe nvfp4
+        ("llama70b", "h100", ["train.grad_reduce=bf16"]),  # --grad-reduce-in-bf16
     ],
     "torchtitan": [
         ("llama8b", "h100", []),

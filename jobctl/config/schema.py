@@ -78,6 +78,9 @@ class Train(_Strict):
     optimizer: Optimizer = "adamw"
     precision: Precision = "bf16-mixed"
     fp8_recipe: Fp8Recipe | None = Field(default=None, description="with precision fp8; default tensorwise")
+    # the precision of the data-parallel gradient reduction and of Megatron's main-grad buffer
+    # (--grad-reduce-in-bf16, as NVIDIA's largest Megatron recipes run): bf16 halves the buffer
+    grad_reduce: Literal["fp32", "bf16"] = "fp32"
     method: Method = "full"
     lora_rank: int = Field(default=16, gt=0, le=65536)
     lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "fc1", "fc2", "qkv"]] = Field(

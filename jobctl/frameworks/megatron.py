@@ -138,7 +138,7 @@ def render(plan, w) -> Rendered:
     """The plan as pretrain_gpt.py's flags (the model, parallelism, batch, memory knobs,
     precision), and the environment Megatron needs for them."""
     a = [*_model_flags(w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan), *_training_flags(w),
-         *_schedule_flags(w), *_tokenizer_flags(w), *_checkpoint_flags(w)]
+         *_schedule_flags(w), *_tokenizer_flags(w), *_checkpoint_flags(w), *_grad_reduce_flags(w)]
     env = {}
     if plan.tp > 1 or plan.cp > 1:
         # validate_args refuses tp/cp > 1 without it on Hopper and older (compute/comm ordering)
@@ -246,6 +246,11 @@ def _memory_flags(plan) -> list:
     if plan.offload == "optimizer":
         a += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
     return a + _overlap_flags(plan)
+
+
+def _grad_reduce_flags(w) -> list:
+    """The main-grad buffer and its reduction in bf16 (train.grad_reduce: bf16)."""
+    return ["--grad-reduce-in-bf16"] if w.grad_reduce == "bf16" else []
 
 
 def _overlap_flags(plan) -> list:

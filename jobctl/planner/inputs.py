@@ -65,6 +65,7 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         training=training(recipe),
         device="cpu" if cpu else "gpu",
         fp8_recipe=t.fp8_recipe or "tensorwise",
+        grad_reduce=t.grad_reduce,
         formats=tuple(formats),
     )
 

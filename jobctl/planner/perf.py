@@ -376,7 +376,8 @@ def _data_parallel(w: Workload, plan: Plan, links: Links, gpus_per_node: int, st
     the largest stage trains."""
     micro = plan.grad_accum_steps
     n = plan.dp * plan.cp
-    grad_b = 4 if w.precision == "fp32" else w.caps.reduce_bytes  # bytes per gradient element reduced
+    # bytes per gradient element reduced (Megatron's --grad-reduce-in-bf16 reduces its bf16 buffer)
+    grad_b = 4 if w.precision == "fp32" else 2 if w.grad_reduce == "bf16" else w.caps.reduce_bytes
     param_b = 4 if w.precision == "fp32" else 2
     dp_gbs = dp_link_gbs(plan, links, gpus_per_node)
     backward_last = stage_mb * 2 / 3

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from jobctl import frameworks
-from jobctl.frameworks.base import LOW_PRECISIONS
+from jobctl.frameworks.base import LOW_PRECISIONS, StateRecipe
 from jobctl.planner.catalog import GIB
 from jobctl.planner.memory import Workload, stage_layers
 from jobctl.planner.space import (  # noqa: F401  (re-exported: the search's vocabulary)
@@ -100,6 +100,9 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
                 value in LOW_PRECISIONS else ""
             out.append(f"train.{what}={value}: framework {caps.name} does not run it (it offers "
                        f"{', '.join(offered)}){why}")
+    if w.grad_reduce == "bf16" and caps.state_recipe is not StateRecipe.MEGATRON:
+        out.append(f"train.grad_reduce=bf16 is Megatron's --grad-reduce-in-bf16: jobctl renders and models it for "
+                   f"megatron only, not {caps.name} (remove it, or use framework: megatron)")
     if w.precision in LOW_PRECISIONS and w.precision not in t.gpu.formats:
         need = "Hopper, Ada or Blackwell" if w.precision == "fp8" else "Blackwell (B200, GB200)"
         have = f"runs only {', '.join(t.gpu.formats)}" if t.gpu.formats else "has no FP8 tensor cores"

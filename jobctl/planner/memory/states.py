@@ -35,12 +35,15 @@ class StateBytes:
 
 
 @lru_cache(maxsize=None)
-def state_bytes(framework: str | Framework, precision: str, optimizer: str) -> StateBytes:
+def state_bytes(framework: str | Framework, precision: str, optimizer: str, grad_reduce: str = "fp32") -> StateBytes:
     """The precision recipe of a framework.
 
     mixed (bf16/fp16), ZeRO paper & DeepSpeed: 2 (16-bit weights) + 2 (16-bit grads) + 4 (fp32
       master) + fp32 states: 16 bytes with Adam (Rajbhandari et al. 2020, §3.1, K = 12).
-    mixed, Megatron-LM: fp32 main grads (accumulate_allreduce_grads_in_fp32): 2 + 4 + 4 + states.
+    mixed, Megatron-LM: fp32 main grads (accumulate_allreduce_grads_in_fp32): 2 + 4 + 4 + states;
+      with --grad-reduce-in-bf16 (`grad_reduce` "bf16") the buffer is the params' dtype
+      (megatron/core/distributed/distributed_data_parallel.py: grad_dtype = torch.float if
+      ddp_config.grad_reduce_in_fp32 else param.dtype): 2 + 2 + 4 + states.
     mixed, FSDP/torchtitan: fp32 sharded parameters are the master copy; 16-bit copies exist only
       for gathered layers (counted as buffers); fp32 gradients (reduce_dtype float32): 4 + 4 + states.
     pure bf16: 2 + 2 + 16-bit states; fp32: 4 + 4 + fp32 states.
@@ -54,6 +57,9 @@ def state_bytes(framework: str | Framework, precision: str, optimizer: str) -> S
     if recipe is StateRecipe.FP32_PARAMS:
         return StateBytes(4, 4, 0, st or 4, "FSDP mixed: fp32 sharded params + fp32 grads + fp32 states")
     if recipe is StateRecipe.MEGATRON:
+        if grad_reduce == "bf16":
+            return StateBytes(2, 2, 4, st or 4, "Megatron mixed, --grad-reduce-in-bf16: 2 B weights + 2 B bf16 main "
+                                                "grads + 4 B master + fp32 states")
         return StateBytes(2, 4, 4, st or 4, "Megatron mixed: 2 B weights + 4 B fp32 main grads + 4 B master + fp32 states")
     return StateBytes(2, 2, 4, st or 4, "mixed: 2 B weights + 2 B grads + 4 B fp32 master + fp32 states (ZeRO paper)")
 
@@ -170,7 +176,7 @@ def _state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: in
     LoRA/QLoRA) on one rank of `stage`, sharded over n ranks (docs/memory-model.md §2)."""
     items, add = _collector()
     m = w.model
-    sb = state_bytes(w.framework, w.precision, w.optimizer)
+    sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce)
     layer_p, extra_p, layers = _stage_params_cached(w, tp, pp, stage)
     rank_params = layer_p + extra_p
     compute_b = _compute_bytes(w)

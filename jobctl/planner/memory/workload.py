@@ -106,6 +106,7 @@ class Workload:
     training: Training = field(default_factory=Training)
     device: str = "gpu"  # "cpu": a CPU partition (gloo, no CUDA context; frameworks' CPU paths)
     fp8_recipe: str = "tensorwise"  # the scaling of precision fp8 (config/schema.py Fp8Recipe)
+    grad_reduce: str = "fp32"  # fp32 | bf16: Megatron's main-grad buffer and gradient reduction
     formats: tuple[str, ...] = ()  # the low-precision formats the partition's GPU runs (catalog)
 
     def __post_init__(self):
