@@ -165,3 +165,105 @@ def test_only_processes_that_registered_the_stack_signal_are_sent_it():
     finally:
         signal.signal(prog.STACK_SIGNAL, old)
     assert os.getpid() in prog.descendants(os.getpid())
+
+
+class FakeSlurm:
+    """Records what it was asked to keep the job off (the real one runs scontrol update:
+    tests/test_scale_faults_e2e.py)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def keep_off(self, job_id, nodes):
+        self.calls.append((job_id, list(nodes)))
+        return True
+
+
+def test_a_node_failed_run_makes_its_node_a_suspect_once_and_the_waiting_job_keeps_off_it(tmp_path):
+    from jobctl.jobs.status import _keep_off_failed_nodes
+    from jobctl.model import JobStatus
+    from jobctl.store.history import History
+
+    with History.open(tmp_path / "h.sqlite") as h:
+        jid = h.prepare(recipe_name="r", recipe_text="", plan={}, cluster="dev", scheduler="slurm")
+        h.mark_submitted(jid, "1011", str(tmp_path))
+        failed = JobStatus("NODE_FAIL", nodes="node1")
+        slurm = FakeSlurm()
+        _keep_off_failed_nodes(h, h.get(jid), failed, slurm)  # seen failed: a suspect, nothing to update yet
+        assert [(s["node"], s["kind"]) for s in h.suspect_nodes("dev")] == [("node1", "NODE_FAIL")]
+        assert slurm.calls == []
+        pending = JobStatus("PENDING", earlier=(failed,))
+        for _ in range(2):  # looked at twice while it waits: asked once, recorded once
+            _keep_off_failed_nodes(h, h.get(jid), pending, slurm)
+        assert slurm.calls == [("1011", ["node1"])]
+        assert len(h._db.execute("SELECT * FROM suspect_nodes").fetchall()) == 1
+        # a run on several nodes does not say which one failed: nobody is blamed
+        _keep_off_failed_nodes(h, h.get(jid), JobStatus("PENDING", earlier=(JobStatus("NODE_FAIL", nodes="node[1-2]"),)),
+                               slurm)
+        assert len(slurm.calls) == 1 and len(h.suspect_nodes("dev")) == 1
+
+
+def test_the_watch_follows_a_node_failed_job_for_a_while_for_its_requeue(monkeypatch):
+    from jobctl.jobs import watch
+    from jobctl.model import JobStatus
+
+    t = [100.0]
+    monkeypatch.setattr(watch.time, "monotonic", lambda: t[0])
+    seen = {}
+    assert watch._requeue_pending(1, JobStatus("NODE_FAIL"), seen)  # just failed: look again
+    t[0] += watch.REQUEUE_GRACE_S - 1
+    assert watch._requeue_pending(1, JobStatus("NODE_FAIL"), seen)
+    t[0] += 2
+    assert not watch._requeue_pending(1, JobStatus("NODE_FAIL"), seen)  # no requeue came: it ended
+    assert not watch._requeue_pending(2, JobStatus("FAILED"), seen)  # other endings end at once
+    assert not watch._requeue_pending(1, JobStatus("RUNNING"), seen) and 1 not in seen  # back: forgotten
+
+
+def test_how_far_an_attempt_got_is_shown_from_the_record():
+    from jobctl.jobs.attempts import progress_text
+
+    assert progress_text({"last_step": 12, "checkpoint_step": 10}) == "step 12, checkpoint of step 10"
+    assert progress_text({"last_step": "12; rm -rf /"}) is None  # not a number: not shown
+    assert progress_text(None) is None
+
+
+def test_a_quiet_node_sees_the_first_nodes_steps_through_the_shared_folder(tmp_path):
+    """Only global rank 0 prints steps: node 1's watchdog must see them (published by node 0's
+    runner to the job folder's heartbeat folder) and not call its own silence a hang."""
+    clock = Clock()
+    node0 = prog.Progress(after_s=10, first_s=30, heartbeat_dir=tmp_path, clock=clock,
+                          publish=tmp_path / "runner-node0")
+    node1 = prog.Progress(after_s=10, first_s=30, heartbeat_dir=tmp_path, clock=clock)
+    for step in range(1, 5):
+        clock.t += 8
+        node0.line(f"step {step} loss 2.0")
+        os.utime(tmp_path / "runner-node0", (step, step))  # a new mtime for each write (coarse clocks)
+        assert node1.stalled() is None
+    assert node1.last_step == 4
+    clock.t += 11
+    assert node1.stalled() == 11  # node 0 stopped too: the whole job is stuck
+
+
+def test_before_the_first_step_the_first_nodes_output_keeps_the_others_alive(tmp_path):
+    clock = Clock()
+    node0 = prog.Progress(after_s=10, first_s=30, heartbeat_dir=tmp_path, clock=clock,
+                          publish=tmp_path / "runner-node0")
+    node1 = prog.Progress(after_s=10, first_s=30, heartbeat_dir=tmp_path, clock=clock)
+    for i in range(1, 5):  # 80 s of loading messages on node 0, none on node 1
+        clock.t += 20
+        node0.line("loading shard ...")
+        os.utime(tmp_path / "runner-node0", (i, i))
+        assert node1.stalled() is None
+    assert node1.last_step is None  # life, not a step: still the first-step threshold
+
+
+def test_a_mirror_of_the_job_folder_leaves_the_checkpoints_where_they_are(tmp_path):
+    from jobctl.store.folder import JobFolder
+
+    (tmp_path / "checkpoints" / "step-5").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-5" / "shard-0.distcp").write_text("x" * 10)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "node-0.log").write_text("step 5\n")
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "node0.txt").write_text("Thread ...\n")
+    assert sorted(f.name for f in JobFolder(tmp_path).files()) == ["logs/node-0.log", "stacks/node0.txt"]

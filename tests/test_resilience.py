@@ -51,3 +51,27 @@ def test_the_plan_reports_a_checkpoint_of_each_state_once():
     assert block["time_to_train_s"] > d["estimate"]["time_to_train_s"]
     faster = load_inventory("h100", ["partitions.0.checkpoint_write_gbs_per_node=20"])
     assert plan_on(rec, faster, alternatives=0).to_dict()["resilience"]["goodput"] > block["goodput"]
+
+
+def test_the_405b_plan_on_16384_gpus_prints_the_interval_the_checkpoint_time_and_goodput(tmp_path):
+    """Issue 30: `plan` for the 405B recipe on 2,048 nodes of 8 H100s says how often to
+    checkpoint, how long one takes and the goodput (the figures are the JSON's, shown)."""
+    import json
+
+    from jobctl_run import jobctl
+    from plan_snapshot import BIG_CLUSTER
+
+    inv = tmp_path / "h100-16k.yaml"
+    inv.write_text(BIG_CLUSTER)
+    home = {"JOBCTL_HOME": str(tmp_path / "home")}
+    args = ("plan", "recipes/llama405b.yaml", "resources.nodes=2048", "--cluster", str(inv))
+    data = json.loads(jobctl(*args, "--json", env=home).stdout)
+    r = data["resilience"]
+    assert data["plan"]["world_size"] == 16384 and 0.5 < r["goodput"] < 1 and r["interval_steps"] >= 1
+    # 2,048 nodes at the Llama 3 rate: one interruption every 6,335 node-hours / 2,048 = 3.1 h
+    assert r["mtbi_h"] == pytest.approx(54 * 24 * 2048 / 419 / 2048, rel=0.01)
+    text = jobctl(*args, env=home).stdout
+    line = next(ln for ln in text.splitlines() if ln.startswith("goodput"))
+    assert f"goodput {r['goodput']:.0%}" in line and f"/ {r['interval_steps']:,} steps" in line
+    assert "checkpoint in" in line and "hang after" in line
+    assert f"with failures (1/{r['mtbi_h']:,.0f} h)" in text

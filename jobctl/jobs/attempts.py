@@ -21,7 +21,7 @@ from jobctl.store.folder import JobFolder
 # kinds (runtime/classify.py FailureKind), then scheduler states for jobs without records.
 FAILURE_WORDS = {
     "CUDA_OOM": "OOM", "HOST_OOM": "host OOM", "TIMEOUT": "timeout", "PREEMPTED": "preempted",
-    "NODE_FAIL": "node failure", "NCCL": "NCCL error", "HARDWARE": "hardware fault", "CANCELLED": "cancelled", "USER_ERROR": "error",
+    "NODE_FAIL": "node failure", "NCCL": "NCCL error", "HARDWARE": "hardware fault", "HANG": "hang", "CANCELLED": "cancelled", "USER_ERROR": "error",
     # Slurm's OUT_OF_MEMORY is the cgroup's oom_kill counter: host memory (classify.py, rule 5)
     "OUT_OF_MEMORY": "host OOM", "FAILED": "failed", "BOOT_FAIL": "boot failure", "DEADLINE": "deadline",
     "SUBMIT_FAILED": "not submitted",
@@ -128,6 +128,7 @@ def attempt(record, parent=None, *, measure: bool = False) -> dict:
     cal = calibration_of(record, folder, final)
     row["calibration"] = cal
     row["calibration_text"] = Calibration.from_dict(cal).summary() if cal else None
+    row["progress"] = progress_text(record.extra.get("progress"))
     if measure:
         sampled = [g["peak_bytes"] for g in gpu_usage(read_gpu_samples(folder)) if g["peak_bytes"] is not None]
         hooked = [r["max_memory_reserved_bytes"] for r in hook_peaks(folder)[0]
@@ -138,6 +139,15 @@ def attempt(record, parent=None, *, measure: bool = False) -> dict:
         row.update(measured_peak_bytes=peak, measured_source=source, error_pct=error_pct(against, peak),
                    measured_max_bytes=max(sampled + hooked) if source else None)
     return row
+
+
+def progress_text(progress) -> str | None:
+    """"step 12, checkpoint of step 10": how far an attempt got (its outcome records, issue 30)."""
+    if not isinstance(progress, dict):
+        return None
+    parts = [f"{what} {progress[key]}" for key, what in (("last_step", "step"), ("checkpoint_step", "checkpoint of step"))
+             if isinstance(progress.get(key), int) and not isinstance(progress.get(key), bool)]
+    return ", ".join(parts) or None
 
 
 def chain_text(attempts: list[dict]) -> str:

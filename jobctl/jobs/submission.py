@@ -71,7 +71,7 @@ class Submission:
     hang_after_s: float = 0.0
 
     def checkpoints(self, folder: JobFolder) -> str:
-        return self.checkpoint_dir or str(folder.file("checkpoints"))
+        return self.checkpoint_dir or str(folder.file(layout.CHECKPOINTS))
 
     def resource_key(self) -> str:
         """Jobs with equal keys can share one job array (one sbatch call)."""

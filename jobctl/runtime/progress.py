@@ -37,6 +37,7 @@ STACK_SIGNAL = signal.SIGRTMIN + 4
 STACK_WAIT_S = 5.0  # how long the processes get to print their stacks
 HEARTBEAT_DIR = "progress"
 STACKS_DIR = "stacks"
+PUBLISH_ALIVE_S = 5.0  # before the first step, a node says it is alive at most this often
 _MAX_SMALL_FILE = 256  # a checkpoint marker or heartbeat file is a number: read no more
 
 
@@ -111,11 +112,18 @@ def latest_checkpoint(folder: str | os.PathLike) -> tuple[int, str] | None:
 
 class Progress:
     """A node's view of its training: the last step seen, when anything last happened, and the
-    hang thresholds (`first_s` before the first step, `after_s` between steps; 0: never)."""
+    hang thresholds (`first_s` before the first step, `after_s` between steps; 0: never).
+
+    In a job of several nodes usually only the first prints steps (global rank 0 logs): each
+    node's runner publishes the steps it reads to `publish` (a file in the shared heartbeat
+    folder), and every node counts any heartbeat file's change as progress, so a quiet node is
+    not called hung while the job trains."""
 
     def __init__(self, after_s: float, first_s: float, heartbeat_dir: Path | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, publish: Path | None = None):
         self.after_s, self.first_s, self.heartbeat_dir, self.clock = after_s, first_s, heartbeat_dir, clock
+        self.publish = publish
+        self._published = -1e18
         self.last_step: int | None = None
         self.last_change = clock()
         self._beats: dict[str, float] = {}
@@ -124,12 +132,18 @@ class Progress:
     def line(self, text: str) -> None:
         """One line of the command's output."""
         step = step_in(text)
+        new = alive = False
         with self._lock:
             if step is not None and step != self.last_step:
                 self.last_step = step
                 self.last_change = self.clock()
+                new = True
             elif self.last_step is None:
                 self.last_change = self.clock()  # before the first step, any output is life
+                alive = self.clock() - self._published > PUBLISH_ALIVE_S
+        if self.publish is not None and (new or alive):
+            self._published = self.clock()
+            _write_small(self.publish, str(step) if new else "alive")  # "alive": life, not a step
 
     def _heartbeats(self) -> None:
         """The hooks' heartbeat files: a changed file is a step (its content is the step)."""
@@ -166,6 +180,18 @@ class Progress:
         if self.last_step is None:
             return f"no output and no first step for {idle:.0f} s (first-step threshold {self.first_s:.0f} s)"
         return f"no progress for {idle:.0f} s after step {self.last_step} (threshold {self.after_s:.0f} s)"
+
+
+def _write_small(path: Path, text: str) -> None:
+    """A heartbeat file, replaced whole (never followed if someone planted a link)."""
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a heartbeat is best effort
 
 
 # -- stacks ------------------------------------------------------------------------------------

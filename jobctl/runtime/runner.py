@@ -33,7 +33,7 @@ from jobctl.runtime.outcome import (
     wait_for_outcomes,
     write_outcome,
 )
-from jobctl.store.folder import FINAL, RECOVERY_ERROR, JobFolder
+from jobctl.store.folder import CHECKPOINTS, FINAL, RECOVERY_ERROR, JobFolder
 
 # The recovery the first node runs after every node has written its outcome, named
 # "module:function": called as function(JobFolder, outcomes), it decides and submits what
@@ -77,7 +77,7 @@ class NodeRunner:
     hang_first_s: float = 0.0
 
     def checkpoints(self) -> str:
-        return self.checkpoint_dir or os.path.join(self.folder, "checkpoints")
+        return self.checkpoint_dir or os.path.join(self.folder, CHECKPOINTS)
 
     def _fill(self, text: str) -> str:
         return text.replace(JOB_FOLDER_TOKEN, self.folder).replace(CHECKPOINT_DIR_TOKEN, self.checkpoints())
@@ -139,7 +139,9 @@ class NodeRunner:
         for warning in version_warnings(self.expects):
             print(f"jobctl: warning: {warning}", flush=True)
         code: int | None = None
-        progress = prog.Progress(self.hang_after_s, self.hang_first_s, folder.file(prog.HEARTBEAT_DIR))
+        beats = folder.file(prog.HEARTBEAT_DIR)
+        beats.mkdir(mode=0o700, exist_ok=True)
+        progress = prog.Progress(self.hang_after_s, self.hang_first_s, beats, publish=beats / f"runner-node{rank}")
         hang = None
         try:
             with open(log_path, "ab", buffering=0) as log:

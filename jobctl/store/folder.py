@@ -28,6 +28,7 @@ INVENTORY_YAML = "inventory.yaml"
 INVENTORY_JSON = "inventory.json"
 PLAN = "plan.json"  # the `plan --json` report the job runs
 JOB = "job.json"  # how it was submitted: id, attempt, parent, policy, env, command, cwd
+CHECKPOINTS = "checkpoints"  # the chain's checkpoint folder, in its first attempt's folder (issue 30)
 SBATCH = "sbatch.sh"  # the script submitit gave sbatch, byte for byte
 SCHEDULER = "submitit.json"  # the scheduler's id and submitit's folder (an array's is shared)
 SUCCESSOR = "successor.json"  # the attempt the first node submitted after a failure
@@ -207,11 +208,13 @@ class JobFolder:
         return any(self.file(n).exists() for n in (SUCCESSOR, FINAL, RECOVERY_ERROR))
 
     def files(self, skip_suffixes: tuple[str, ...] = (), max_bytes: int | None = None) -> Iterator[FolderFile]:
-        """Every regular file below the folder (hidden ones skipped), for a mirror."""
+        """Every regular file below the folder (hidden ones skipped), for a mirror; the chain's
+        checkpoints stay where the job runs (terabytes of shards are no mirror's business)."""
         if not self.path.is_dir():
             return
         for dirpath, dirnames, filenames in os.walk(self.path):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            top = dirpath == str(self.path)
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (top and d == CHECKPOINTS))
             for name in sorted(filenames):
                 if name.startswith(".") or name.endswith(skip_suffixes):
                     continue

@@ -217,10 +217,10 @@ def checkpoint_line(r: dict | None) -> str | None:
     if r.get("time_to_train_s"):
         size = r["checkpoint_bytes"] / 1e12
         what = f"{size:.2f} TB" if size >= 0.1 else f"{r['checkpoint_bytes'] / 1e9:.1f} GB"
-        parts.append(f"goodput {r['goodput']:.0%}, {what} ckpt / {r['interval_steps']:,} steps")
-    if "hang_after_s" in r:
-        parts.append(f"hang: no step in {duration(r['hang_after_s'])} (1st: {duration(r['hang_first_step_s'])})"
-                     if r["hang_after_s"] else "no hang watchdog (resources.hang_after: 0)")
+        parts.append(f"goodput {r['goodput']:.0%}, {what} checkpoint in {duration(r['write_s'])} / "
+                     f"{r['interval_steps']:,} steps")
+    if "hang_after_s" in r:  # the first step's threshold: --json, submit --dry-run
+        parts.append(f"hang after {duration(r['hang_after_s'])}" if r["hang_after_s"] else "no hang watchdog")
     return ", ".join(parts) or None
 
 
@@ -335,6 +335,12 @@ def render_dry_run(items: list[dict]) -> None:
         para(f"{item['recipe']} -> {item['cluster']}/{item['partition']} ({item['scheduler']}), "
              f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}", style="bold")
         con.print(Text(f"job folder: {item['job_folder']}"), soft_wrap=True)  # a path: never broken
+        hang = item.get("hang") or {}
+        if hang:
+            para(f"hang watchdog: no new step in {duration(hang['after_s'])}, first step "
+                 f"{duration(hang['first_step_s'])}" if hang.get("after_s") else "hang watchdog: off")
+        if item.get("checkpoint_dir"):
+            con.print(Text(f"checkpoints (every attempt): {item['checkpoint_dir']}"), soft_wrap=True)
         if "sbatch" in item:
             con.print(Text("sbatch script (as submitit writes it):", style="bold"))
             con.print(Text(item["sbatch"].rstrip("\n")), soft_wrap=True)

@@ -66,6 +66,8 @@ def attempts_table(chain: list[dict]):
             notes.append(a["stopped"])
         if a.get("calibration_text"):
             notes.append(f"calibrated: {a['calibration_text']}")
+        if a.get("progress"):
+            notes.append(f"reached {a['progress']}")
         table.add_row(f"#{a['id']}", str(a["attempt"]), state_text(a["state"]), Text(a.get("layout") or ""),
                       gib_or(a["predicted_peak_bytes"], ""), gib_or(a.get("measured_peak_bytes"), ""),
                       pct(a.get("error_pct")), Text("; ".join(notes)))

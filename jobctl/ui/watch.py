@@ -46,6 +46,9 @@ def watch_view(snap: dict, live: bool = False):
     learned = [a for a in snap["chain"] if a.get("calibration_text")]
     if learned:  # what the newest OOM of the chain taught the ladder
         parts.append(Text.assemble(("learned   ", "bold"), f"#{learned[-1]['id']}: {learned[-1]['calibration_text']}"))
+    reached = [a for a in snap["chain"] if a.get("progress")]
+    if reached:  # how far the newest attempt that ended got, and its checkpoint
+        parts.append(Text.assemble(("reached   ", "bold"), f"#{reached[-1]['id']}: {reached[-1]['progress']}"))
     predicted, usable = mem.get("predicted_peak_bytes"), mem.get("gpu_usable_bytes")
     limits = f"predicted peak {gib_or(predicted)} GiB/GPU, usable {gib_or(usable)} GiB"
     if mem["nodes"]:
