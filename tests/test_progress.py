@@ -267,3 +267,13 @@ def test_a_mirror_of_the_job_folder_leaves_the_checkpoints_where_they_are(tmp_pa
     (tmp_path / "stacks").mkdir()
     (tmp_path / "stacks" / "node0.txt").write_text("Thread ...\n")
     assert sorted(f.name for f in JobFolder(tmp_path).files()) == ["logs/node-0.log", "stacks/node0.txt"]
+
+
+def test_what_an_earlier_run_left_in_the_heartbeat_folder_is_no_progress(tmp_path):
+    (tmp_path / "runner-node0").write_text("15")  # the run before a requeue got to step 15
+    clock = Clock()
+    p = prog.Progress(after_s=10, first_s=30, heartbeat_dir=tmp_path, clock=clock)
+    clock.t = 20
+    assert p.stalled() is None and p.last_step is None  # still waiting for this run's first step
+    clock.t = 31
+    assert p.stalled() == 31

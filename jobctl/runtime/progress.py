@@ -128,6 +128,20 @@ class Progress:
         self.last_change = clock()
         self._beats: dict[str, float] = {}
         self._lock = threading.Lock()
+        # what an earlier run of this job (a requeue) left there is no news of this run
+        for e in self._entries():
+            try:
+                self._beats[e.name] = e.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                pass
+
+    def _entries(self) -> list:
+        if self.heartbeat_dir is None:
+            return []
+        try:
+            return list(os.scandir(self.heartbeat_dir))[:4096]
+        except OSError:
+            return []
 
     def line(self, text: str) -> None:
         """One line of the command's output."""
@@ -147,13 +161,7 @@ class Progress:
 
     def _heartbeats(self) -> None:
         """The hooks' heartbeat files: a changed file is a step (its content is the step)."""
-        if self.heartbeat_dir is None:
-            return
-        try:
-            entries = list(os.scandir(self.heartbeat_dir))[:4096]
-        except OSError:
-            return
-        for e in entries:
+        for e in self._entries():
             try:
                 mtime = e.stat(follow_symlinks=False).st_mtime
             except OSError:
