@@ -34,7 +34,7 @@ _STEP_LINE = re.compile(r"\bstep\b[\s:=#]{0,3}(\d{1,12})\b|\biteration\s+(\d{1,1
 # the same signal number in the runner and in the job's sitecustomize (a real-time signal: the
 # usual SIGUSR1/SIGUSR2 are Slurm's and submitit's to send, and their default action kills)
 STACK_SIGNAL = signal.SIGRTMIN + 4
-STACK_WAIT_S = 5.0  # how long the processes get to print their stacks
+STACK_WAIT_S = 2.0  # how long the processes get to print their stacks (faulthandler writes at once)
 HEARTBEAT_DIR = "progress"
 STACKS_DIR = "stacks"
 PUBLISH_ALIVE_S = 5.0  # before the first step, a node says it is alive at most this often
