@@ -61,3 +61,15 @@ def test_a_chain_has_at_most_max_attempts_jobs(max_attempts):
 def test_the_ladders_bottom_stops_the_chain_whatever_the_attempts_left():
     why = stop_after_looking(failure(K.CUDA_OOM), 1, 10, None, "the ladder is at its bottom")
     assert why == "CUDA_OOM: the ladder is at its bottom"
+
+
+def test_a_hang_or_a_hardware_fault_is_resubmitted_unless_the_job_says_not():
+    """Issue 30: HANG and HARDWARE look for the next attempt (the same plan, resuming, without
+    the node); `--retry HANG=none` keeps a person in charge."""
+    from jobctl.model import RETRY_TABLE
+
+    for kind in (FailureKind.HANG, FailureKind.HARDWARE):
+        failure = Failure(kind, f"{kind}: x", "x", RETRY_TABLE[kind])
+        assert stop_before_looking(failure, RetryPolicy()) is None
+        stopped = stop_before_looking(failure, RetryPolicy.with_overrides([f"{kind.value}=none"]))
+        assert stopped == f"{kind}: not retried ({kind}: x)"

@@ -38,9 +38,11 @@ def read_outcomes(folder: JobFolder) -> list[Outcome]:
 
 
 def write_outcome(folder: JobFolder, rank: int, exit_code: int | None, signal: int | None, duration_s: float,
-                  argv: list[str], job_id: str) -> Outcome:
+                  argv: list[str], job_id: str, failure: Failure | None = None, **more) -> Outcome:
     """The node's outcome record: exit, signal, duration, peak GPU memory per GPU (from its
-    sampler's CSV), and the failure classification of its log."""
+    sampler's CSV), and the failure classification of its log -- or `failure`, a verdict the
+    runner made itself (a hang it stopped); `more`: the node's name and progress (Outcome's
+    host, last_step, checkpoint_step)."""
     peaks: dict = {}
     csv = folder.sampler_csv(rank)
     if csv.exists():
@@ -50,8 +52,9 @@ def write_outcome(folder: JobFolder, rank: int, exit_code: int | None, signal: i
             peaks = {str(k): int(v) for k, v in peak_memory_by_gpu(csv).items()}
         except Exception:  # a torn last line must not cost the outcome record
             peaks = {}
-    failure = classify(exit_code, signal=signal, log_text=read_tail(folder.log(rank)))
-    record = Outcome(rank, exit_code, signal, round(duration_s, 3), job_id, tuple(argv), peaks, failure)
+    if failure is None:
+        failure = classify(exit_code, signal=signal, log_text=read_tail(folder.log(rank)))
+    record = Outcome(rank, exit_code, signal, round(duration_s, 3), job_id, tuple(argv), peaks, failure, **more)
     save_outcome(folder, record)
     return record
 

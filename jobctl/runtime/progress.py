@@ -18,6 +18,7 @@ frameworks jobctl renders for (latest_checkpoint).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -185,9 +186,10 @@ class Progress:
 
     def verdict(self, idle: float) -> str:
         """The HANG failure's summary."""
+        idle = math.ceil(idle)  # past the threshold, also when both are printed as whole seconds
         if self.last_step is None:
-            return f"no output and no first step for {idle:.0f} s (first-step threshold {self.first_s:.0f} s)"
-        return f"no progress for {idle:.0f} s after step {self.last_step} (threshold {self.after_s:.0f} s)"
+            return f"no output and no first step for {idle} s (first-step threshold {self.first_s:.0f} s)"
+        return f"no progress for {idle} s after step {self.last_step} (threshold {self.after_s:.0f} s)"
 
 
 def _write_small(path: Path, text: str) -> None:

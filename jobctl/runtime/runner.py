@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from jobctl.backends import launch
 from jobctl.backends.slurm import SlurmBackend
@@ -299,14 +299,9 @@ def _outcome(folder: JobFolder, rank: int, code, signal, duration_s: float, argv
              hang: str | None = None, **more) -> Outcome:
     """The node's outcome record; a hang the watchdog stopped is HANG, whatever the log says
     (the stop itself makes the command fail)."""
+    verdict = None if hang is None else Failure(FailureKind.HANG, f"hang: {hang}", hang, RETRY_TABLE[FailureKind.HANG])
     try:
-        record = write_outcome(folder, rank, code, signal, duration_s, argv, job_id)
-        if hang is not None:
-            record = replace(record, failure=Failure(FailureKind.HANG, f"hang: {hang}", hang,
-                                                     RETRY_TABLE[FailureKind.HANG]))
-        record = replace(record, **more)
-        save_outcome(folder, record)
-        return record
+        return write_outcome(folder, rank, code, signal, duration_s, argv, job_id, verdict, **more)
     except Exception as e:  # the record is best effort; the exit code still decides the job's state
         record = Outcome(rank, code, signal, round(duration_s, 3), job_id, tuple(argv),
                          error=f"outcome classification failed: {e}")
