@@ -74,5 +74,8 @@ class JobBackend(Protocol):
     def test_only(self, script: str) -> tuple[bool, str]:
         """Whether the scheduler would accept `script` now, and what it said (no job created)."""
 
+    def keep_off(self, job_id: str, nodes: Sequence[str]) -> bool:
+        """Keep a waiting (requeued) job off `nodes`; False when the scheduler cannot or refused."""
+
     def output_files(self, submitit_folder: Path, job_id: str, node: int) -> tuple[Path, Path]:
         """Where the scheduler's own stdout and stderr of one node of a job are."""

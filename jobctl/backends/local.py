@@ -51,6 +51,9 @@ class LocalBackend:
     def render(self, requests: Sequence[SubmitRequest], cwd: str | None = None) -> None:
         return None  # no script: the controller is a process started directly
 
+    def keep_off(self, job_id: str, nodes) -> bool:
+        return False  # one machine: no node to keep a job off
+
     def test_only(self, script: str) -> tuple[bool, str]:
         return True, "this machine"
 

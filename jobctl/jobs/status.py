@@ -139,7 +139,7 @@ def _keep_off_failed_nodes(history, record, st: JobStatus, backend) -> None:
             history.add_suspect_node(record.cluster, node, FailureKind.NODE_FAIL,
                                      f"NODE_FAIL under job #{record.id}", record.id)
             suspected.append(node)
-    if st.state is JobState.PENDING and set(failed) - set(kept) and hasattr(backend, "keep_off"):
+    if st.state is JobState.PENDING and set(failed) - set(kept):
         if backend.keep_off(record.scheduler_job_id, sorted(set(kept) | set(failed))):
             kept = sorted(set(kept) | set(failed))
     if (suspected, kept) != (extra.get("suspected_nodes") or [], extra.get("kept_off") or []):

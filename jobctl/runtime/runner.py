@@ -238,18 +238,26 @@ class _PeerWatcher:
             if peer is None:
                 continue
             kind = peer.failure.kind.value if peer.failure else "failed"
-            note = f"jobctl: node {peer.node_rank} failed ({kind}); stopping node {self.rank}'s command\n"
-            try:
-                self.log.write(note.encode())
-            except (OSError, ValueError):
-                pass
-            print(note, end="", flush=True)
-            self.proc.terminate()
-            if self._done.wait(STOP_GRACE_S):
-                return
-            if self.proc.poll() is None:
-                self.proc.kill()
+            _say(self.log, f"jobctl: node {peer.node_rank} failed ({kind}); stopping node {self.rank}'s command\n")
+            _stop(self.proc, self._done)
             return
+
+
+def _say(log, text: str) -> None:
+    """A line of jobctl's own into the node's log and the job's output."""
+    try:
+        log.write(text.encode())
+    except (OSError, ValueError):
+        pass
+    print(text, end="", flush=True)
+
+
+def _stop(proc, done) -> None:
+    """Stop a node's command: SIGTERM, then SIGKILL after STOP_GRACE_S unless it ended
+    (`done`: set when the runner saw it end)."""
+    proc.terminate()
+    if not done.wait(STOP_GRACE_S) and proc.poll() is None:
+        proc.kill()
 
 
 def version_warnings(expects: dict, version=None) -> list[str]:
@@ -361,20 +369,13 @@ class _HangWatch:
         self._done.set()
         self._thread.join(timeout=5)
 
-    def _say(self, text: str) -> None:
-        try:
-            self.log.write(text.encode())
-        except (OSError, ValueError):
-            pass
-        print(text, end="", flush=True)
-
     def _run(self) -> None:
         while not self._done.wait(self.POLL_S):
             idle = self.progress.stalled()
             if idle is None:
                 continue
             self.verdict = self.progress.verdict(idle)
-            self._say(f"jobctl: hang on node {self.rank}: {self.verdict}; dumping stacks, then stopping\n")
+            _say(self.log, f"jobctl: hang on node {self.rank}: {self.verdict}; dumping stacks, then stopping\n")
             stacks = self.folder.file(prog.STACKS_DIR, f"node{self.rank}.txt")
             stacks.parent.mkdir(mode=0o700, exist_ok=True)
             with open(stacks, "ab") as f:
@@ -386,12 +387,8 @@ class _HangWatch:
                     how = f"failed: {e}"
                 self._done.wait(prog.STACK_WAIT_S)
                 self._copy_to = None
-            self._say(f"jobctl: stacks of node {self.rank} ({how}) in {stacks}\n")
-            self.proc.terminate()
-            if self._done.wait(STOP_GRACE_S):
-                return
-            if self.proc.poll() is None:
-                self.proc.kill()
+            _say(self.log, f"jobctl: stacks of node {self.rank} ({how}) in {stacks}\n")
+            _stop(self.proc, self._done)
             return
 
 
