@@ -19,6 +19,7 @@ choose the efficiency constants (--fit searches a small grid over them and print
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import statistics
 import sys
@@ -31,6 +32,15 @@ from jobctl.planner.search import Constraints, Target, search
 from jobctl_measure.published_throughput import Row, load_rows
 
 DATA = Path(__file__).resolve().parent / "data" / "published_throughput.yaml"
+# NVIDIA's Megatron-Bridge and NeMo performance summaries (FP8, MXFP8, NVFP4 on H100, B200,
+# GB200): the low-precision efficiencies and the TP-overlap constant are fitted on their fit half
+DATA_2025 = Path(__file__).resolve().parent / "data" / "published_throughput_2025.yaml"
+
+
+def _clear_caches() -> None:
+    """The step model keeps per-layer costs by their arguments, not by the module's constants."""
+    perf._pipeline_costs.cache_clear()
+    perf._layer_costs.cache_clear()
 
 
 def summary(rows: list[Row]) -> dict:
@@ -61,9 +71,10 @@ def _set(rows: list[Row], name: str, value) -> None:
     if name in ("a100", "h100"):
         for r in rows:
             if (r.links.peak_tflops < 500) == (name == "a100"):
-                r.links = perf.Links(**{**r.links.__dict__, "gemm_efficiency": value})
+                r.links = dataclasses.replace(r.links, gemm_efficiency=value)
     else:
         setattr(perf, name, value)
+    _clear_caches()
 
 
 def fit(rows: list[Row]) -> dict:
@@ -86,15 +97,146 @@ def fit(rows: list[Row]) -> dict:
     return {"fit_mae": best[0], "constants": best[1]}
 
 
+# The 2025 fit: the share of TP traffic the overlap leaves exposed, and per (generation, format)
+# the large-GEMM efficiency of the low-precision peak (each group's rows depend on its own
+# constant only, so each is searched alone for every value of the shared one).
+TP_OVERLAP_GRID = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
+LOW_EFFICIENCY_GRID = [round(0.20 + 0.02 * i, 2) for i in range(36)]
+
+
+def _group(r: Row) -> tuple[str, str] | None:
+    kind = r.gpu.split("-")[0]
+    return (perf.GENERATION.get(kind, kind), r.workload.precision) if r.workload.precision in (
+        "fp8", "mxfp8", "nvfp4") else None
+
+
+def _set_low(rows: list[Row], group, value: float) -> None:
+    for r in rows:
+        if _group(r) == group:
+            r.links = dataclasses.replace(r.links, low_efficiency=value,
+                                          low_tflops=lookup_gpu(r.gpu).low_precision_tflops(r.workload.precision))
+
+
+TE_GRID = [round(0.50 + 0.02 * i, 2) for i in range(21)]
+# the BF16 Transformer Engine rows the Hopper TE constant is fitted on (the issue's named source;
+# reference rows: their micro-batch is not printed and taken as 1, the rest as in the 2024 README)
+TE_SOURCE = "megatron_h100_2024"
+
+
+def _set_te(rows: list[Row], value: float) -> None:
+    for r in rows:
+        r.links = dataclasses.replace(r.links, te_gemm_efficiency=value)
+    _clear_caches()
+
+
+def fit_2025(rows: list[Row], te_rows: list[Row]) -> dict:
+    """The TP-overlap share, Hopper's BF16 GEMM efficiency under Transformer Engine and the
+    low-precision efficiencies that minimise the fit halves' mean absolute error (the check
+    halves are not looked at). rows: the 2025 file's; te_rows: Megatron-Core's H100 table."""
+    fit_rows = [r for r in rows if r.scored and r.half == "fit"]
+    te_fit = [r for r in te_rows if r.half == "fit"]
+    groups = sorted({g for r in fit_rows if (g := _group(r))})
+    saved_tp, saved_links = perf.TP_OVERLAP_EXPOSED, [(r, r.links) for r in rows + te_rows]
+    best = None
+    try:
+        for tp_exposed in TP_OVERLAP_GRID:
+            perf.TP_OVERLAP_EXPOSED = tp_exposed
+            _clear_caches()
+            scores = []
+            for v in TE_GRID:
+                _set_te(te_fit + fit_rows, v)
+                scores.append((statistics.mean(abs(r.error) for r in te_fit), v))
+            _, te = min(scores)
+            _set_te(te_fit + fit_rows, te)  # the FP8 rows' output layer and attention stay BF16
+            chosen, errs = {}, [abs(r.error) for r in te_fit]
+            for g in groups:
+                members = [r for r in fit_rows if _group(r) == g]
+                scores = []
+                for v in LOW_EFFICIENCY_GRID:
+                    _set_low(members, g, v)
+                    _clear_caches()
+                    scores.append((statistics.mean(abs(r.error) for r in members), v))
+                err, chosen[g] = min(scores)
+                _set_low(members, g, chosen[g])
+                errs += [abs(r.error) for r in members]
+            _clear_caches()
+            errs += [abs(r.error) for r in fit_rows if _group(r) is None]
+            mae = statistics.mean(errs)
+            if best is None or mae < best[0]:
+                best = (mae, tp_exposed, te, chosen)
+    finally:
+        perf.TP_OVERLAP_EXPOSED = saved_tp
+        for r, links in saved_links:
+            r.links = links
+        _clear_caches()
+    return {"fit_mae": best[0], "TP_OVERLAP_EXPOSED": best[1], "GEMM_EFFICIENCY_TE": {"hopper": best[2]},
+            "LOW_PRECISION_GEMM_EFFICIENCY": best[3],
+            "rows": {**{g: sorted(r.id for r in fit_rows if _group(r) == g) for g in best[3]},
+                     "hopper bf16 (Transformer Engine)": sorted(r.id for r in te_fit)}}
+
+
+# torch.compile and async TP from pairs of torchtitan runs on the same GPUs, one with the feature
+# and one without (their H100s are 96 GB / 500 W parts: a ratio of two runs, not the runs' own
+# times, is what these pairs can score). Compile: the 8-GPU pair fits COMPILE_MEMBOUND_SHARE, the
+# 128-GPU pair checks; async TP: both pairs only check the TP-overlap constants fitted above.
+COMPILE_PAIRS = {"fit": ("torchtitan-202412-llama31-8b-8gpu-fsdp", "torchtitan-202412-llama31-8b-8gpu-fsdp-compile"),
+                 "check": ("torchtitan-202412-llama31-8b-128gpu-fsdp",
+                           "torchtitan-202412-llama31-8b-128gpu-fsdp-compile")}
+ASYNC_TP_PAIRS = [("torchtitan-asynctp-202506-llama3-70b-256gpu-bf16-vanilla-tp",
+                   "torchtitan-asynctp-202506-llama3-70b-256gpu-bf16-async-tp"),
+                  ("torchtitan-asynctp-202506-llama3-8b-64gpu-bf16-vanilla-tp",
+                   "torchtitan-asynctp-202506-llama3-8b-64gpu-bf16-async-tp")]
+COMPILE_GRID = [round(0.05 * i, 2) for i in range(1, 21)]
+
+
+def pair_speedups(rows: list[Row], pairs) -> list[tuple[str, float, float]]:
+    """(the pair's first id, measured speed-up, predicted speed-up) of (without, with) pairs."""
+    by_id = {r.id: r for r in rows}
+    out = []
+    for a, b in pairs:
+        ra, rb = by_id[a], by_id[b]
+        out.append((a, ra.measured_s / rb.measured_s, ra.predicted_s / rb.predicted_s))
+    return out
+
+
+def fit_compile(rows: list[Row]) -> float:
+    """COMPILE_MEMBOUND_SHARE that makes the fit pair's predicted speed-up its measured one."""
+    saved = perf.COMPILE_MEMBOUND_SHARE
+    best = None
+    try:
+        for v in COMPILE_GRID:
+            perf.COMPILE_MEMBOUND_SHARE = v
+            _clear_caches()
+            ((_, measured, predicted),) = pair_speedups(rows, [COMPILE_PAIRS["fit"]])
+            err = abs(predicted / measured - 1)
+            if best is None or err < best[0]:
+                best = (err, v)
+    finally:
+        perf.COMPILE_MEMBOUND_SHARE = saved
+        _clear_caches()
+    return best[1]
+
+
+def _pairs_report(rows: list[Row]) -> None:
+    print("\ntorch.compile and async TP, as speed-ups of pairs of torchtitan runs on the same GPUs:")
+    print(f"{'pair (without -> with)':60} {'half':5} {'measured':>8} {'predicted':>9}")
+    for half in ("fit", "check"):
+        for a, m, p_ in pair_speedups(rows, [COMPILE_PAIRS[half]]):
+            print(f"{a + ' -> compile':60} {half:5} {m:7.3f}x {p_:8.3f}x")
+    for a, m, p_ in pair_speedups(rows, ASYNC_TP_PAIRS):
+        print(f"{a + ' -> async TP':60} {'check':5} {m:7.3f}x {p_:8.3f}x")
+
+
 HOST_GIB = 2048  # host RAM per node of these clusters (DGX A100: 1-2 TB, DGX H100: 2 TB)
 
 
 def versus_search(r: Row) -> dict:
     """The search on the row's GPUs (exactly its nodes), framework and batch: its choice, and the
     published layout's predicted speed relative to it (and whether the model fits it)."""
-    gpn = min(8, r.gpus)
+    gpn = r.plan.gpus_per_node
     gpu = lookup_gpu(r.gpu)
-    t = Target("published", "gpus", gpu, gpn, r.gpus // gpn, HOST_GIB * GIB, gpu.memory_bytes, r.links)
+    t = Target("published", "gpus", gpu, gpn, r.gpus // gpn, HOST_GIB * GIB, gpu.memory_bytes, r.links,
+               domain_gpus=r.link_gpus if r.link_gpus > gpn else 0)
     res = search(r.workload, t, Constraints(nodes=r.gpus // gpn, max_nodes=r.gpus // gpn))
     mem = estimate(r.workload, t.gpu_memory_bytes, r.plan, t.host_mem_bytes, detail=False)
     out = {"fits": mem.fits, "need_gib": mem.total_bytes / GIB, "chosen": None, "ratio": None}
@@ -104,6 +246,45 @@ def versus_search(r: Row) -> dict:
     return out
 
 
+def _table(rows: list[Row], markdown: bool) -> None:
+    if markdown:
+        print("| row | source | half | GPUs | layout | measured step | predicted | error | not scored because |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r.id} | {r.source} | {r.half if r.scored else 'reference (' + r.half + ')'} | {r.gpus} | {r.plan.summary()} | "
+                  f"{r.measured_s:.3g} s ({r.how}) | {r.predicted_s:.3g} s | {r.error:+.1%} | "
+                  f"{r.why_not_scored or '-'} |")
+    else:
+        print(f"{'row':44} {'half':5} {'GPUs':>5} {'measured':>9} {'predicted':>9} {'error':>7}")
+        for r in rows:
+            half = r.half if r.scored else f"ref-{r.half[0]}"
+            print(f"{r.id[:44]:44} {half:5} {r.gpus:5d} {r.measured_s:8.3g}s {r.predicted_s:8.3g}s {r.error:+7.1%}")
+
+
+def _by(rows: list[Row], key, title: str) -> None:
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    print(title)
+    for k, rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        name = k if isinstance(k, str) else " ".join(str(x) for x in k)
+        print(f"  {name:34} {len(rs):3d} rows  MAE {statistics.mean(abs(r.error) for r in rs):6.1%}  "
+              f"mean error {statistics.mean(r.error for r in rs):+6.1%}")
+
+
+def _layouts(rows: list[Row]) -> None:
+    print("\nThe published layout against the search on the same GPUs (exactly its nodes), framework and batch"
+          "\n(published/chosen: the published layout's predicted speed over the chosen plan's):")
+    print(f"{'row':44} {'published/chosen':>16}  chosen plan, or why the model disagrees")
+    for r in rows:
+        v = versus_search(r)
+        if not v["fits"]:
+            why = f"the model says the published layout needs {v['need_gib']:.0f} GiB per GPU"
+        else:
+            why = v["chosen"] or "nothing fits"
+        ratio = f"{v['ratio']:.2f}" if v["ratio"] else "-"
+        print(f"{r.id[:44]:44} {ratio:>16}  {why}")
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,49 +292,53 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     ap.add_argument("--layouts", action="store_true",
                     help="also run the search on each row's GPUs: is the published layout among the best?")
+    ap.add_argument("--data", choices=("2021", "2025", "all"), default="all",
+                    help="2021: the 2021-24 sources; 2025: NVIDIA's Megatron-Bridge/NeMo summaries; all: both")
     args = ap.parse_args(argv)
-    rows, skipped = load_rows(DATA)
-    rows.sort(key=lambda r: (r.source, r.id))
-    if args.markdown:
-        print("| row | source | half | GPUs | layout | measured step | predicted | error | not scored because |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {r.id} | {r.source} | {r.half or 'reference'} | {r.gpus} | {r.plan.summary()} | "
-                  f"{r.measured_s:.3g} s ({r.how}) | {r.predicted_s:.3g} s | {r.error:+.1%} | "
-                  f"{r.why_not_scored or '-'} |")
-    else:
-        print(f"{'row':44} {'half':5} {'GPUs':>5} {'measured':>9} {'predicted':>9} {'error':>7}")
-        for r in rows:
-            print(f"{r.id[:44]:44} {r.half or 'ref':5} {r.gpus:5d} {r.measured_s:8.3g}s {r.predicted_s:8.3g}s {r.error:+7.1%}")
-    s = summary(rows)
-    print()
-    print(f"rows scored {s['n']}, reference {len(rows) - s['n']}, skipped {len(skipped)}: mean absolute error all {s['all']:.1%}, fit half {s['fit']:.1%}, "
-          f"check half {s['check']:.1%}, check half Megatron rows ({s['n_check_megatron']}) {s['check_megatron']:.1%}")
-    for scored in (True, False):
-        by_source: dict[str, list[Row]] = {}
-        for r in rows:
-            if r.scored == scored:
-                by_source.setdefault(r.source, []).append(r)
-        print("scored rows, by source:" if scored else "reference rows (not scored: configuration incomplete or other "
-              "hardware), by source:")
-        for src, rs in sorted(by_source.items()):
-            print(f"  {src:28} {len(rs):3d} rows  MAE {statistics.mean(abs(r.error) for r in rs):6.1%}  "
-                  f"mean error {statistics.mean(r.error for r in rs):+6.1%}")
-    if args.layouts:
-        print("\nThe published layout against the search on the same GPUs (exactly its nodes), framework and batch"
-              "\n(published/chosen: the published layout's predicted speed over the chosen plan's):")
-        print(f"{'row':44} {'published/chosen':>16}  chosen plan, or why the model disagrees")
-        for r in rows:
-            v = versus_search(r)
-            if not v["fits"]:
-                why = f"the model says the published layout needs {v['need_gib']:.0f} GiB per GPU"
-            else:
-                why = v["chosen"] or "nothing fits"
-            ratio = f"{v['ratio']:.2f}" if v["ratio"] else "-"
-            print(f"{r.id[:44]:44} {ratio:>16}  {why}")
-    if args.fit:
-        f = fit(rows)
-        print(f"\nfit half, grid search: MAE {f['fit_mae']:.1%} with {f['constants']}")
+    if args.data in ("2021", "all"):
+        rows, skipped = load_rows(DATA)
+        rows.sort(key=lambda r: (r.source, r.id))
+        _table(rows, args.markdown)
+        s = summary(rows)
+        print()
+        print(f"rows scored {s['n']}, reference {len(rows) - s['n']}, skipped {len(skipped)}: mean absolute error all "
+              f"{s['all']:.1%}, fit half {s['fit']:.1%}, check half {s['check']:.1%}, check half Megatron rows "
+              f"({s['n_check_megatron']}) {s['check_megatron']:.1%}")
+        _by([r for r in rows if r.scored], lambda r: r.source, "scored rows, by source:")
+        _by([r for r in rows if not r.scored], lambda r: r.source,
+            "reference rows (not scored: configuration incomplete or other hardware), by source:")
+        _pairs_report(rows)
+        if args.layouts:
+            _layouts(rows)
+        if args.fit:
+            print(f"\ncompile pair fit: COMPILE_MEMBOUND_SHARE {fit_compile(rows)}")
+            f = fit(rows)
+            print(f"\nfit half, grid search: MAE {f['fit_mae']:.1%} with {f['constants']}")
+    if args.data in ("2025", "all"):
+        rows, skipped = load_rows(DATA_2025)
+        rows.sort(key=lambda r: (r.source, r.id))
+        print("\nNVIDIA's performance summaries (benchmarks/data/published_throughput_2025.yaml):")
+        _table(rows, args.markdown)
+        s = summary(rows)
+        print()
+        print(f"rows scored {s['n']}, reference {len(rows) - s['n']}, skipped {len(skipped)}: mean absolute error all "
+              f"{s['all']:.1%}, fit half {s['fit']:.1%}, check half {s['check']:.1%}")
+        scored = [r for r in rows if r.scored]
+        _by(scored, lambda r: (r.source, r.half), "scored rows, by source and half:")
+        _by([r for r in scored if r.half == "check"], lambda r: (r.gpu.split("-")[0], r.workload.precision),
+            "check half, by GPU and format:")
+        if [r for r in rows if not r.scored]:
+            _by([r for r in rows if not r.scored], lambda r: r.source, "reference rows, by source:")
+        if args.layouts:
+            _layouts(rows)
+        if args.fit:
+            te_rows = [r for r in load_rows(DATA)[0] if r.source == TE_SOURCE]
+            f = fit_2025(rows, te_rows)
+            print(f"\nfit halves, grid search: MAE {f['fit_mae']:.1%} with TP_OVERLAP_EXPOSED {f['TP_OVERLAP_EXPOSED']}, "
+                  f"GEMM_EFFICIENCY_TE {f['GEMM_EFFICIENCY_TE']} and LOW_PRECISION_GEMM_EFFICIENCY "
+                  f"{f['LOW_PRECISION_GEMM_EFFICIENCY']}")
+            for g, ids in f["rows"].items():
+                print(f"  {g}: set by {', '.join(ids)}")
     return 0
 
 

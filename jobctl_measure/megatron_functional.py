@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import yaml
 
+from jobctl import frameworks
 from jobctl.planner.memory import Workload, estimate_stage
 from jobctl.planner.models import ModelSpec
 from jobctl.planner.plan import Plan
@@ -101,7 +102,8 @@ def workload_and_plan(entry: dict):
     attention = "eager" if eager else "flash"
     w = Workload(spec, int(arg("seq-length")), gbs, optimizer="adamw", precision="bf16-mixed",
                  attention=attention,
-                 fused_cross_entropy=bool(arg("cross-entropy-loss-fusion")), framework="megatron")
+                 fused_cross_entropy=bool(arg("cross-entropy-loss-fusion")),
+                 framework=frameworks.get("megatron").with_caps(tp_comm_overlap=bool(arg("tp-comm-overlap"))))
     plan = Plan(nodes=1, gpus_per_node=GPUS, tp=tp, pp=pp, dp=dp, cp=cp,
                 sharding="zero1" if arg("use-distributed-optimizer") else "none",
                 micro_batch_size=mb, grad_accum_steps=gbs // (mb * dp), global_batch_size=gbs,

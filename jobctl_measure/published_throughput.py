@@ -13,15 +13,17 @@ the targets.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from jobctl import frameworks
 from jobctl.planner.catalog import lookup_gpu
 from jobctl.planner.memory import Workload
 from jobctl.planner.models import ModelSpec
-from jobctl.planner.perf import Links, estimate_step, gemm_ceiling
+from jobctl.planner.perf import Links, estimate_step, gemm_ceiling, low_precision_ceiling, te_gemm_ceiling
 from jobctl.planner.plan import Plan
 
 
@@ -35,6 +37,7 @@ class Row:
     framework: str
     gpu: str  # catalog key
     gpus: int
+    link_gpus: int  # GPUs that talk over NVLink: a node, or the rack's domain (GB200 NVL72)
     workload: Workload
     plan: Plan
     links: Links
@@ -47,7 +50,7 @@ class Row:
 
     @property
     def predicted_s(self) -> float:
-        return estimate_step(self.workload, self.plan, self.links, min(8, self.gpus)).step_time_s
+        return estimate_step(self.workload, self.plan, self.links, self.link_gpus).step_time_s
 
     @property
     def error(self) -> float:
@@ -85,6 +88,7 @@ def measured_step(r: dict) -> tuple[float, str] | None:
     return None
 
 
+GPUS_PER_NODE = {"gb200-186gb": 4}  # a GB200 compute tray: 2 Grace CPUs, 4 Blackwell GPUs
 EAGER_SOURCES = ("narayanan2021", "megatron_readme_2021", "korthikanti2022", "bloom_tr11")
 SHARDING = {"none": "none", "zero1": "zero1", "fsdp": "zero3", "fsdp-shard-grad-op": "zero2", None: "zero1"}
 RECOMPUTE = {"full": "full", "selective": "selective", "op-sac": "selective", "none": "none", None: "none"}
@@ -97,8 +101,12 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
     rows, skipped = [], []
     for r in doc["rows"]:
         p, m = r["parallel"], r["model"]
-        if r.get("precision") == "fp8" or r.get("compile"):
-            skipped.append((r["id"], "fp8 or torch.compile (not modelled)"))
+        # 16-bit rows are modelled as bf16-mixed (fp16 runs at the same tensor-core rate)
+        precision = r.get("precision") if r.get("precision") in ("fp8", "mxfp8", "nvfp4") else "bf16-mixed"
+        if (r.get("compile") and r["framework"] != "torchtitan") or (
+                precision != "bf16-mixed" and r["framework"] != "megatron"):
+            skipped.append((r["id"], "torch.compile outside torchtitan, or low precision outside Megatron-Core "
+                                     "(not modelled)"))
             continue
         if r.get("gpu") is None:
             skipped.append((r["id"], "GPU not stated"))
@@ -117,7 +125,7 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
                           vocab=m["vocab"], max_seq_len=m["seq_len"] if family == "gpt" else 0)
         framework = {"meta-internal": "megatron"}.get(r["framework"], r["framework"])
         if r["framework"] == "meta-internal":
-            assumed.append("Meta's stack modelled as Megatron's schedule")
+            assumed.append("Meta's stack modelled as Megatron's schedule (without Transformer Engine's GEMM efficiency)")
         tp, pp, dp, cp = p["tp"], p["pp"], p["dp"], p.get("cp") or 1
         gb = p["global_batch"]
         mbs = p.get("micro_batch")
@@ -136,6 +144,8 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
             assumed.append("distributed optimizer (zero1)")
         if p.get("recompute") is None:
             assumed.append("no recompute")
+        if precision == "fp8" and r.get("fp8_recipe") is None:
+            assumed.append("fp8 scaling recipe (tensorwise)")
         sp = p.get("sequence_parallel")
         if sp is None:
             sp = tp > 1
@@ -143,24 +153,39 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         # FlashAttention (2022) postdates these runs: Megatron-LM then fused the softmax but
         # still materialised the a·s² scores
         attention = "eager" if r["source"] in EAGER_SOURCES else "flash"
-        w = Workload(model, m["seq_len"], gb, precision="bf16-mixed", framework=framework, attention=attention)
-        gpn = min(8, r["gpus"])
-        plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, sharding, mbs, gb // (dp * mbs), gb,
-                    RECOMPUTE[p.get("recompute")], "none", sp, vp, 0, 0)
+        fw = frameworks.get(framework)
+        if fw.caps.tp_comm_overlap and not r.get("tp_comm_overlap"):  # the run did not overlap TP traffic
+            fw = fw.with_caps(tp_comm_overlap=False)
+        if fw.caps.async_tp and not p.get("async_tp"):  # compiled without torchtitan's async TP
+            fw = fw.with_caps(async_tp=False)
+        w = Workload(model, m["seq_len"], gb, precision=precision, framework=fw, attention=attention,
+                     fp8_recipe=r.get("fp8_recipe") or "tensorwise", grad_reduce=r.get("grad_reduce") or "fp32",
+                     formats=lookup_gpu(r["gpu"]).formats, compile=bool(r.get("compile")))
         gpu = lookup_gpu(r["gpu"])
+        gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
+        plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, sharding, mbs, gb // (dp * mbs), gb,
+                    RECOMPUTE[p.get("recompute")], "none", sp, vp, 0, p.get("recompute_layers") or 0)
+        low = low_precision_ceiling(gpu.key, precision)
         links = Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
-                      gpu.peak_tflops("bf16-mixed"), gemm_ceiling(gpu.key))
-        row = Row(r["id"], r["source"], r["framework"], r["gpu"], r["gpus"], w, plan, links, got[0], got[1], assumed)
-        if assumed:
+                      gpu.peak_tflops(precision), gemm_ceiling(gpu.key), te_gemm_ceiling(gpu.key),
+                      gpu.low_precision_tflops(precision) if low else 0.0, low)
+        if r["framework"] == "meta-internal":
+            links = dataclasses.replace(links, te_gemm_efficiency=0.0)
+        link_gpus = max(gpn, min(gpu.nvlink_domain_gpus, r["gpus"]))
+        row = Row(r["id"], r["source"], r["framework"], r["gpu"], r["gpus"], link_gpus, w, plan, links, got[0], got[1],
+                  assumed)
+        if r.get("not_modelled"):
+            row.scored, row.why_not_scored = False, r["not_modelled"]
+        elif assumed:
             row.scored, row.why_not_scored = False, "configuration incomplete: " + ", ".join(assumed)
         elif r.get("gpu_variant"):
             row.scored, row.why_not_scored = False, f"other hardware: {r['gpu_variant']}"
         rows.append(row)
-    # the halves: alternate within each source, in id order
-    by_source: dict[str, list[Row]] = {}
+    # the halves: alternate within each source, in id order (the scored rows, and apart from them
+    # the reference rows, which a fit may use under their stated assumptions)
+    by_source: dict[tuple[str, bool], list[Row]] = {}
     for row in rows:
-        if row.scored:
-            by_source.setdefault(row.source, []).append(row)
+        by_source.setdefault((row.source, row.scored), []).append(row)
     for group in by_source.values():
         for i, row in enumerate(sorted(group, key=lambda x: x.id)):
             row.half = "fit" if i % 2 == 0 else "check"

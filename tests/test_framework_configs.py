@@ -123,6 +123,8 @@ def test_megatron_accepts_what_jobctl_renders():
         # group, the parameter gather with the distributed optimizer
         assert r["overlap_grad_reduce"] == (p["dp"] * p["cp"] > 1)
         assert r["overlap_param_gather"] == (p["dp"] * p["cp"] > 1 and p["sharding"] == "zero1")
+        # TP communication under the GEMMs wherever it is sequence-parallel (the step model's tp_overlap)
+        assert r["tp_comm_overlap"] == (p["tp"] > 1 and p["sequence_parallel"])
         assert r["recompute"] == {"none": None, "selective": "selective", "full": "full"}[p["recompute"]]
         if p["recompute"] == "full":  # the first N layers of each model chunk (block), or all (uniform)
             per_chunk = p["recompute_layers"] // p["virtual_stages"]
@@ -135,6 +137,11 @@ def test_megatron_accepts_what_jobctl_renders():
         expected = {None: (None, None, None, None), "fp8": ("hybrid", recipe or "tensorwise", None, None),
                     "mxfp8": ("e4m3", "mxfp8", None, None), "nvfp4": (None, None, "e2m1", "nvfp4")}[precision]
         assert (r["fp8"], r["fp8_recipe"], r["fp4"], r["fp4_recipe"]) == expected, case["case"]
+        # FP8 weights gathered in FP8 under the distributed optimizer (per-tensor and MXFP8 scaling)
+        fp8_weights = p["sharding"] == "zero1" and (precision == "mxfp8" or (
+            precision == "fp8" and (recipe or "tensorwise") in ("tensorwise", "delayed")))
+        assert r["fp8_param"] == fp8_weights, case["case"]
+        assert r["reuse_grad_buf_for_mxfp8_param_ag"] == (fp8_weights and precision == "mxfp8")
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)  # the interleaved schedule was exercised
 
 
@@ -153,6 +160,26 @@ def test_megatron_checker_refuses_a_param_gather_overlap_without_the_distributed
     args = [a for a in base["framework"]["args"] if a != "--use-distributed-optimizer"]
     r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=args))])[0]
     assert not r["ok"] and "distributed optimizer" in r["error"]
+
+
+def test_megatron_checker_refuses_tp_overlap_without_sequence_parallel():
+    _need("megatron")
+    base = next(c for c in plans("megatron") if "--tp-comm-overlap" in c["framework"]["args"])
+    args = [a for a in base["framework"]["args"] if a != "--sequence-parallel"]
+    r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=args))])[0]
+    assert not r["ok"] and "only when sequence parallelism is enabled" in r["error"]
+
+
+def test_megatron_checker_refuses_fp8_weights_without_fp8_and_a_grad_buffer_reuse_without_them():
+    _need("megatron")
+    base = next(c for c in plans("megatron") if "--fp8-param-gather" in c["framework"]["args"])
+    args = list(base["framework"]["args"])
+    i = args.index("--fp8-format")
+    no_fp8 = args[:i] + args[i + 4:]  # drop --fp8-format X --fp8-recipe Y
+    reuse = [a for a in args if a != "--fp8-param-gather"] + ["--reuse-grad-buf-for-mxfp8-param-ag"]
+    r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=a)) for a in (no_fp8, reuse)])
+    assert not r[0]["ok"] and "fp8_param must be used together with fp8 mode" in r[0]["error"]
+    assert not r[1]["ok"] and "Reuse grad buffer only when keeping params in MXFP8" in r[1]["error"]
 
 
 def test_megatron_checker_refuses_what_megatron_refuses():
@@ -184,7 +211,19 @@ def test_torchtitan_accepts_what_jobctl_renders():
         assert (r["ac"] or "none").split(".")[0] == {"none": "none", "selective": "SelectiveAC",
                                                       "full": "FullAC"}[p["recompute"]]
         assert r["cpu_offload"] == (p["offload"] != "none")
+        # train.compile auto: compiled, with async TP wherever tp > 1 is sequence-parallel
+        assert r["compile"] is True
+        assert r["async_tp"] == (p["tp"] > 1 and p["sequence_parallel"])
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)
+    assert any(c["plan"]["tp"] > 1 for c in cases)  # async TP was exercised
+
+
+def test_torchtitan_checker_refuses_async_tp_without_compile():
+    _need("torchtitan")
+    base = next(c for c in plans("torchtitan") if "--compile.enable_async_tensor_parallel" in c["framework"]["args"])
+    args = [a for a in base["framework"]["args"] if a != "--compile.enable"]
+    r = run_checker("torchtitan", [dict(base, framework=dict(base["framework"], args=args))])[0]
+    assert not r["ok"] and "Async TP requires" in r["error"]
 
 
 def test_torchtitan_checker_refuses_a_batch_that_does_not_divide():

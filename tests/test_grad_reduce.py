@@ -35,13 +35,25 @@ def term(report, name):
 
 
 def test_the_main_grad_buffer_is_bf16_and_the_deep_interleaved_405b_layout_fits(tmp_path):
-    fp32 = planned(tmp_path)
+    fp32 = planned(tmp_path, "train.grad_reduce=fp32")
     assert not fp32["feasible"]  # 82.0 GiB with fp32 main grads (issue 29)
     bf16 = planned(tmp_path, "train.grad_reduce=bf16")
     assert bf16["feasible"], bf16.get("reasons")
     # 2 B per parameter, like the bf16 weights on the same rank (405.85B / (tp 8 x pp 8) each)
     assert term(bf16, "gradients") == pytest.approx(term(bf16, "weights"), rel=1e-9)
     assert "--grad-reduce-in-bf16" in bf16["framework"]["args"]
+
+
+def test_auto_is_what_megatron_bridge_runs_under_megatron_and_fp32_elsewhere(tmp_path):
+    auto = planned(tmp_path)  # the recipe's default, train.grad_reduce: auto
+    assert auto["feasible"], auto.get("reasons")
+    assert "--grad-reduce-in-bf16" in auto["framework"]["args"]
+    assert any("Megatron-Bridge" in n for n in auto["framework"]["notes"])
+    assert term(auto, "gradients") == pytest.approx(term(auto, "weights"), rel=1e-9)
+    # torchtitan reduces in fp32 (FSDP2's reduce_dtype): auto is not a refusal there
+    tt = plan_on(load_recipe("recipes/llama8b.yaml", ["framework=torchtitan"]), load_inventory("h100", []),
+                 alternatives=0).to_dict()
+    assert tt["feasible"], tt.get("reasons")
 
 
 def test_another_framework_refuses_it_by_name(tmp_path):

@@ -62,25 +62,53 @@ def test_fp8_recipe_without_fp8_is_a_recipe_error():
     assert "fp8_recipe" in str(e.value) and "precision: fp8" in str(e.value)
 
 
+# Llama 3.1 70B (its config.json: hidden 8192, 64 heads of 128, 8 KV heads, FFN 28672, 80 layers)
+# at tp=4 pp=4: 20 layers per stage, each layer's matrices split 4 ways.
+H, KV, FFN = 8192, 8 * 128, 28672
+LAYER_PER_RANK = 20 * ((H * H + 2 * H * KV + H * H + 3 * H * FFN) / 4 + 2 * H / 4)
+
+
 @pytest.mark.parametrize("precision, per_weight", [
-    ("fp8", 1 + 1),  # one byte row-wise + one byte transposed; one fp32 scale per tensor
-    ("mxfp8", 2 * (1 + 1 / 32)),  # plus one E8M0 scale byte per 32 values, both copies
-    ("nvfp4", 2 * (0.5 + 1 / 16)),  # half a byte plus one E4M3 scale byte per 16 values
+    # Blackwell's FP8 GEMMs take every layout, so per-tensor FP8 needs no transposed copy
+    # (Transformer Engine pytorch/utils.py is_non_tn_fp8_gemm_supported: compute capability 10.x)
+    ("fp8", 1),
+    ("mxfp8", 2 * (1 + 1 / 32)),  # row-wise and column-wise blocks: one E8M0 scale byte per 32 values
+    ("nvfp4", 2 * (0.5 + 1 / 16)),  # half a byte plus one E4M3 scale byte per 16 values, both copies
 ])
-def test_the_weight_copies_are_two_low_precision_copies_of_the_ranks_layer_weights(precision, per_weight):
-    """Llama 3.1 70B (its config.json: hidden 8192, 64 heads of 128, 8 KV heads, FFN 28672, 80
-    layers) at tp=4 pp=4: 20 layers per stage, each layer's matrices split 4 ways."""
-    h, kv, ffn = 8192, 8 * 128, 28672
-    matrices = h * h + 2 * h * kv + h * h + 3 * h * ffn  # q, k, v, o, gate/up/down
-    norms = 2 * h
-    per_rank = 20 * (matrices / 4 + norms / 4)
-    d = plan("llama70b", "b200", f"train.precision={precision}", "parallelism.tp=4", "parallelism.pp=4")
+def test_without_the_distributed_optimizer_the_low_precision_copies_come_beside_the_16_bit_weights(
+        precision, per_weight):
+    d = plan("llama70b", "b200", f"train.precision={precision}", "parallelism.tp=4", "parallelism.pp=4",
+             "parallelism.sharding=none")
     assert d["feasible"], d["reasons"]
     (term,) = [t for t in d["memory"]["terms"] if t["name"] == f"{precision} weight copies"]
     assert term["group"] == "weights"
-    assert term["bytes"] == pytest.approx(per_rank * per_weight, rel=1e-3)
-    bf16 = plan("llama70b", "b200", "parallelism.tp=4", "parallelism.pp=4")
+    assert term["bytes"] == pytest.approx(LAYER_PER_RANK * per_weight, rel=1e-3)
+    (weights,) = [t for t in d["memory"]["terms"] if t["name"] == "weights"]
+    assert weights["bytes"] >= LAYER_PER_RANK * 2  # the 16-bit weights stay
+    bf16 = plan("llama70b", "b200", "parallelism.tp=4", "parallelism.pp=4", "parallelism.sharding=none")
     assert [t for t in bf16["memory"]["terms"] if "copies" in t["name"]] == []
+
+
+@pytest.mark.parametrize("cluster, precision, per_weight, flags", [
+    ("h100", "fp8", 1 + 1, ["--fp8-param-gather"]),  # Hopper: row-wise and transposed bytes
+    ("b200", "fp8", 1, ["--fp8-param-gather"]),
+    ("b200", "mxfp8", 2 * (1 + 1 / 32), ["--fp8-param-gather", "--reuse-grad-buf-for-mxfp8-param-ag"]),
+])
+def test_with_the_distributed_optimizer_the_layers_weights_are_fp8_only(cluster, precision, per_weight, flags):
+    """Megatron-Bridge's FP8-CS and MXFP8 perf recipes gather FP8 weights (fp8_param_gather=True):
+    the 16-bit copy of the layers' weights goes, the embedding and output layer keep theirs."""
+    d = plan("llama70b", cluster, f"train.precision={precision}", "parallelism.tp=4", "parallelism.pp=4",
+             "parallelism.sharding=zero1")
+    assert d["feasible"], d["reasons"]
+    terms = {t["name"]: t["bytes"] for t in d["memory"]["terms"]}
+    assert terms[f"{precision} weights"] == pytest.approx(LAYER_PER_RANK * per_weight, rel=1e-3)
+    # one stage's embedding or output matrix at most: the vocabulary padded to 128·tp, split 4 ways
+    assert terms["weights"] <= 128512 * H / 4 * 2 * 1.001
+    args = d["framework"]["args"]
+    assert all(f in args for f in flags)
+    blockwise = plan("llama70b", cluster, "train.precision=fp8", "train.fp8_recipe=blockwise", "parallelism.tp=4",
+                     "parallelism.pp=4", "parallelism.sharding=zero1")
+    assert "--fp8-param-gather" not in blockwise["framework"]["args"]  # blockwise scaling keeps 16-bit weights
 
 
 def test_custom_code_gets_the_precision_in_its_environment(tmp_path):

@@ -55,3 +55,53 @@ def test_the_halves_alternate_within_each_source():
     for source in {r.source for r in rows if r.scored}:
         group = sorted((r for r in rows if r.scored and r.source == source), key=lambda r: r.id)
         assert [r.half for r in group] == ["fit" if i % 2 == 0 else "check" for i in range(len(group))]
+
+
+# --- NVIDIA's performance summaries: FP8, MXFP8, NVFP4 and TP overlap (issue 29) -------------
+
+DATA_2025 = ROOT / "benchmarks" / "data" / "published_throughput_2025.yaml"
+
+
+def test_every_2025_row_names_its_source_quotes_it_and_says_where_its_settings_come_from():
+    doc = yaml.safe_load(DATA_2025.read_text())
+    for row in doc["rows"]:
+        assert row["source"] in doc["sources"] and row.get("quote") and row["measured"], row["id"]
+        # the settings the tables do not print were attached from the frameworks' recipes, or the
+        # row says why it is not modelled
+        assert any(f.startswith("settings: ") for f in row["inferred_fields"]), row["id"]
+
+
+def test_the_2025_check_halves_meet_the_issue_targets():
+    """Issue 29: step-time mean |error| at most 10% on the held-out half of Megatron-Bridge's and
+    NeMo's rows, FP8 and low precision alike (the fit half chose the constants)."""
+    rows, _ = load_rows(DATA_2025)
+    scored = [r for r in rows if r.scored]
+    assert len(scored) >= 40
+    for source in ("megatron_bridge_perf_summary", "nemo_perf_summary_2407"):
+        check = [r for r in scored if r.source == source and r.half == "check"]
+        assert check, source
+        mae = statistics.mean(abs(r.error) for r in check)
+        assert mae <= 0.10, f"{source}: {mae:.1%} on {len(check)} held-out rows"
+    formats = {r.workload.precision for r in scored if r.half == "check"}
+    assert formats == {"fp8", "mxfp8", "nvfp4"}
+
+
+def _fits(row) -> tuple[bool, float]:
+    from jobctl.planner.catalog import GIB, lookup_gpu
+    from jobctl.planner.memory import estimate
+    m = estimate(row.workload, lookup_gpu(row.gpu).memory_bytes, row.plan, 2048 * GIB, detail=False)
+    return m.fits, m.total_bytes / GIB
+
+
+_2025_ROWS = [r for r in load_rows(DATA_2025)[0] if r.scored]
+
+
+@pytest.mark.parametrize("row", [
+    pytest.param(r, id=r.id, marks=pytest.mark.xfail(strict=True, reason=(
+        "79.3 GiB of 79.6 measured 2026-11-28: within jobctl's 1 GiB safety margin of the H100's memory; "
+        "NVIDIA ran it (NeMo 24.07), so the model is about 1% high for this 340B-class layout")))
+    if r.id == "nemo-2407-nemotron4-340b-h100-fp8-128" else r
+    for r in _2025_ROWS])
+def test_no_published_layout_is_called_does_not_fit(row):
+    fits, need = _fits(row)
+    assert fits, f"{row.id}: {need:.1f} GiB"

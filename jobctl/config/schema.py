@@ -79,8 +79,10 @@ class Train(_Strict):
     precision: Precision = "bf16-mixed"
     fp8_recipe: Fp8Recipe | None = Field(default=None, description="with precision fp8; default tensorwise")
     # the precision of the data-parallel gradient reduction and of Megatron's main-grad buffer
-    # (--grad-reduce-in-bf16, as NVIDIA's largest Megatron recipes run): bf16 halves the buffer
-    grad_reduce: Literal["fp32", "bf16"] = "fp32"
+    # (--grad-reduce-in-bf16): bf16 halves the buffer. auto: bf16 under Megatron with a bf16 or
+    # low-precision recipe, as every one of Megatron-Bridge's perf recipes runs
+    # (perf_recipes/_common.py: grad_reduce_in_fp32 = False); fp32 elsewhere
+    grad_reduce: Literal["auto", "fp32", "bf16"] = "auto"
     method: Method = "full"
     lora_rank: int = Field(default=16, gt=0, le=65536)
     lora_targets: list[Literal["q", "k", "v", "o", "gate", "up", "down", "fc1", "fc2", "qkv"]] = Field(
@@ -90,6 +92,10 @@ class Train(_Strict):
     # Megatron: turn on its fused loss (--cross-entropy-loss-fusion, 10 B per logit, measured);
     # other frameworks: the training code brings its own chunked/fused loss (16-bit logits only)
     fused_cross_entropy: bool = False
+    # torch.compile of the model (torchtitan --compile.enable; with tp > 1 also its async TP):
+    # auto turns it on where jobctl renders and models it (torchtitan, as its published benchmark
+    # runs are compiled), off elsewhere; true where the framework has no compile is refused
+    compile: Literal["auto"] | bool = "auto"
     # a trillion steps, a quintillion tokens: more is a typo, and a 400-digit number made the
     # time-to-train arithmetic overflow (OverflowError)
     steps: int | None = Field(default=None, gt=0, le=10**12)

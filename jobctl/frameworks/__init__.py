@@ -17,6 +17,7 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     file_path,
+    fp8_param_gather,
 )
 
 REGISTRY: dict[str, Framework] = {
@@ -47,4 +48,4 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
-           "Rendered", "Selective", "StateRecipe", "canonical", "file_path", "get"]
+           "Rendered", "Selective", "StateRecipe", "canonical", "file_path", "fp8_param_gather", "get"]

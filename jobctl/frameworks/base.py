@@ -9,7 +9,7 @@ can import this package and not the other way round.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jobctl.model import CHECKPOINT_DIR_TOKEN, JOB_FOLDER_TOKEN, StrEnum
@@ -77,6 +77,15 @@ class Capabilities:
     grad_buffer: GradBuffer = GradBuffer.DDP_BUCKETS
     fused_kernels: bool = False  # fused norms and GQA-native attention (Megatron/TE, torchtitan) vs eager HF layers
     te_layernorm_mlp: bool = False  # Transformer Engine's LayerNormMLP (keeps 3 of the 4 SwiGLU tensors)
+    # tensor-parallel collectives overlapped with the GEMMs when sequence parallel (Megatron's
+    # --tp-comm-overlap on Transformer Engine's userbuffers; planner/perf.py tp_overlap)
+    tp_comm_overlap: bool = False
+    # FP8 weights all-gathered in FP8 under the distributed optimizer (Megatron's --fp8-param-gather;
+    # planner/memory/workload.py fp8_params)
+    fp8_param_gather: bool = False
+    # torch.compile of the model, rendered and modelled (train.compile); async TP under it
+    compiles: bool = False
+    async_tp: bool = False
     reshard_under_pp: bool = True  # FSDP reshards parameters after forward when pipelining
     offload_keeps_grads: bool = False  # optimizer offload leaves the gradient buffer on the GPU
     # the 16-bit logits live until the loss's backward (False: the training loop drops them
@@ -133,6 +142,8 @@ class Rendered:
     files: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # the communication the rendered flags run under compute, in words (the plan shows it)
+    overlaps: tuple[str, ...] = ()
     # the same plan as Hugging Face Trainer's arguments, where they differ from `args`
     # (${framework.hf_args}: DeepSpeed under the Trainer)
     hf_args: tuple[str, ...] = ()
@@ -146,7 +157,7 @@ class Rendered:
     def to_dict(self) -> dict:
         out = {"name": self.name, "args": list(self.args), "files": dict(self.files), "env": dict(self.env),
                "notes": list(self.notes)}
-        for key in ("hf_args", "launch_args", "last"):
+        for key in ("hf_args", "launch_args", "last", "overlaps"):
             if getattr(self, key):
                 out[key] = list(getattr(self, key))
         return out
@@ -219,6 +230,10 @@ class Framework:
     def __hash__(self) -> int:
         return hash(self.caps)
 
+    def with_caps(self, **changes) -> Framework:
+        """The same framework run another way (a published run without an overlap it offers)."""
+        return replace(self, caps=replace(self.caps, **changes))
+
 
 def common_problems(caps: Capabilities, plan: Any, w: Any) -> list[str]:
     """What a capability table alone refuses (each framework adds its own rules)."""
@@ -248,3 +263,12 @@ def common_problems(caps: Capabilities, plan: Any, w: Any) -> list[str]:
         why = f": {caps.low_precision_note}" if caps.low_precision_note and w.precision in LOW_PRECISIONS else ""
         out.append(f"{name} does not train in {w.precision} (it offers {', '.join(caps.precisions)}){why}")
     return out
+
+
+def fp8_param_gather(caps: Capabilities, precision: str, fp8_recipe: str, sharding: str) -> bool:
+    """The layers' weights live in FP8 only (Megatron's --fp8-param-gather: Transformer Engine's
+    fp8_model_init builds them as FP8 tensors; the distributed optimizer keeps the fp32 master and
+    all-gathers the updated weights in FP8), as Megatron-Bridge's FP8-CS and MXFP8 perf recipes
+    run (perf_recipes/llama/*: fp8_param_gather=True) for per-tensor and MXFP8 scaling."""
+    return caps.fp8_param_gather and sharding == "zero1" and (
+        precision == "mxfp8" or (precision == "fp8" and fp8_recipe in ("tensorwise", "delayed")))

@@ -16,6 +16,7 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     common_problems,
+    fp8_param_gather,
     num,
 )
 from jobctl.model import CHECKPOINT_DIR_TOKEN
@@ -47,6 +48,8 @@ CAPS = Capabilities(
     grad_buffer=GradBuffer.NONE,
     fused_kernels=True,
     te_layernorm_mlp=True,
+    tp_comm_overlap=True,
+    fp8_param_gather=True,
     offload_keeps_grads=True,
     in_place_cross_entropy=True,
     fused_cross_entropy_logit_bytes=10.0,
@@ -87,6 +90,11 @@ CAPS = Capabilities(
         ("bf16 turns accumulate_allreduce_grads_in_fp32 on: fp32 main grads, fp32 all-reduce", f"{ARGS} validate_args"),
         ("no LoRA/QLoRA in Megatron-LM's training scripts (PEFT lives in NeMo / Megatron-Bridge)", ARGS),
         ("TransformerEngine LayerNormMLP keeps fc1 output and the SwiGLU output", "transformer_engine/pytorch/module/layernorm_mlp.py"),
+        ("--tp-comm-overlap: the sequence-parallel all-gathers and reduce-scatters run under the GEMMs on "
+         "Transformer Engine's userbuffers (bootstrapped over NCCL by default, --tp-comm-bootstrap-backend); "
+         "validate_args requires --sequence-parallel with it; one registered buffer of (seq·micro-batch/cp, "
+         "hidden) per overlapped GEMM, 10 in all", f"{ARGS} validate_args; megatron/training/initialize.py "
+         "_initialize_tp_communicators; transformer_engine/pytorch/module/base.py initialize_ub"),
     ),
 )
 
@@ -137,7 +145,7 @@ def problems(plan, w) -> list[str]:
 def render(plan, w) -> Rendered:
     """The plan as pretrain_gpt.py's flags (the model, parallelism, batch, memory knobs,
     precision), and the environment Megatron needs for them."""
-    a = [*_model_flags(w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan), *_training_flags(w),
+    a = [*_model_flags(w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan, w), *_training_flags(w),
          *_schedule_flags(w), *_tokenizer_flags(w), *_checkpoint_flags(w), *_grad_reduce_flags(w)]
     env = {}
     if plan.tp > 1 or plan.cp > 1:
@@ -145,12 +153,15 @@ def render(plan, w) -> Rendered:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     notes = ["dp and the number of micro-batches are derived by Megatron: dp = world / (tp*pp*cp) = "
              f"{plan.dp}, micro-batches = global / (micro * dp) = {plan.grad_accum_steps}"]
+    if w.grad_reduce == "auto" and w.grad_reduce_dtype == "bf16":
+        notes.append("gradients are kept and reduced in bf16 (--grad-reduce-in-bf16), as Megatron-Bridge's perf "
+                     "recipes run; train.grad_reduce: fp32 restores Megatron-LM's fp32 main grads (+2 B per parameter)")
     if w.training.lr is None:
         notes.append("train.lr is not set: Megatron's scheduler needs --lr (training.py fails on float(None)); "
                      "set train.lr in the recipe")
     if w.training.steps is None:
         notes.append("train.steps (or train.tokens) is not set: give Megatron --train-iters or --train-samples")
-    return Rendered(CAPS.name, tuple(str(x) for x in a), {}, env, tuple(notes))
+    return Rendered(CAPS.name, tuple(str(x) for x in a), {}, env, tuple(notes), overlaps=tuple(_overlaps_on(plan, w)))
 
 
 def _model_flags(w) -> list:
@@ -219,7 +230,7 @@ def _parallel_flags(plan, layers: int) -> list:
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp,
          "--context-parallel-size", plan.cp]
     if plan.sequence_parallel and plan.tp > 1:
-        a.append("--sequence-parallel")
+        a += ["--sequence-parallel", *_tp_overlap_flags(plan)]
     if plan.pp > 1:
         per_stage, emb, loss = pipeline_split(layers, plan.pp)
         if emb:
@@ -231,9 +242,14 @@ def _parallel_flags(plan, layers: int) -> list:
     return a + ["--micro-batch-size", plan.micro_batch_size, "--global-batch-size", plan.global_batch_size]
 
 
-def _memory_flags(plan) -> list:
-    """The distributed optimizer, recomputation and optimizer offload."""
+def _memory_flags(plan, w) -> list:
+    """The distributed optimizer (with FP8 weights where the recipe is fp8/mxfp8), recomputation
+    and optimizer offload."""
     a = ["--use-distributed-optimizer"] if plan.sharding == "zero1" else []
+    if fp8_param_gather(CAPS, w.precision, w.fp8_recipe, plan.sharding):
+        # the layers' weights in FP8 only, gathered in FP8 (memory: planner/memory/states.py); MXFP8
+        # gathers into the gradient buffer, as Megatron-Bridge's MXFP8 perf recipes run
+        a += ["--fp8-param-gather"] + (["--reuse-grad-buf-for-mxfp8-param-ag"] if w.precision == "mxfp8" else [])
     if plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
     elif plan.recompute == "full":
@@ -248,9 +264,32 @@ def _memory_flags(plan) -> list:
     return a + _overlap_flags(plan)
 
 
+def _overlaps_on(plan, w) -> list[str]:
+    """What the rendered flags overlap, in words (the plan says which overlaps it turned on)."""
+    out = []
+    if _tp_overlap_flags(plan):
+        out.append("TP collectives under the GEMMs (--tp-comm-overlap)")
+    if plan.dp * plan.cp > 1:
+        out.append("gradient reduction under the backward (--overlap-grad-reduce)")
+        if plan.sharding == "zero1":
+            out.append("parameter gather under the forward (--overlap-param-gather"
+                       + (", in FP8: --fp8-param-gather)" if fp8_param_gather(CAPS, w.precision, w.fp8_recipe,
+                                                                             plan.sharding) else ")"))
+    if plan.pp > 1 and plan.virtual_stages > 1:
+        out.append("pipeline sends under the interleaved stages (overlap_p2p_comm, Megatron's default)")
+    return out
+
+
+def _tp_overlap_flags(plan) -> list:
+    """Tensor-parallel communication under the GEMMs, which the step model counts on
+    (planner/perf.py tp_overlap): Megatron-Bridge's Llama 3 perf recipes turn it on wherever
+    tp > 1 with sequence parallelism (perf_recipes/llama/h100/llama3.py, 70B)."""
+    return ["--tp-comm-overlap"] if plan.tp > 1 and plan.sequence_parallel else []
+
+
 def _grad_reduce_flags(w) -> list:
-    """The main-grad buffer and its reduction in bf16 (train.grad_reduce: bf16)."""
-    return ["--grad-reduce-in-bf16"] if w.grad_reduce == "bf16" else []
+    """The main-grad buffer and its reduction in bf16 (train.grad_reduce: bf16, or auto)."""
+    return ["--grad-reduce-in-bf16"] if w.grad_reduce_dtype == "bf16" else []
 
 
 def _overlap_flags(plan) -> list:

@@ -67,6 +67,8 @@ CAPS = Capabilities(
     reshard_under_pp=False,
     keeps_logits_through_loss=False,
     fused_qkv=True,
+    compiles=True,
+    async_tp=True,
     sp_keeps_gathered_input=True,
     frees_grads_each_step=True,
     loss_parallel_logit_bytes=16.0,
@@ -223,6 +225,12 @@ def render(plan, w) -> Rendered:
     if plan.offload != "none":
         opt("training.enable_cpu_offload")
     opt("training.mixed_precision_param", "float32" if w.precision == "fp32" else "bfloat16")
+    if w.compiled:  # the model and the loss (CompileConfig.components' default)
+        opt("compile.enable")
+        if plan.tp > 1 and plan.sequence_parallel:
+            # TP collectives pipelined with the matmuls; needs compile of the model (configs.py
+            # CompileConfig.__post_init__), counted by the step model (planner/perf.py tp_overlap)
+            opt("compile.enable_async_tensor_parallel")
     a.extend(_training_args(w))
     if w.training.tokenizer != "null":
         opt("hf_assets_path", w.training.tokenizer_path)  # the tokenizer's folder (config/manager.py)
@@ -231,7 +239,12 @@ def render(plan, w) -> Rendered:
     a.append(sub)
     # tyro reads every option after the subcommand as the subcommand's: the command's own options
     # must come before it (resolve_launch moves it to the end of the command)
-    return Rendered(CAPS.name, tuple(a), {}, {}, tuple(notes), last=(sub,))
+    overlaps = []
+    if "--compile.enable_async_tensor_parallel" in a:
+        overlaps.append("TP collectives pipelined with the matmuls (--compile.enable_async_tensor_parallel)")
+    if plan.sharding in ("zero3", "hsdp") and plan.dp * plan.cp > 1:
+        overlaps.append("FSDP2 all-gathers prefetched under the previous layer, reduce-scatters under the backward")
+    return Rendered(CAPS.name, tuple(a), {}, {}, tuple(notes), last=(sub,), overlaps=tuple(overlaps))
 
 
 def _training_args(w) -> list[str]:

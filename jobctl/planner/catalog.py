@@ -113,11 +113,11 @@ _CATALOG: dict[str, GPUSpec] = {
         ),
         # GB200 NVL72 datasheet (72 GPUs; per GPU, sparse figures halved): 2500 TFLOP/s dense
         # BF16, 5000 FP8, 10000 FP4; 186 GB HBM3e at 8 TB/s; NVLink 5 1.8 TB/s bidirectional in
-        # one domain of 72 GPUs across 18 compute trays of 4 GPUs.
+        # one domain of 72 GPUs across 18 compute trays of 4 GPUs. Memory as the driver reports
+        # it: nvidia-smi prints "189471MiB" for a GB200 (seen in several public repositories' logs).
         GPUSpec(
-            "gb200-186gb", "NVIDIA GB200 (NVL72)", 177630 * MIB, 2500, 2500, 8000, 900, 64, 400,
+            "gb200-186gb", "NVIDIA GB200 (NVL72)", 189471 * MIB, 2500, 2500, 8000, 900, 64, 400,
             fp8_tflops=5000, fp4_tflops=10000, nvlink_domain_gpus=72,
-            confirmed=False, note="usable total assumed at B200's reported/marketed ratio (186 GB x 0.933)",
         ),
         # A CPU "device": memory comes from the partition's host RAM (mem_gib).
         GPUSpec(

@@ -8,7 +8,7 @@ from jobctl import frameworks
 from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Training, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
-from jobctl.planner.perf import Links, gemm_ceiling, low_precision_ceiling
+from jobctl.planner.perf import Links, gemm_ceiling, low_precision_ceiling, te_gemm_ceiling
 from jobctl.planner.search import Constraints, Target
 
 
@@ -66,6 +66,7 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         device="cpu" if cpu else "gpu",
         fp8_recipe=t.fp8_recipe or "tensorwise",
         grad_reduce=t.grad_reduce,
+        compile=t.compile,
         formats=tuple(formats),
     )
 
@@ -95,6 +96,7 @@ def links(partition, gpu, precision: str) -> Links:
         intra_node_gbs=partition.intra_node_gbs or gpu.intra_node_gbs, inter_node_gbs=inter,
         pcie_gbs=partition.pcie_gbs or gpu.pcie_gbs, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs,
         peak_tflops=gpu.peak_tflops(precision), gemm_efficiency=gemm_ceiling(gpu.key),
+        te_gemm_efficiency=te_gemm_ceiling(gpu.key),
         low_tflops=gpu.low_precision_tflops(precision) if low else 0.0, low_efficiency=low,
     )
 

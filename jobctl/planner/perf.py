@@ -15,6 +15,7 @@ from functools import lru_cache
 
 from jobctl.frameworks import Selective
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
+from jobctl.planner.memory.workload import fp8_params, tp_overlap
 from jobctl.planner.plan import Plan
 
 # --- efficiency constants -----------------------------------------------------------------------
@@ -28,12 +29,25 @@ GEMM_EFFICIENCY = 0.67
 # "check" half and docs/step-time-accuracy.md show how it holds). Hopper's dense peak is
 # harder to approach than Ampere's: the same training code reaches a lower fraction of it.
 GEMM_EFFICIENCY_BY_GPU = {"a100": 0.80, "h100": 0.55, "h200": 0.55}
+# ... in a Transformer Engine stack (Megatron-Core: TE's GEMMs with their fused norm, bias and
+# cast epilogues, cuDNN attention, CUDA_DEVICE_MAX_CONNECTIONS=1 scheduling), per generation:
+# the BF16 runs of Megatron-Core's H100 table (fit half, benchmarks/step_time_accuracy.py --fit)
+# reach more of Hopper's peak than the 2023 FSDP rows above.
+GEMM_EFFICIENCY_TE = {"hopper": 0.76}  # 5 fit rows: Megatron-Core H100 table 1.7B, 16B, 70B, 314B, 462B
 # The layers' linear GEMMs under a low-precision recipe (Transformer Engine's fp8, mxfp8,
 # nvfp4; attention and the output layer stay in BF16) reach this fraction of the format's dense
 # peak, per GPU generation and format, casts and scaling included; fitted like the above on the
 # "fit" half of benchmarks/data/published_throughput_2025.yaml. A pair not here is timed at the
 # BF16 rate (no speed-up promised that was not measured), and the plan says so.
-LOW_PRECISION_GEMM_EFFICIENCY: dict[tuple[str, str], float] = {}
+LOW_PRECISION_GEMM_EFFICIENCY: dict[tuple[str, str], float] = {
+    ("hopper", "fp8"): 0.68,  # 7 fit rows: Megatron-Bridge 25.09-26.02 70B/405B H100, NeMo 24.07 H100
+    ("blackwell", "fp8"): 0.62,  # 5 fit rows: Megatron-Bridge 8B/405B GB200
+    ("blackwell", "mxfp8"): 0.62,  # 4 fit rows: Megatron-Bridge 8B B200/GB200, 70B/405B GB200
+    ("blackwell", "nvfp4"): 0.84,  # 7 fit rows: Megatron-Bridge 70B/405B GB200
+}
+# The generation a catalog GPU belongs to, for the constants fitted per generation (B200 and
+# GB200 share Blackwell's tensor cores; their peaks in the catalog differ by their clocks).
+GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell"}
 # Small GEMMs cannot fill the GPU: efficiency x/(x + x0) with x = tokens·hidden/tp of the
 # activation tile (one saturation constant, fitted: 2^18 elements halves efficiency at ~256k).
 GEMM_SATURATION_ELEMS = 1 << 18
@@ -46,6 +60,12 @@ ATTENTION_EFFICIENCY = 0.25
 # works on one chunk pair, so efficiency falls as chunks shorten: L/(L + L0) with L the chunk
 # length (FlashAttention-2 paper, Fig. 6-7: throughput at 512-1k tokens is about half of 16k).
 ATTENTION_SATURATION_TOKENS = 1024
+# torch.compile (torchtitan --compile.enable) fuses the memory-bound kernels of a layer (and their
+# launches): they move this share of their eager bytes. Fitted on the fit pair of torchtitan's
+# compile/eager runs (benchmarks/step_time_accuracy.py --fit; a speed-up of two runs on the same
+# GPUs): the fit stops at the grid's edge, 0.05, and still explains only 1.07x of the measured
+# 1.16x: eager torchtitan costs more than the memory-bound bytes the model counts.
+COMPILE_MEMBOUND_SHARE = 0.05
 # Memory-bound kernels (norms, SwiGLU, RoPE, residual adds, optimizer step) reach this
 # fraction of the HBM bandwidth (fitted; small kernels rarely stream at full bandwidth).
 MEMORY_EFFICIENCY = 0.60
@@ -57,6 +77,19 @@ PCIE_EFFICIENCY = 0.75
 # Share of the data-parallel gradient reduction hidden behind the last micro-batch's
 # backward (Megatron --overlap-grad-reduce, DDP buckets, FSDP): all but the last bucket.
 DP_OVERLAP = 0.90
+# Tensor-parallel communication overlapped with the GEMMs (Megatron --tp-comm-overlap: Transformer
+# Engine's userbuffers; module/base.py initialize_ub): the all-gathers before QKV and FC1 run as
+# a ring exchange chunk by chunk under the GEMM, the reduce-scatters after the projection and
+# FC2 as a pipeline of 4 splits whose last one has no GEMM left to hide behind, and the
+# backward's all-gathers run in bulk beside the weight-gradient GEMMs. The share of the TP
+# traffic still exposed (fitted with the low-precision efficiencies on the fit half of
+# benchmarks/data/published_throughput_2025.yaml): what a layer's GEMMs cannot cover is
+# exposed as well.
+TP_OVERLAP_EXPOSED = 0.1
+# ... and the overlapped traffic is not free: its kernels hold SMs the GEMMs would use
+# (initialize_ub's default num_sm=16 per communicator, of the 132 SMs of an H100), so the
+# GEMMs under it run slower by about that share of the overlapped time.
+TP_OVERLAP_SM_SHARE = 16 / 132
 # Host memory bandwidth per node available to a CPU optimizer (DeepSpeed CPU-Adam is
 # memory-bound: it reads and writes fp32 master, m, v and reads the gradient: 28 B/param).
 HOST_MEMORY_GBS = 100.0
@@ -97,6 +130,7 @@ class Links:
     mem_bandwidth_gbs: float
     peak_tflops: float
     gemm_efficiency: float = 0.0  # 0: GEMM_EFFICIENCY; else the GPU's own (GEMM_EFFICIENCY_BY_GPU)
+    te_gemm_efficiency: float = 0.0  # in a Transformer Engine stack (GEMM_EFFICIENCY_TE; 0: as above)
     # the layers' GEMMs in a low-precision format: its dense peak and fitted efficiency (0: BF16)
     low_tflops: float = 0.0
     low_efficiency: float = 0.0
@@ -159,9 +193,16 @@ def gemm_ceiling(gpu_key: str) -> float:
     return GEMM_EFFICIENCY_BY_GPU.get(gpu_key.split("-")[0], GEMM_EFFICIENCY)
 
 
+def te_gemm_ceiling(gpu_key: str) -> float:
+    """The large-GEMM efficiency of a GPU under Transformer Engine, or 0 (not fitted)."""
+    kind = gpu_key.split("-")[0]
+    return GEMM_EFFICIENCY_TE.get(GENERATION.get(kind, kind), 0.0)
+
+
 def low_precision_ceiling(gpu_key: str, precision: str) -> float:
     """The fitted large-GEMM efficiency of a low-precision format on a GPU, or 0 (not fitted)."""
-    return LOW_PRECISION_GEMM_EFFICIENCY.get((gpu_key.split("-")[0], precision), 0.0)
+    kind = gpu_key.split("-")[0]
+    return LOW_PRECISION_GEMM_EFFICIENCY.get((GENERATION.get(kind, kind), precision), 0.0)
 
 
 def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float, latency: float = 0.0) -> float:
@@ -272,29 +313,36 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
     # the per-layer costs depend on a few of the plan's values and none of the framework's but
     # what selective recompute reruns: shared by every plan (and framework) that has them
     op_sac = (w.caps.fused_qkv,) if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC else None
-    return _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, links, gpus_per_node, plan.tp, plan.pp,
+    # te: the frameworks that run Transformer Engine's layers (Megatron-Core)
+    return _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, tp_overlap(w, plan),
+                           (w.caps.te_layernorm_mlp, w.compiled), links, gpus_per_node, plan.tp, plan.pp,
                            plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, max(plan.virtual_stages, 1),
                            plan.recompute, rc)
 
 
 @lru_cache(maxsize=1 << 15)
-def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, links: Links, gpus_per_node: int,
-                    t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int, recompute: str,
-                    rc: float) -> tuple:
+def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: bool,
+                    stack: tuple[bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int,
+                    recompute: str, rc: float) -> tuple:
     layers_max = stage_layers(m.layers, p)[1]
     layer_compute, layer_tp, layer_cp, msg, head = _layer_costs(
-        m, s, act_bytes, attention, op_sac, links, gpus_per_node, t, c, b, sequence_parallel, recompute, rc)
+        m, s, act_bytes, attention, op_sac, overlap, stack, links, gpus_per_node, t, c, b, sequence_parallel, recompute,
+        rc)
     stage_mb, p2p, bubble = _pipeline(m.layers, t, p, c, dp, sequence_parallel, v, layers_max,
                                       layer_compute + layer_tp + layer_cp, head, msg, links, gpus_per_node)
     return layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble
 
 
 @lru_cache(maxsize=1 << 14)
-def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, links: Links, gpus_per_node: int,
-                 t: int, c: int, b: int, sequence_parallel: bool, recompute: str, rc: float) -> tuple:
+def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: bool,
+                 stack: tuple[bool, bool], links: Links, gpus_per_node: int, t: int, c: int, b: int, sequence_parallel: bool, recompute: str,
+                 rc: float) -> tuple:
     """One layer's (compute, tensor-parallel, context-parallel) seconds for one micro-batch on
     one rank, the tensor-parallel message (bytes) and the output layer with the loss (seconds).
-    op_sac: (fused_qkv,) when "selective" is torchtitan's op-level SAC, else None."""
+    op_sac: (fused_qkv,) when "selective" is torchtitan's op-level SAC, else None; overlap: the
+    TP collectives run under the GEMMs (tp_overlap); stack: (Transformer Engine, whose BF16 GEMMs
+    reach links.te_gemm_efficiency where fitted; torch.compile, which fuses memory-bound kernels)."""
+    te, compiled = stack
     peak = links.peak_tflops * 1e12
     sp = sequence_parallel and t > 1
     tokens_rank = b * s / c  # tokens of one micro-batch on one rank
@@ -313,7 +361,8 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
         rerun = h * h + h * f + (0 if op_sac[0] else h * h * g / a)
         passes_gemm = 3 + rerun / matrix_params
         passes_attn = 3
-    eff = gemm_efficiency(tokens_rank * h / t, links.gemm_efficiency)
+    ceiling = links.te_gemm_efficiency if te and links.te_gemm_efficiency else links.gemm_efficiency
+    eff = gemm_efficiency(tokens_rank * h / t, ceiling)
     chunk = s / (2 * c) if c > 1 else s
     att_eff = ATTENTION_EFFICIENCY * chunk / (chunk + ATTENTION_SATURATION_TOKENS)
     if links.low_tflops:  # fp8/mxfp8/nvfp4 GEMMs at the format's rate; attention stays BF16
@@ -324,13 +373,16 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     layer_compute = gemm_s + fwd_attn * passes_attn / (peak * att_eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
     membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank * (1 + rc / 3)
+    if compiled:  # inductor fuses the norms, RoPE, SwiGLU and residual adds: fewer round trips to HBM
+        membound *= COMPILE_MEMBOUND_SHARE
     if attention == "eager":
         # the a·s² score matrix is written, soft-maxed, dropped out and read back (causal: half
         # of it counts); selective and full recompute rerun that forward
         scores = b * m.heads / t * (s / c) * s / 2
         membound += scores * (EAGER_SCORE_BYTES + (EAGER_SCORE_BYTES_FWD if passes_attn > 3 else 0))
     layer_compute += membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
-    layer_compute = max(layer_compute, KERNELS_PER_LAYER * (1 + rc / 3) * KERNEL_LAUNCH_S)
+    kernels = KERNELS_PER_LAYER * (COMPILE_MEMBOUND_SHARE if compiled else 1)
+    layer_compute = max(layer_compute, kernels * (1 + rc / 3) * KERNEL_LAUNCH_S)
     # Tensor parallelism: 2 collectives forward, 2 backward (+2 when the forward is recomputed),
     # each an all-reduce (or reduce-scatter + all-gather with SP: the same bytes).
     msg = act_bytes * tokens_rank * h
@@ -338,6 +390,8 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     tp_gbs = links.intra_node_gbs if t <= gpus_per_node else links.inter_node_gbs
     layer_tp = n_coll * _ring(t, msg, tp_gbs, INTRA_NODE_EFFICIENCY if t <= gpus_per_node else NETWORK_EFFICIENCY, 2,
                               _latency(tp_gbs, links))
+    if overlap:  # only what the GEMMs do not cover, the share the overlap cannot hide, the SMs it takes
+        layer_tp = max(TP_OVERLAP_EXPOSED * layer_tp, layer_tp - gemm_s) + TP_OVERLAP_SM_SHARE * min(layer_tp, gemm_s)
     # Context parallelism: each rank passes its K and V chunk around the ring (c−1 hops) in
     # forward and again in backward, overlapped with the attention it feeds.
     kv = 2 * act_bytes * tokens_rank * h * m.kv_heads / m.heads / t
@@ -346,7 +400,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     layer_cp = max(0.0, cp_time - fwd_attn * passes_attn / (peak * att_eff))
     # The last stage also runs the output layer and the loss (vocabulary-parallel over t).
     out_flops = 2 * tokens_rank * h * m.vocab / t * 3
-    head = out_flops / (peak * gemm_efficiency(tokens_rank * h / t, links.gemm_efficiency)) + \
+    head = out_flops / (peak * eff) + \
         14 * tokens_rank * m.vocab / t / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
     return layer_compute, layer_tp, layer_cp, msg, head
 
@@ -377,8 +431,9 @@ def _data_parallel(w: Workload, plan: Plan, links: Links, gpus_per_node: int, st
     micro = plan.grad_accum_steps
     n = plan.dp * plan.cp
     # bytes per gradient element reduced (Megatron's --grad-reduce-in-bf16 reduces its bf16 buffer)
-    grad_b = 4 if w.precision == "fp32" else 2 if w.grad_reduce == "bf16" else w.caps.reduce_bytes
-    param_b = 4 if w.precision == "fp32" else 2
+    grad_b = 4 if w.precision == "fp32" else 2 if w.grad_reduce_dtype == "bf16" else w.caps.reduce_bytes
+    # bytes per weight gathered (Megatron's --fp8-param-gather gathers the layers' FP8 weights)
+    param_b = 4 if w.precision == "fp32" else 1 if fp8_params(w, plan.sharding) else 2
     dp_gbs = dp_link_gbs(plan, links, gpus_per_node)
     backward_last = stage_mb * 2 / 3
     if plan.sharding in ("zero3", "hsdp"):

@@ -103,6 +103,9 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     if w.grad_reduce == "bf16" and caps.state_recipe is not StateRecipe.MEGATRON:
         out.append(f"train.grad_reduce=bf16 is Megatron's --grad-reduce-in-bf16: jobctl renders and models it for "
                    f"megatron only, not {caps.name} (remove it, or use framework: megatron)")
+    if w.compile is True and not caps.compiles:
+        out.append(f"train.compile=true is torch.compile of the model: jobctl renders and models it for torchtitan "
+                   f"only, not {caps.name} (remove it, or use framework: torchtitan)")
     if w.precision in LOW_PRECISIONS and w.precision not in t.gpu.formats:
         need = "Hopper, Ada or Blackwell" if w.precision == "fp8" else "Blackwell (B200, GB200)"
         have = f"runs only {', '.join(t.gpu.formats)}" if t.gpu.formats else "has no FP8 tensor cores"

@@ -167,7 +167,7 @@ def resilience_block(w, plan, est, t, recipe=None) -> dict:
     out: dict = {}
     write_s = None
     if w.method == "full" and est is not None and est.step_time_s:
-        sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce)
+        sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce_dtype)
         size = checkpoint_bytes(w.model.params(), sb.weight, sb.master, model_state_elements(w), sb.state_elem)
         out = plan_for_failures(size, plan.nodes, est.step_time_s, est.time_to_train_s,
                                 t.checkpoint_write_gbs_per_node, t.interruptions_per_node_day).to_dict()

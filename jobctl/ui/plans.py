@@ -133,6 +133,9 @@ def _render_fit(report: dict, explain: bool) -> None:
         + f" · recompute {p['recompute']}"
         + (f" ({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
         + f" · offload {p['offload']}", style="green")
+    overlaps = (report.get("framework") or {}).get("overlaps")
+    if overlaps:
+        para("overlapped: " + "; ".join(overlaps), style="green")
     para(
         f"micro-batch {p['micro_batch_size']} x {p['grad_accum_steps']} accumulation x dp {p['dp']} = "
         f"{p['global_batch_size']:,} sequences", style="green")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore")
 import torch  # noqa: E402
+from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
@@ -52,6 +53,9 @@ def check(case):
             raise ValueError("--overlap-param-gather only supported with distributed optimizer")
         if not ns.get("overlap_grad_reduce"):
             raise ValueError("Must use --overlap-param-gather with --overlap-grad-reduce")
+    if ns.get("tp_comm_overlap") and not ns.get("sequence_parallel"):  # validate_args, word for word
+        raise ValueError("Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is "
+                         "enabled")
     vpp = None
     if ns.get("num_layers_per_virtual_pipeline_stage"):
         per_stage = layers // pp
@@ -68,7 +72,12 @@ def check(case):
         kw["params_dtype"] = torch.bfloat16
     if pp > 1:
         kw["pipeline_dtype"] = kw.get("params_dtype", torch.float32)
+    # core_transformer_config_from_args: fp8_param is --fp8-param-gather
+    kw["fp8_param"] = bool(ns.get("fp8_param_gather"))
     cfg = TransformerConfig(**kw)
+    # training.py get_megatron_ddp_config builds the DDP config from the same-named arguments
+    ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
+    ddp = DistributedDataParallelConfig(**{k: v for k, v in ns.items() if k in ddp_fields})
     calc = ConstantNumMicroBatchesCalculator(ns["global_batch_size"], ns["micro_batch_size"], dp, False, 0)
     return {"ok": True, "dp": dp, "num_microbatches": calc.get(), "vpp": vpp or 1,
             "recompute": cfg.recompute_granularity, "recompute_method": cfg.recompute_method,
@@ -77,6 +86,8 @@ def check(case):
             "cpu_offload": bool(ns.get("optimizer_cpu_offload")),
             "overlap_grad_reduce": bool(ns.get("overlap_grad_reduce")),
             "overlap_param_gather": bool(ns.get("overlap_param_gather")),
+            "tp_comm_overlap": cfg.tp_comm_overlap, "fp8_param": cfg.fp8_param,
+            "reuse_grad_buf_for_mxfp8_param_ag": ddp.reuse_grad_buf_for_mxfp8_param_ag,
             "fp8": cfg.fp8, "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)) if cfg.fp8 else None,
             "fp4": getattr(cfg, "fp4", None),
             "fp4_recipe": str(getattr(cfg.fp4_recipe, "value", cfg.fp4_recipe)) if getattr(cfg, "fp4", None) else None}

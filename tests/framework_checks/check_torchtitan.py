@@ -40,7 +40,8 @@ def check(case):
     return {"ok": True, "accum": accum, "n_microbatches": n_micro, "schedule": schedule, "ac": ac,
             "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": p.tensor_parallel_degree,
             "pp": pp, "cp": p.context_parallel_degree, "sp": p.enable_sequence_parallel,
-            "cpu_offload": t.enable_cpu_offload, "layers_per_stage": p.pipeline_parallel_layers_per_stage}
+            "cpu_offload": t.enable_cpu_offload, "layers_per_stage": p.pipeline_parallel_layers_per_stage,
+            "compile": cfg.compile.enable, "async_tp": cfg.compile.enable_async_tensor_parallel}
 
 
 out = []

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from jobctl.frameworks import Selective
 from jobctl.planner.memory.stages import _stage_params_cached
-from jobctl.planner.memory.workload import GIB, Workload, _collector
+from jobctl.planner.memory.workload import GIB, LOW_PRECISION_SAVED_BYTES, Workload, _collector
 from jobctl.planner.plan import Plan
 
 
@@ -69,7 +69,11 @@ def _gpt_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     """A GPT layer: Korthikanti et al. 2022 (§4.1), term by term."""
     s, b, f, a, g, e, t, rep, mm_rep, sbh = d.s, d.b, d.f, d.a, d.g, d.e, d.t, d.rep, d.mm_rep, d.sbh
     dropout = w.model.dropout > 0
+    # Transformer Engine under fp8/mxfp8/nvfp4: a GEMM keeps the quantised copy of its input
+    q8 = LOW_PRECISION_SAVED_BYTES.get(w.precision) if w.caps.te_layernorm_mlp else None
+    qn = f"{q8:.3g}-B {w.precision}" if q8 else ""
     terms = [("layernorm inputs", 2 * e * sbh / rep + 2 * 8 * s * b / rep, "2 LayerNorms: 2·sbh (16-bit) + fp32 mean/rstd 8·sb each"),
+             ("qkv input", q8 * sbh / mm_rep, f"LayerNorm output kept by the QKV GEMM as {qn}: sbh") if q8 else
              ("qkv input", e * sbh / mm_rep, "LayerNorm output kept by the QKV matmul: 2·sbh"),
              ("q, k, v", e * sbh * (a + 2 * g) / a / t, "Q, K, V: 2·sbh·(a+2g)/a /t")]
     if d.eager_attn and not d.core_recomputed:
@@ -81,6 +85,12 @@ def _gpt_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     terms.append(("attention output", e * sbh / t, "context kept by the output projection: 2·sbh /t"))
     if dropout:
         terms.append(("dropout masks", 2 * sbh / rep, "masks after attention and MLP: 1 byte each, 2·sbh"))
+    if q8:  # fc1 and fc2 keep their inputs quantised too
+        terms.append(("proj input", q8 * sbh / t, f"the output projection's {qn} input: sbh /t"))
+        terms.append(("mlp input", q8 * sbh / mm_rep, f"LayerNorm output kept by fc1 as {qn}: sbh"))
+        terms.append(("mlp intermediates", (e + q8) * s * b * f / t,
+                      f"activation input 2·sbf for its backward, fc2's {qn} input sbf /t"))
+        return terms
     terms.append(("mlp input", e * sbh / mm_rep, "LayerNorm output kept by fc1: 2·sbh"))
     terms.append(("mlp intermediates", 2 * e * s * b * f / t, "GELU input and output: 2 · 2·sbf /t (f=4h: 16·sbh)"))
     return terms
@@ -99,7 +109,13 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         terms.append(("rmsnorm inputs", 2 * (4 * sbh + e * sbh) / rep + 2 * 4 * s * b / rep,
                       "eager (HF-style) RMSNorm keeps an fp32 copy (4·sbh), the normalised 16-bit tensor (2·sbh) "
                       "and rstd (4·sb), twice"))
-    terms.append(("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh" + gathered))
+    # Transformer Engine under fp8/mxfp8/nvfp4: a GEMM keeps the quantised copy of its input
+    q8 = LOW_PRECISION_SAVED_BYTES.get(w.precision) if w.caps.te_layernorm_mlp else None
+    qn = f"{q8:.3g}-B {w.precision}" if q8 else ""
+    if q8:
+        terms.append(("qkv input", q8 * sbh / mm_rep, f"RMSNorm output kept by the QKV GEMM as {qn}: sbh" + gathered))
+    else:
+        terms.append(("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh" + gathered))
     # eager repeat_kv copies K and V up to a heads; fused kernels (and HF's SDPA path, which
     # hands grouped K/V to the kernel: caps.sdpa_gqa) keep them at g heads
     grouped = fused or (w.caps.sdpa_gqa and not d.eager_attn)
@@ -115,6 +131,12 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     # SDPA/flash return a transposed view of a [b, s, a, d] buffer, so o_proj keeps the same
     # storage (measured: no copy even after .contiguous() on the transposed view).
     terms.append(("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t"))
+    if q8:  # the attention keeps its 16-bit output; the projection its quantised input besides
+        terms.append(("proj input", q8 * sbh / t, f"the output projection's {qn} input: sbh /t"))
+        terms.append(("mlp input", q8 * sbh / mm_rep, f"RMSNorm output kept by fc1 as {qn}: sbh" + gathered))
+        terms.append(("mlp intermediates", (2 * e + q8) * s * b * f / t,
+                      f"fc1 output (gate, up) 2 · 2·sbf for the SwiGLU backward, fc2's {qn} input sbf /t"))
+        return terms
     terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
     if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the

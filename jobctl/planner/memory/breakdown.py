@@ -12,7 +12,17 @@ from jobctl.planner.memory.allocator import _overheads, _phases
 from jobctl.planner.memory.buffers import _framework_buffer_items
 from jobctl.planner.memory.head import _head_items
 from jobctl.planner.memory.states import _state_items
-from jobctl.planner.memory.workload import GIB, MemoryBreakdown, Term, Workload
+from jobctl.planner.memory.workload import (
+    GIB,
+    LOW_PRECISION_WEIGHT_BYTES,
+    UB_BUFFERS,
+    UB_EXTRA_WORKSPACE_BYTES,
+    UB_FP8_BUFFERS,
+    MemoryBreakdown,
+    Term,
+    Workload,
+    tp_overlap,
+)
 from jobctl.planner.plan import Plan
 
 
@@ -79,6 +89,13 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
     apply(_state_items(w, tp, pp, stage, plan.sharding, plan.shard_group, plan.offload))
     buffers, fsdp_pp = _framework_buffer_items(w, tp, pp, stage, plan.sharding, plan.offload, plan.dp * cp > 1)
     apply(buffers)
+    if tp_overlap(w, plan) and w.caps.tp_comm_overlap:  # Transformer Engine's userbuffers (not async TP's)
+        tokens = b * w.seq_len // cp
+        low = UB_FP8_BUFFERS if w.precision in LOW_PRECISION_WEIGHT_BYTES else 0
+        ub = tokens * w.model.hidden * ((UB_BUFFERS - low) * w.act_bytes + low) + UB_EXTRA_WORKSPACE_BYTES
+        add("tp overlap buffers", ub, "buffers", lambda:
+            f"Transformer Engine initialize_ub: {UB_BUFFERS} buffers of (s·b/cp = {tokens}, h) "
+            f"({low} of them 1-B FP8), and 2 more 32 MiB cuBLAS workspaces")
     acts_items, acts, working_set = _activation_items(w, tp, cp, sp, plan.recompute, plan.recompute_layers, b, pp,
                                                       in_flight, stage)
     apply(acts_items)

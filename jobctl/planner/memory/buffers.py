@@ -34,7 +34,7 @@ def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding:
     read of them (None unless that is the case)."""
     items, add = _collector()
     m = w.model
-    sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce)
+    sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce_dtype)
     layer_p, extra_p, _ = _stage_params_cached(w, tp, pp, stage)
     rank_params = layer_p + extra_p
     trainable = rank_params  # the buffers below are for full training only

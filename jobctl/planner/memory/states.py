@@ -18,6 +18,8 @@ from jobctl.planner.memory.workload import (
     Workload,
     _collector,
     _compute_bytes,
+    fp8_params,
+    low_weight_bytes,
 )
 from jobctl.planner.models import ModelSpec
 from jobctl.planner.plan import Plan
@@ -176,7 +178,7 @@ def _state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: in
     LoRA/QLoRA) on one rank of `stage`, sharded over n ranks (docs/memory-model.md §2)."""
     items, add = _collector()
     m = w.model
-    sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce)
+    sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce_dtype)
     layer_p, extra_p, layers = _stage_params_cached(w, tp, pp, stage)
     rank_params = layer_p + extra_p
     compute_b = _compute_bytes(w)
@@ -196,11 +198,21 @@ def _state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: in
         weight_name = "lora adapters"
     add_model_states(add, trainable, state_elems, sb, w.optimizer, sharding, n, offload, compute_b, weight_name,
                      w.caps.offload_keeps_grads)
-    low = LOW_PRECISION_WEIGHT_BYTES.get(w.precision)
-    if low:
+    low = low_weight_bytes(w)
+    if low and w.method == "full" and fp8_params(w, sharding):
+        # no 16-bit copy of the layers' weights: only the embedding and output layer keep one
+        items[:] = [(name, extra_p * compute_b, group, lambda: f"{extra_p:.4g} embedding/output params x "
+                     f"{compute_b} B (the layers' weights are {w.precision} only: --fp8-param-gather)")
+                    if name == "weights" else (name, value, group, formula)
+                    for name, value, group, formula in items]
+        add(f"{w.precision} weights", layer_p * low, "weights", lambda:
+            f"{layer_p:.4g} layer params x {low:.4g} B ({w.precision} data with their scales, row-wise "
+            f"{'only: Blackwell needs no transposed copy' if low < LOW_PRECISION_WEIGHT_BYTES[w.precision] else 'and transposed'}; "
+            "the fp32 master stays with the optimizer)")
+    elif low:
         add(f"{w.precision} weight copies", layer_p * low, "weights", lambda:
-            f"{layer_p:.4g} layer params x {low:.4g} B (row-wise + transposed {w.precision} copies with their "
-            "scales, kept through the step)")
+            f"{layer_p:.4g} layer params x {low:.4g} B ({w.precision} copies with their scales, row-wise"
+            f"{'' if low < LOW_PRECISION_WEIGHT_BYTES[w.precision] else ' and transposed'}, kept through the step)")
     return tuple(items)
 
 

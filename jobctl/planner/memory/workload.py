@@ -106,8 +106,9 @@ class Workload:
     training: Training = field(default_factory=Training)
     device: str = "gpu"  # "cpu": a CPU partition (gloo, no CUDA context; frameworks' CPU paths)
     fp8_recipe: str = "tensorwise"  # the scaling of precision fp8 (config/schema.py Fp8Recipe)
-    grad_reduce: str = "fp32"  # fp32 | bf16: Megatron's main-grad buffer and gradient reduction
+    grad_reduce: str = "fp32"  # fp32 | bf16 | auto: Megatron's main-grad buffer and gradient reduction
     formats: tuple[str, ...] = ()  # the low-precision formats the partition's GPU runs (catalog)
+    compile: bool | str = False  # torch.compile of the model: True, False or "auto" (train.compile)
 
     def __post_init__(self):
         if not isinstance(self.framework, Framework):  # a name: its table
@@ -125,9 +126,61 @@ class Workload:
         return h
 
     @property
+    def grad_reduce_dtype(self) -> str:
+        """fp32 or bf16: train.grad_reduce, with auto resolved (bf16 where Megatron renders
+        --grad-reduce-in-bf16 under --bf16: the bf16 and low-precision recipes)."""
+        if self.grad_reduce != "auto":
+            return self.grad_reduce
+        bf16 = self.precision == "bf16-mixed" or self.precision in LOW_PRECISION_WEIGHT_BYTES
+        return "bf16" if bf16 and self.caps.state_recipe is frameworks.StateRecipe.MEGATRON else "fp32"
+
+    @property
+    def compiled(self) -> bool:
+        """torch.compile is on: asked for, or auto where the framework renders and models it."""
+        return self.caps.compiles and self.compile in (True, "auto")
+
+    @property
     def act_bytes(self) -> int:
         """Bytes per activation element: 16-bit under every recipe but fp32."""
         return 4 if self.precision == "fp32" else 2
+
+
+def tp_overlap(w: Workload, plan) -> bool:
+    """The plan's tensor-parallel collectives run under its GEMMs: the framework overlaps them
+    (Megatron's --tp-comm-overlap; torchtitan's async TP, under torch.compile) and they are sequence-parallel reduce-scatters and all-gathers
+    (Megatron-LM validate_args: the overlap needs --sequence-parallel)."""
+    overlaps = w.caps.tp_comm_overlap or (w.caps.async_tp and w.compiled)
+    return overlaps and plan.sequence_parallel and plan.tp > 1
+
+
+def low_weight_bytes(w: Workload) -> float:
+    """Bytes per layer weight of its low-precision copies (0: none): row-wise and transposed,
+    except per-tensor FP8 on Blackwell, whose FP8 GEMMs take every layout, so Transformer Engine
+    makes no transposed copy (pytorch/utils.py is_non_tn_fp8_gemm_supported: compute
+    capability 10.x; the GPUs whose formats include nvfp4 here)."""
+    low = LOW_PRECISION_WEIGHT_BYTES.get(w.precision, 0.0)
+    return low / 2 if w.precision == "fp8" and "nvfp4" in w.formats else low
+
+
+def fp8_params(w: Workload, sharding: str) -> bool:
+    """The layers' weights live in FP8 only (frameworks.fp8_param_gather)."""
+    return frameworks.fp8_param_gather(w.caps, w.precision, w.fp8_recipe, sharding)
+
+
+# Bytes per element of an activation a Transformer Engine GEMM saves for its backward under a
+# low-precision recipe: the quantised copy of its input the weight-gradient GEMM reads (one
+# usage, with its scales: 1/32 E8M0 byte per MXFP8 value, 1/16 E4M3 byte per NVFP4 value).
+LOW_PRECISION_SAVED_BYTES = {"fp8": 1.0, "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+
+
+# Transformer Engine's userbuffers for --tp-comm-overlap (module/base.py initialize_ub): one
+# registered buffer of Megatron's (seq·micro-batch/cp, hidden) per overlapped GEMM (4 ring
+# exchanges, 2 pipelined reduce-scatters, 4 bulk overlaps), the 6 all-gather ones in one byte
+# under an FP8 recipe; and the cuBLAS workspace repeated for its 3 streams (32 MiB each on Hopper
+# and later, of which one is counted with the CUDA context).
+UB_BUFFERS = 10
+UB_FP8_BUFFERS = 6
+UB_EXTRA_WORKSPACE_BYTES = 2 * 32 * 2**20
 
 
 class Term(NamedTuple):

@@ -1,0 +1,63 @@
+"""TP communication under the GEMMs (issue 29): Megatron's --tp-comm-overlap, rendered where the
+step model counts on it and charged as the overlap leaves it. The arithmetic is written out here;
+the two constants are the fitted share left exposed (TP_OVERLAP_EXPOSED, 0.1) and the SMs the
+userbuffer kernels hold (Transformer Engine initialize_ub: num_sm=16 of an H100's 132)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobctl.planner import perf
+from jobctl.planner.catalog import lookup_gpu
+from jobctl.planner.memory import Workload
+from jobctl.planner.models import PRESETS
+from jobctl.planner.plan import Plan
+from jobctl import frameworks
+
+H100 = lookup_gpu("h100-sxm-80gb")
+LINKS = perf.Links(H100.intra_node_gbs, H100.inter_node_gbit / 8, H100.pcie_gbs, H100.mem_bandwidth_gbs,
+                   H100.peak_tflops("bf16-mixed"), perf.gemm_ceiling(H100.key), perf.te_gemm_ceiling(H100.key))
+MEGATRON = frameworks.get("megatron")
+
+
+def tp_seconds(overlap: bool, sequence_parallel: bool = True) -> float:
+    """Llama 3.1 70B at tp 8 on one node, micro-batch 1 at 8K: NVLink all-gathers and
+    reduce-scatters that take less time than the layer's GEMMs."""
+    fw = MEGATRON if overlap else MEGATRON.with_caps(tp_comm_overlap=False)
+    w = Workload(PRESETS["llama3.1-70b"], 8192, 8, framework=fw)
+    plan = Plan(1, 8, 8, 1, 1, 1, "zero1", 1, 8, 8, "none", "none", sequence_parallel)
+    return perf.estimate_step(w, plan, LINKS, 8).tp_comm_s
+
+
+def test_overlapped_tp_traffic_costs_the_exposed_share_and_the_sms_it_takes():
+    off, on = tp_seconds(False), tp_seconds(True)
+    assert off > 0
+    # covered by the GEMMs: exposed = max(0.1·t, t − gemm) = 0.1·t, plus 16/132 of t in slower GEMMs
+    assert on == pytest.approx(off * (0.1 + 16 / 132), rel=1e-9)
+
+
+def test_without_sequence_parallelism_nothing_is_overlapped():
+    # Megatron-LM validate_args: the overlap needs --sequence-parallel; TP then all-reduces
+    assert tp_seconds(True, sequence_parallel=False) == pytest.approx(tp_seconds(False, sequence_parallel=False))
+
+
+def test_the_plan_renders_it_only_where_the_model_counts_it():
+    from jobctl.planning import load_inventory, load_recipe, plan_on
+    d = plan_on(load_recipe("recipes/llama70b.yaml", ["parallelism.tp=8"]), load_inventory("h100", []),
+                alternatives=0).to_dict()
+    assert "--tp-comm-overlap" in d["framework"]["args"] and "--sequence-parallel" in d["framework"]["args"]
+    assert any("--tp-comm-overlap" in o for o in d["framework"]["overlaps"])
+    d = plan_on(load_recipe("recipes/llama70b.yaml", ["parallelism.tp=8", "parallelism.sequence_parallel=false"]),
+                load_inventory("h100", []), alternatives=0).to_dict()
+    assert "--tp-comm-overlap" not in d["framework"]["args"]
+
+
+def test_the_userbuffers_are_counted():
+    """initialize_ub: 10 buffers of Megatron's (seq·micro-batch/cp, hidden) in bf16, plus two
+    more 32 MiB cuBLAS workspaces (3 streams, one counted with the CUDA context)."""
+    from jobctl.planning import load_inventory, load_recipe, plan_on
+    d = plan_on(load_recipe("recipes/llama70b.yaml", ["parallelism.tp=8", "parallelism.micro_batch_size=1",
+                                                      "parallelism.cp=1"]),
+                load_inventory("h100", []), alternatives=0).to_dict()
+    (ub,) = [t["bytes"] for t in d["memory"]["terms"] if t["name"] == "tp overlap buffers"]
+    assert ub == pytest.approx(10 * 8192 * 8192 * 2 + 2 * 32 * 2**20, rel=1e-9)
