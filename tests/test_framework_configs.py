@@ -145,41 +145,42 @@ def test_megatron_accepts_what_jobctl_renders():
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)  # the interleaved schedule was exercised
 
 
-def test_megatron_checker_refuses_an_fp8_recipe_megatron_does_not_have():
-    _need("megatron")
-    base = next(c for c in plans("megatron") if "train.precision=fp8" in c["case"][2])
-    args = list(base["framework"]["args"])
+def _without(args, *flags):
+    return [a for a in args if a not in flags]
+
+
+def _fp8_recipe_rowwise(args):
+    args = list(args)
     args[args.index("--fp8-recipe") + 1] = "rowwise"  # torchao's name; Megatron's choices differ
-    r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=args))])[0]
-    assert not r["ok"] and "--fp8-recipe" in r["error"]
+    return args
 
 
-def test_megatron_checker_refuses_a_param_gather_overlap_without_the_distributed_optimizer():
-    _need("megatron")
-    base = next(c for c in plans("megatron") if "--overlap-param-gather" in c["framework"]["args"])
-    args = [a for a in base["framework"]["args"] if a != "--use-distributed-optimizer"]
-    r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=args))])[0]
-    assert not r["ok"] and "distributed optimizer" in r["error"]
-
-
-def test_megatron_checker_refuses_tp_overlap_without_sequence_parallel():
-    _need("megatron")
-    base = next(c for c in plans("megatron") if "--tp-comm-overlap" in c["framework"]["args"])
-    args = [a for a in base["framework"]["args"] if a != "--sequence-parallel"]
-    r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=args))])[0]
-    assert not r["ok"] and "only when sequence parallelism is enabled" in r["error"]
-
-
-def test_megatron_checker_refuses_fp8_weights_without_fp8_and_a_grad_buffer_reuse_without_them():
-    _need("megatron")
-    base = next(c for c in plans("megatron") if "--fp8-param-gather" in c["framework"]["args"])
-    args = list(base["framework"]["args"])
+def _no_fp8_format(args):
     i = args.index("--fp8-format")
-    no_fp8 = args[:i] + args[i + 4:]  # drop --fp8-format X --fp8-recipe Y
-    reuse = [a for a in args if a != "--fp8-param-gather"] + ["--reuse-grad-buf-for-mxfp8-param-ag"]
-    r = run_checker("megatron", [dict(base, framework=dict(base["framework"], args=a)) for a in (no_fp8, reuse)])
-    assert not r[0]["ok"] and "fp8_param must be used together with fp8 mode" in r[0]["error"]
-    assert not r[1]["ok"] and "Reuse grad buffer only when keeping params in MXFP8" in r[1]["error"]
+    return args[:i] + args[i + 4:]  # drop --fp8-format X --fp8-recipe Y
+
+
+# (a flag the rendered plan has, how it is broken, what Megatron says): validate_args word for word,
+# megatron-core's TransformerConfig and DistributedDataParallelConfig __post_init__
+WRONG_MEGATRON = [
+    ("--fp8-recipe", _fp8_recipe_rowwise, "--fp8-recipe"),
+    ("--overlap-param-gather", lambda a: _without(a, "--use-distributed-optimizer"), "distributed optimizer"),
+    ("--tp-comm-overlap", lambda a: _without(a, "--sequence-parallel"), "only when sequence parallelism is enabled"),
+    ("--fp8-param-gather", _no_fp8_format, "fp8_param must be used together with fp8 mode"),
+    ("--fp8-param-gather", lambda a: _without(a, "--fp8-param-gather") + ["--reuse-grad-buf-for-mxfp8-param-ag"],
+     "Reuse grad buffer only when keeping params in MXFP8"),
+]
+
+
+def test_megatron_checker_refuses_each_flag_broken_as_megatron_refuses_it():
+    _need("megatron")
+    cases = plans("megatron")
+    broken = []
+    for flag, breaks, _ in WRONG_MEGATRON:
+        base = next(c for c in cases if flag in c["framework"]["args"])
+        broken.append(dict(base, framework=dict(base["framework"], args=breaks(list(base["framework"]["args"])))))
+    for (flag, _, message), r in zip(WRONG_MEGATRON, run_checker("megatron", broken)):
+        assert not r["ok"] and message in r["error"], (flag, r)
 
 
 def test_megatron_checker_refuses_what_megatron_refuses():
