@@ -268,15 +268,15 @@ def _overlaps_on(plan, w) -> list[str]:
     """What the rendered flags overlap, in words (the plan says which overlaps it turned on)."""
     out = []
     if _tp_overlap_flags(plan):
-        out.append("TP collectives under the GEMMs (--tp-comm-overlap)")
+        out.append("TP under GEMMs (--tp-comm-overlap)")
     if plan.dp * plan.cp > 1:
-        out.append("gradient reduction under the backward (--overlap-grad-reduce)")
+        out.append("grad reduce (--overlap-grad-reduce, under the backward)")
         if plan.sharding == "zero1":
-            out.append("parameter gather under the forward (--overlap-param-gather"
-                       + (", in FP8: --fp8-param-gather)" if fp8_param_gather(CAPS, w.precision, w.fp8_recipe,
+            out.append("param gather (--overlap-param-gather, under the forward"
+                       + ("; in FP8: --fp8-param-gather)" if fp8_param_gather(CAPS, w.precision, w.fp8_recipe,
                                                                              plan.sharding) else ")"))
     if plan.pp > 1 and plan.virtual_stages > 1:
-        out.append("pipeline sends under the interleaved stages (overlap_p2p_comm, Megatron's default)")
+        out.append("P2P sends (overlap_p2p_comm under the interleaved stages, Megatron's default)")
     return out
 
 

@@ -241,9 +241,10 @@ def render(plan, w) -> Rendered:
     # must come before it (resolve_launch moves it to the end of the command)
     overlaps = []
     if "--compile.enable_async_tensor_parallel" in a:
-        overlaps.append("TP collectives pipelined with the matmuls (--compile.enable_async_tensor_parallel)")
+        overlaps.append("async TP (--compile.enable_async_tensor_parallel: TP collectives pipelined with the "
+                        "matmuls)")
     if plan.sharding in ("zero3", "hsdp") and plan.dp * plan.cp > 1:
-        overlaps.append("FSDP2 all-gathers prefetched under the previous layer, reduce-scatters under the backward")
+        overlaps.append("FSDP prefetch (all-gathers under the previous layer, reduce-scatters under the backward)")
     return Rendered(CAPS.name, tuple(a), {}, {}, tuple(notes), last=(sub,), overlaps=tuple(overlaps))
 
 

@@ -70,7 +70,11 @@ def cut(text, width: int):
     """A cell at most `width` cells wide: cut, with an ellipsis, when longer."""
     t = _text(text).copy()
     if t.cell_len > width:
-        t.truncate(max(width - 1, 0))
+        keep = max(width - 1, 0)
+        head = t.plain[:keep]
+        if len(head) >= 2 and head[-2] == " " and head[-1] != " ":
+            keep -= 1  # never one letter of a word before the ellipsis ("less e…"): end on the space
+        t.truncate(keep)
         t.append(ELLIPSIS)
     return t
 

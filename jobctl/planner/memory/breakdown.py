@@ -94,8 +94,9 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
         low = UB_FP8_BUFFERS if w.precision in LOW_PRECISION_WEIGHT_BYTES else 0
         ub = tokens * w.model.hidden * ((UB_BUFFERS - low) * w.act_bytes + low) + UB_EXTRA_WORKSPACE_BYTES
         add("tp overlap buffers", ub, "buffers", lambda:
-            f"Transformer Engine initialize_ub: {UB_BUFFERS} buffers of (s·b/cp = {tokens}, h) "
-            f"({low} of them 1-B FP8), and 2 more 32 MiB cuBLAS workspaces")
+            f"{UB_BUFFERS} userbuffers of s·b/cp x h = {tokens} x {w.model.hidden}"
+            + (f" ({low} of them 1-B FP8)" if low else "")
+            + " and 2 more 32 MiB cuBLAS workspaces (Transformer Engine initialize_ub)")
     acts_items, acts, working_set = _activation_items(w, tp, cp, sp, plan.recompute, plan.recompute_layers, b, pp,
                                                       in_flight, stage)
     apply(acts_items)

@@ -136,8 +136,9 @@ class Workload:
 
     @property
     def compiled(self) -> bool:
-        """torch.compile is on: asked for, or auto where the framework renders and models it."""
-        return self.caps.compiles and self.compile in (True, "auto")
+        """torch.compile is on: asked for, or auto where the framework renders and models it, on GPUs."""
+        # auto: on GPUs only (a CPU partition's gloo runs have neither inductor's GPU kernels nor async TP)
+        return self.caps.compiles and (self.compile is True or (self.compile == "auto" and self.device == "gpu"))
 
     @property
     def act_bytes(self) -> int:
