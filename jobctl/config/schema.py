@@ -44,6 +44,52 @@ class _Strict(BaseModel):
 Dim = int  # validated by field constraints below
 
 
+class MoEArch(_Strict):
+    """The routed feed-forward of a mixture-of-experts model (model.moe)."""
+
+    experts: int = Field(gt=1, le=65536, description="routed experts per MoE layer")
+    top_k: int = Field(gt=0, le=1024, description="experts each token is routed to")
+    expert_ffn_hidden: int = Field(gt=0, le=8 * MAX_DIM, description="one expert's intermediate width")
+    shared_experts: int = Field(default=0, ge=0, le=64)
+    shared_expert_ffn_hidden: int = Field(default=0, ge=0, le=8 * MAX_DIM, description="0: expert_ffn_hidden")
+    first_dense_layers: int = Field(default=0, ge=0, le=10_000)
+    moe_every: int = Field(default=1, gt=0, le=64, description="every n-th layer is MoE (Llama 4 Maverick: 2)")
+    router_bias: bool = False
+    score_bias: bool = Field(default=False, description="DeepSeek-V3's per-expert score-correction bias")
+    expert_bias: bool = False
+    # the router's load-balancing regime: dropless (every token reaches its experts, whatever the
+    # imbalance), or a capacity factor (an expert takes at most factor x its even share)
+    capacity_factor: float | None = Field(default=None, gt=0, le=64)
+
+    @model_validator(mode="after")
+    def _k(self):
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
+        return self
+
+
+class AttentionArch(_Strict):
+    """model.attention: grouped-query (the default) or DeepSeek's multi-head latent attention."""
+
+    kind: Literal["gqa", "mla"] = "gqa"
+    head_dim: int | None = Field(default=None, gt=0, le=MAX_DIM, description="gqa: a width other than hidden/heads")
+    qk_norm: bool = False
+    bias: bool = False
+    sinks: bool = False
+    q_lora_rank: int = Field(default=0, ge=0, le=MAX_DIM, description="mla: 0 = a full query projection")
+    kv_lora_rank: int = Field(default=0, ge=0, le=MAX_DIM)
+    qk_rope_head_dim: int = Field(default=0, ge=0, le=MAX_DIM)
+    qk_nope_head_dim: int = Field(default=0, ge=0, le=MAX_DIM)
+    v_head_dim: int = Field(default=0, ge=0, le=MAX_DIM)
+
+    @model_validator(mode="after")
+    def _mla(self):
+        if self.kind == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim and self.qk_nope_head_dim
+                                       and self.v_head_dim):
+            raise ValueError("kind mla needs kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+        return self
+
+
 class ModelArch(_Strict):
     """An explicit architecture, instead of a preset name."""
 
@@ -61,11 +107,15 @@ class ModelArch(_Strict):
     rope_theta: float = Field(default=10000.0, gt=0, le=1e9, description="RoPE base")
     rope_scaling: float = Field(default=0.0, ge=0, le=1024, description="Llama 3.1-style RoPE scaling factor; 0: none")
     norm_eps: float = Field(default=1e-5, gt=0, le=1e-2)
+    moe: MoEArch | None = None
+    attention: AttentionArch | None = None
+    mtp_layers: int = Field(default=0, ge=0, le=64, description="multi-token-prediction modules (DeepSeek-V3)")
 
     @model_validator(mode="after")
     def _shapes(self):
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.hidden % self.heads and not (self.attention and (self.attention.head_dim or self.attention.kind == "mla")):
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}), or give "
+                             "attention.head_dim")
         g = self.kv_heads or self.heads
         if self.heads % g:
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({g})")

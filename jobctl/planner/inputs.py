@@ -8,6 +8,7 @@ from jobctl import frameworks
 from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Training, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
+from jobctl.planner.moe import MLA, MoE
 from jobctl.planner.perf import Links, gemm_ceiling, low_precision_ceiling, te_gemm_ceiling
 from jobctl.planner.search import Constraints, Target
 
@@ -16,11 +17,20 @@ def model_spec(model) -> ModelSpec:
     """A preset name or an explicit architecture (schema.ModelArch) as a ModelSpec."""
     if isinstance(model, str):
         return PRESETS[model]
+    x, a = model.moe, model.attention
+    moe = MoE(x.experts, x.top_k, x.expert_ffn_hidden, x.shared_experts, x.shared_expert_ffn_hidden,
+              x.first_dense_layers, x.moe_every, x.router_bias, x.score_bias, x.expert_bias,
+              x.capacity_factor or 0.0) if x is not None else None
+    mla = MLA(a.q_lora_rank, a.kv_lora_rank, a.qk_rope_head_dim, a.qk_nope_head_dim, a.v_head_dim) \
+        if a is not None and a.kind == "mla" else None
     return ModelSpec(
         name=model.name, family=model.family, layers=model.layers, hidden=model.hidden,
         ffn_hidden=model.ffn_hidden, heads=model.heads, kv_heads=model.kv_heads or model.heads,
         vocab=model.vocab, tied_embeddings=model.tied_embeddings, max_seq_len=model.max_seq_len,
         dropout=model.dropout, rope_theta=model.rope_theta, rope_scaling=model.rope_scaling, norm_eps=model.norm_eps,
+        moe=moe, mla=mla, explicit_head_dim=(a.head_dim or 0) if a is not None else 0,
+        qk_norm=bool(a and a.qk_norm), attention_bias=bool(a and a.bias), attention_sinks=bool(a and a.sinks),
+        mtp_layers=model.mtp_layers,
     )
 
 

@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from jobctl.planner import moe as _moe
+from jobctl.planner.moe import MLA, MoE
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -30,10 +33,22 @@ class ModelSpec:
     rope_theta: float = 10000.0  # RoPE base (llama family)
     rope_scaling: float = 0.0  # Llama 3.1's RoPE scaling factor (low 1, high 4, original 8192); 0: none
     norm_eps: float = 1e-5
+    # mixture of experts and the attention variants of today's MoE models (planner/moe.py)
+    moe: MoE | None = None
+    mla: MLA | None = None
+    explicit_head_dim: int = 0  # a head width other than hidden / heads (Qwen3, gpt-oss, Llama 4)
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys (Qwen3)
+    attention_bias: bool = False  # biases on Q, K, V and the output projection (gpt-oss)
+    attention_sinks: bool = False  # a learned sink logit per head (gpt-oss)
+    mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), not in params()
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
 
     def __hash__(self) -> int:  # a key of the planner's caches, hashed on every lookup: compute once
         h = self.__dict__.get("_hash")
@@ -75,12 +90,20 @@ class ModelSpec:
 
     def params(self, vocab: int | None = None) -> int:
         """Exact parameter count, equal to sum(p.numel()) of the same model in PyTorch."""
+        if self.moe is not None or self.mla is not None:
+            return _moe.total_params(self)
         return (
             self.layers * self.layer_params()
             + self.embedding_params(vocab)
             + self.output_params(vocab)
             + self.final_norm_params()
         )
+
+    def active_params(self) -> int:
+        """Parameters one token's forward touches: all of them but the experts it is not routed to."""
+        if self.moe is not None or self.mla is not None:
+            return _moe.active_params(self)
+        return self.params()
 
     def layer_matrices(self) -> list[tuple[int, int]]:
         """(rows, cols) of every weight matrix of one layer; vectors as (n, 1).
@@ -126,6 +149,31 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3.2-3b", 28, 3072, 8192, 24, 8, 128256, tied=True, theta=500000.0, scaling=32.0),
         ModelSpec("gpt2", "gpt", 12, 768, 3072, 12, 12, 50257, True, 1024, 0.1),
         ModelSpec("gpt3-175b", "gpt", 96, 12288, 49152, 96, 96, 51200, True, 2048, 0.1),
+        # Mixtures of experts (issue 31; counted, not planned yet), from their released configs:
+        # DeepSeek-V3: transformers' DeepseekV3Config defaults (= deepseek-ai/DeepSeek-V3), MLA and
+        # 3 dense layers of 18432, 256 experts of 2048 + 1 shared, top 8, one MTP module.
+        ModelSpec("deepseek-v3", "llama", 61, 7168, 18432, 128, 128, 129280,
+                  moe=MoE(256, 8, 2048, shared_experts=1, dense_layers=3, score_bias=True),
+                  mla=MLA(1536, 512, 64, 128, 128), mtp_layers=1),
+        # Qwen3 MoE: Qwen/Qwen3-235B-A22B and -30B-A3B config.json (head_dim 128, q/k norms, every
+        # layer MoE, no shared expert; Megatron-Bridge's Qwen3 MoE provider @5ca1c1a1).
+        ModelSpec("qwen3-235b-a22b", "llama", 94, 4096, 12288, 64, 4, 151936, moe=MoE(128, 8, 1536),
+                  explicit_head_dim=128, qk_norm=True),
+        ModelSpec("qwen3-30b-a3b", "llama", 48, 2048, 6144, 32, 4, 151936, moe=MoE(128, 8, 768),
+                  explicit_head_dim=128, qk_norm=True),
+        # Mixtral: MixtralConfig defaults (= Mixtral-8x7B-v0.1); 8x22B-v0.1's config.json as vendored
+        # in public test suites (NeMo's MixtralConfig8x22B: 56 layers, 6144, 48 heads, 16384).
+        ModelSpec("mixtral-8x7b", "llama", 32, 4096, 14336, 32, 8, 32000, moe=MoE(8, 2, 14336)),
+        ModelSpec("mixtral-8x22b", "llama", 56, 6144, 16384, 48, 8, 32000, moe=MoE(8, 2, 16384)),
+        # gpt-oss-120b: GptOssConfig defaults (= openai/gpt-oss-120b): head_dim 64, biases on the
+        # attention, router and experts, a sink per head; 128 experts of 2880, top 4.
+        ModelSpec("gpt-oss-120b", "llama", 36, 2880, 2880, 64, 8, 201088,
+                  moe=MoE(128, 4, 2880, router_bias=True, expert_bias=True), explicit_head_dim=64,
+                  attention_bias=True, attention_sinks=True),
+        # Llama 4 Maverick (meta-llama/Llama-4-Maverick-17B-128E text model): MoE on the odd layers
+        # (interleave_moe_layer_step 2), 128 experts of 8192 + 1 shared, top 1; dense layers 16384.
+        ModelSpec("llama4-maverick", "llama", 48, 5120, 16384, 40, 8, 202048,
+                  moe=MoE(128, 1, 8192, shared_experts=1, every=2), explicit_head_dim=128),
     )
 }
 

@@ -103,6 +103,13 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     if w.grad_reduce == "bf16" and caps.state_recipe is not StateRecipe.MEGATRON:
         out.append(f"train.grad_reduce=bf16 is Megatron's --grad-reduce-in-bf16: jobctl renders and models it for "
                    f"megatron only, not {caps.name} (remove it, or use framework: megatron)")
+    if w.model.moe is not None or w.model.mla is not None:
+        m = w.model
+        what = (f"a mixture of experts ({m.moe.experts} experts, top {m.moe.top_k}; {m.params() / 1e9:.1f}B parameters, "
+                f"{m.active_params() / 1e9:.1f}B active)" if m.moe is not None else "multi-head latent attention")
+        out.append(f"{m.name} is {what}: jobctl counts it but does not plan it yet (expert parallelism, routed "
+                   "tokens' activations and the token dispatch are not modelled; issue 31); plan a dense model, "
+                   f"or size its states by its count: `jobctl memory --model {m.name}`")
     if w.compile is True and not caps.compiles:
         out.append(f"train.compile=true is torch.compile of the model: jobctl renders and models it for torchtitan "
                    f"only, not {caps.name} (remove it, or use framework: torchtitan)")

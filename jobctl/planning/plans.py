@@ -122,7 +122,7 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
 
 
 def _model_info(w) -> dict:
-    return {"name": w.model.name, "params": w.model.params()}
+    return {"name": w.model.name, "params": w.model.params(), "active_params": w.model.active_params()}
 
 
 def _candidate(c, w, t) -> dict:

@@ -98,7 +98,9 @@ def render_plan(report: dict) -> None:
     head = f"{report['recipe']} on {report['cluster']}/{report['partition']}"
     m = report.get("model") or {}
     if m:
-        head += f" — {m['name']} ({m['params'] / 1e9:.2f}B params)"
+        active = m.get("active_params")
+        head += f" — {m['name']} ({m['params'] / 1e9:.2f}B params" + (
+            f", {active / 1e9:.2f}B active)" if active and active != m["params"] else ")")
     para(head, style="bold")
     if report["feasible"]:
         _render_fit(report, explain)
@@ -134,8 +136,9 @@ def _render_fit(report: dict, explain: bool) -> None:
         + (f" ({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
         + f" · offload {p['offload']}", style="green")
     overlaps = (report.get("framework") or {}).get("overlaps")
-    if overlaps:
-        para("overlapped: " + "; ".join(overlaps), style="green")
+    if overlaps:  # at a glance their names; --explain (and --json) with the flags that turn them on
+        para("overlapped: " + ("; ".join(overlaps) if explain else " · ".join(o.split(" (")[0] for o in overlaps)),
+             style="green")
     para(
         f"micro-batch {p['micro_batch_size']} x {p['grad_accum_steps']} accumulation x dp {p['dp']} = "
         f"{p['global_batch_size']:,} sequences", style="green")
@@ -171,8 +174,8 @@ def _render_fit(report: dict, explain: bool) -> None:
     else:
         comparison_lines(why_not, est, gpus)
     alts = report.get("alternatives") or []
-    if alts:
-        alternatives_lines(alts, gpus)
+    if alts:  # four at a glance (--json and --explain: all of them)
+        alternatives_lines(alts if explain else alts[:4], gpus)
     choice = report.get("objective_choice")
     s = report.get("search") or {}
     if choice:
