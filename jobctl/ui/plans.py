@@ -132,6 +132,7 @@ def _render_fit(report: dict, explain: bool) -> None:
         + f" · dp {p['dp']} · cp {p['cp']}", style="green")
     para(
         f"{p['sharding']}" + (" · sequence parallel" if p["sequence_parallel"] else "")
+        + (" · bf16 grads" if (report.get("train") or {}).get("grad_reduce") == "bf16" else "")
         + f" · recompute {p['recompute']}"
         + (f" ({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
         + f" · offload {p['offload']}", style="green")
