@@ -19,6 +19,7 @@ choose the efficiency constants (--fit searches a small grid over them and print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import statistics
@@ -39,8 +40,23 @@ DATA_2025 = Path(__file__).resolve().parent / "data" / "published_throughput_202
 
 def _clear_caches() -> None:
     """The step model keeps per-layer costs by their arguments, not by the module's constants."""
-    perf._pipeline_costs.cache_clear()
-    perf._layer_costs.cache_clear()
+    perf.clear_caches()
+
+
+@contextlib.contextmanager
+def _restored(rows: list[Row], *constants: str):
+    """A fit's trials move perf's `constants` and the rows' links: put them back afterwards,
+    whatever happened, with the step model's caches emptied."""
+    saved = {k: getattr(perf, k) for k in constants}
+    saved_links = [(r, r.links) for r in rows]
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(perf, k, v)
+        for r, links in saved_links:
+            r.links = links
+        _clear_caches()
 
 
 def summary(rows: list[Row]) -> dict:
@@ -79,21 +95,14 @@ def _set(rows: list[Row], name: str, value) -> None:
 
 def fit(rows: list[Row]) -> dict:
     fit_rows = [r for r in rows if r.scored and r.half == "fit"]
-    saved = {k: getattr(perf, k) for k in GRID if hasattr(perf, k)}
-    saved_links = [(r, r.links) for r in rows]
     best = None
-    try:
+    with _restored(rows, *(k for k in GRID if hasattr(perf, k))):
         for values in itertools.product(*GRID.values()):
             for k, v in zip(GRID, values):
                 _set(fit_rows, k, v)
             err = statistics.mean(abs(r.error) for r in fit_rows)
             if best is None or err < best[0]:
                 best = (err, dict(zip(GRID, values)))
-    finally:
-        for k, v in saved.items():
-            setattr(perf, k, v)
-        for r, links in saved_links:
-            r.links = links
     return {"fit_mae": best[0], "constants": best[1]}
 
 
@@ -136,9 +145,8 @@ def fit_2025(rows: list[Row], te_rows: list[Row]) -> dict:
     fit_rows = [r for r in rows if r.scored and r.half == "fit"]
     te_fit = [r for r in te_rows if r.half == "fit"]
     groups = sorted({g for r in fit_rows if (g := _group(r))})
-    saved_tp, saved_links = perf.TP_OVERLAP_EXPOSED, [(r, r.links) for r in rows + te_rows]
     best = None
-    try:
+    with _restored(rows + te_rows, "TP_OVERLAP_EXPOSED"):
         for tp_exposed in TP_OVERLAP_GRID:
             perf.TP_OVERLAP_EXPOSED = tp_exposed
             _clear_caches()
@@ -164,11 +172,6 @@ def fit_2025(rows: list[Row], te_rows: list[Row]) -> dict:
             mae = statistics.mean(errs)
             if best is None or mae < best[0]:
                 best = (mae, tp_exposed, te, chosen)
-    finally:
-        perf.TP_OVERLAP_EXPOSED = saved_tp
-        for r, links in saved_links:
-            r.links = links
-        _clear_caches()
     return {"fit_mae": best[0], "TP_OVERLAP_EXPOSED": best[1], "GEMM_EFFICIENCY_TE": {"hopper": best[2]},
             "LOW_PRECISION_GEMM_EFFICIENCY": best[3],
             "rows": {**{g: sorted(r.id for r in fit_rows if _group(r) == g) for g in best[3]},
@@ -201,9 +204,8 @@ def pair_speedups(rows: list[Row], pairs) -> list[tuple[str, float, float]]:
 
 def fit_compile(rows: list[Row]) -> float:
     """COMPILE_MEMBOUND_SHARE that makes the fit pair's predicted speed-up its measured one."""
-    saved = perf.COMPILE_MEMBOUND_SHARE
     best = None
-    try:
+    with _restored([], "COMPILE_MEMBOUND_SHARE"):
         for v in COMPILE_GRID:
             perf.COMPILE_MEMBOUND_SHARE = v
             _clear_caches()
@@ -211,9 +213,6 @@ def fit_compile(rows: list[Row]) -> float:
             err = abs(predicted / measured - 1)
             if best is None or err < best[0]:
                 best = (err, v)
-    finally:
-        perf.COMPILE_MEMBOUND_SHARE = saved
-        _clear_caches()
     return best[1]
 
 

@@ -169,6 +169,26 @@ def test_pipeline_first_stage_holds_p_microbatches():
     assert acts2 == pytest.approx(per_layer * 20 * 2)
 
 
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed", "fsdp", "torchtitan", "custom"])
+def test_most_loaded_stage_is_the_max_over_every_stage(framework):
+    # estimate() may skip the middle stage where the first bounds it; the oracle here is every
+    # stage's own breakdown (estimate_stage), over pipelines whose middle stage has fewer, as
+    # many or more layers than the first (126 layers on 16 stages: 7, 8, 7; 80 on 4: 20 each)
+    cases = [("llama3.1-405b", 16, 8, 8), ("llama3.1-405b", 8, 8, 1), ("llama3.1-70b", 4, 8, 2),
+             ("llama3.1-70b", 3, 8, 1), ("llama3.1-8b", 6, 1, 1), ("llama3.1-8b", 5, 2, 1)]
+    for model, pp, tp, v in cases:
+        w = Workload(PRESETS[model], 8192, 128, framework=framework)
+        for sharding in ("zero1", "zero3"):
+            for recompute in ("none", "full"):
+                p = plan(tp=tp, pp=pp, dp=2, nodes=max(1, tp * pp * 2 // 8), gpus_per_node=min(8, tp * pp * 2),
+                         sharding=sharding, micro_batch_size=1, grad_accum_steps=64, global_batch_size=128,
+                         recompute=recompute, sequence_parallel=tp > 1, virtual_stages=v)
+                if stage_layers(w.model.layers, pp, w.caps.pp_split_counts_ends) is None:
+                    continue
+                every = [estimate_stage(w, 80 * GIB, p, st).total_bytes for st in ("first", "middle", "last")]
+                assert estimate(w, 80 * GIB, p).total_bytes == max(every), (model, pp, tp, v, sharding, recompute)
+
+
 def test_logits_are_large_for_llama3_vocabulary():
     # docs/memory-model.md §3: s·b·V at V = 128256, s = 8192 is several GiB per micro-batch.
     w = Workload(PRESETS["llama3.1-8b"], 8192, 1)

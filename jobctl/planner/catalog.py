@@ -9,7 +9,6 @@ marketing "GB".
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 from jobctl.frameworks.base import LOW_PRECISIONS
@@ -141,6 +140,8 @@ def lookup_gpu(key: str) -> GPUSpec:
 
 
 def unknown_message(kind: str, value: str, allowed: list[str]) -> str:
+    import difflib  # only for a bad value: not on every plan's import path
+
     close = difflib.get_close_matches(str(value), allowed, n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"unknown {kind} {value!r}{hint} (allowed: {', '.join(allowed)})"

@@ -304,6 +304,13 @@ def host_side_time(w: Workload, plan: Plan | StepShape, links: Links) -> float:
     return optimizer + offload
 
 
+def clear_caches() -> None:
+    """Forget the step model's kept per-layer and per-pipeline costs: they are kept by their
+    arguments, not by the module's constants (a fit that moves a constant calls this)."""
+    _pipeline_costs.cache_clear()
+    _layer_costs.cache_clear()
+
+
 def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tuple:
     """(layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the slowest
     stage, its sends, the bubble)."""

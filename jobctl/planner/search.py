@@ -201,9 +201,11 @@ def _search(w: Workload, t: Target, c: Constraints, objective: str, steps: int |
         result.reasons = problems
         return result
     if evaluations is None:
-        evaluations = Evaluations(w, t, c, steps, floor=faster_than)
+        evaluations = Evaluations(w, t, c, steps, floor=faster_than, every=keep_all)
     elif not evaluations.matches(w, t, c, steps):
         raise ValueError("search: the evaluations given are of another workload, target, constraints or steps")
+    elif keep_all and not evaluations.every:
+        raise ValueError("search: keep_all needs evaluations made with every=True (the others keep a layout's fastest)")
     ev = result.evaluations = evaluations
     # Each layout gets an optimistic bound first: its step time with no recomputation and no
     # offload (they only add work), for each sharding on offer and a few micro-batch sizes.

@@ -258,16 +258,20 @@ class Evaluations:
     already evaluated."""
 
     def __init__(self, w: Workload, t: Target, c: Constraints, steps: int | None = None, _shared: dict | None = None,
-                 floor: float | None = None, sizes: dict | None = None):
+                 floor: float | None = None, sizes: dict | None = None, every: bool = False):
         """`floor` (tokens/s): only plans faster than it are wanted (a search for one that is:
         search's faster_than); a knob setting that cannot reach it is not searched, so the
         outcomes are of plans above it only and are not for other searches. `sizes`: plan ->
         memory, shared by spaces that differ only in the GPU's memory (a plan's bytes do not
-        depend on it: only what is usable)."""
+        depend on it: only what is usable). `every`: a layout's outcome keeps every plan that
+        fits (search's keep_all); otherwise a knob setting whose bound cannot beat the layout's
+        fastest plan found so far is not searched (a search ranks each layout by its fastest)."""
         self.w, self.t, self.c, self.steps, self.floor, self.sizes = w, t, c, steps, floor, sizes
         # what a derived space (pinned) shares: outcomes and bounds by layout, memory by plan,
         # layouts by their dimensions
-        self._shared = _shared if _shared is not None else {"outcomes": {}, "bounds": {}, "detailed": {}, "layouts": {}}
+        self._shared = _shared if _shared is not None else {"outcomes": {}, "bounds": {}, "detailed": {}, "layouts": {},
+                                                            "every": every}
+        self.every = self._shared["every"]
         self._outcomes, self._bounds, self._detailed = (self._shared[k] for k in ("outcomes", "bounds", "detailed"))
         self._layouts: list[Layout] | None = None
         self.without_knobs = 0  # layouts left out: no HSDP group divides their dp·cp
@@ -431,11 +435,19 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
                 continue  # recomputation only when the activations do not fit otherwise
             if ev.floor is not None and _knob_bound(ev, L, v, sh, rc, of, hs) < ev.floor:
                 continue  # no plan of this setting is as fast as wanted
+            if not ev.every and out.best is not None and out.best.estimate is not None \
+                    and _knob_bound(ev, L, v, sh, rc, of, hs) < out.best.tokens_per_s * (1 - 1e-9):
+                out.considered += 1
+                out.rejected["slower than the best (bound)"] += 1
+                continue  # no plan of this setting beats the layout's fastest so far (faster())
             if knob in too_big:  # the check its smallest micro-batch would fail, as it would fail it
                 out.considered += 1
                 out.rejected["GPU memory"] += 1
                 continue
-            for mbs, n_rc, mem in _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, L.layers_max, c):
+            worth = None if ev.every or t.links is None else \
+                (lambda mbs, v=v, sh=sh, rc=rc, of=of, hs=hs: _may_beat(ev, L, out, mbs, v, sh, rc, of, hs))
+            for mbs, n_rc, mem in _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, L.layers_max, c,
+                                                        worth):
                 if of == "none":
                     fits_without_offload = True
                 if rc == "none" and mbs == mbss[0]:
@@ -487,9 +499,27 @@ def _knob_bound(ev: Evaluations, L: Layout, v: int, sh: str, rc: str, of: str, h
     return w.global_batch_size * w.seq_len / least
 
 
-def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c):
+def _may_beat(ev: Evaluations, L: Layout, out: Outcome, mbs: int, v: int, sh: str, rc: str, of: str, hs: int) -> bool:
+    """Whether a plan of this layout, micro-batch and knobs may be faster than the layout's
+    fastest so far (faster(): more tokens/s, ties to the cheaper knobs). Its step is at least
+    its pipeline (the micro-batches through the slowest stage, their sends and the bubble:
+    pipeline_time) plus the optimizer step and offload, all but the data-parallel term, with the
+    fewest recomputed layers block recompute allows (less recomputation is never slower)."""
+    best = out.best
+    if best is None or best.estimate is None:
+        return True
+    w, t = ev.w, ev.t
+    n_rc = 1 if rc == "full" and L.layers_max > 1 and not ev.c.recompute and w.caps.recompute_layers else 0
+    shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
+                      L.sequence_parallel, v, hs, rc, n_rc, of)
+    least = pipeline_time(w, shape, t.links, t.nvlink_gpus) + host_side_time(w, shape, t.links)
+    return w.global_batch_size * w.seq_len / least >= best.tokens_per_s * (1 - 1e-9)
+
+
+def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c, worth=None):
     """Yield (micro_batch_size, recompute_layers, memory) for the micro-batches that fit with
-    these knobs, largest first, each with the fewest recomputed layers that fit.
+    these knobs, largest first, each with the fewest recomputed layers that fit; with `worth`
+    (micro-batch -> bool), only those it says may beat what was found so far.
 
     Memory grows with the micro-batch (with 1F1B, b·min(m, p) grows too) and with the number
     of layers that keep their activations, so both are found by bisection."""
@@ -515,6 +545,8 @@ def _fitting_microbatches(w, check, make, mbss, v, sh, rc, of, hs, layers_max, c
             picks.append(i)
     for i in picks:
         mbs = mbss[i]
+        if worth is not None and not worth(mbs):
+            continue
         n_rc = 0
         if rc == "full" and layers_max > 1 and not c.recompute and w.caps.recompute_layers:
             n_rc = _fewest_recomputed_layers(check, make, mbs, v, sh, rc, of, hs, int(layers_max))

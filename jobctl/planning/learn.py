@@ -260,10 +260,24 @@ def history_for(report: dict, path: Path | None = None) -> dict:
         return {}
 
 
+# What `load` read, by (file, cluster, the file's size and change time): one plan reads the
+# history once per partition and once for its report; the same file unchanged reads the same.
+_LOADED: dict[tuple, list] = {}
+
+
 def load(path: Path, cluster: str) -> list[PastJob]:
     """The jobs on `cluster` the rules look at, read-only: CUDA-OOMed ones (with the job that
     continued each) and finished ones with predicted and measured peaks, among the newest
     RECENT_JOBS of the history (the store's query)."""
+    st = Path(path).stat()
+    key = (str(path), cluster, st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _LOADED:
+        _LOADED.clear()  # one file's state at a time: a long-lived process sees the history change
+        _LOADED[key] = _load(path, cluster)
+    return list(_LOADED[key])
+
+
+def _load(path: Path, cluster: str) -> list[PastJob]:
     from jobctl.store.history import recent_jobs
 
     rows = recent_jobs(path, cluster, recent=RECENT_JOBS, failure_kind=OOM_REASON, max_failed=MAX_OOM_JOBS,

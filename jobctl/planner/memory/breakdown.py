@@ -9,6 +9,7 @@ from jobctl.planner.memory.activations import (
     pipeline_in_flight,
 )
 from jobctl.planner.memory.allocator import _overheads, _phases
+from jobctl.planner.memory.stages import stage_layers
 from jobctl.planner.memory.buffers import _framework_buffer_items
 from jobctl.planner.memory.head import _head_items
 from jobctl.planner.memory.states import _state_items
@@ -31,7 +32,9 @@ def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int
     """Memory of the most loaded rank of `plan` (the max over first and last pipeline stage).
 
     detail=False skips formatting the formulas (the search evaluates many layouts)."""
-    stages = ("only",) if plan.pp == 1 else ("first", "middle", "last") if plan.pp > 2 else ("first", "last")
+    stages = ("only",) if plan.pp == 1 else ("first", "last")
+    if plan.pp > 2 and not _middle_within_first(w, plan):
+        stages = ("first", "middle", "last")
     best = None
     for st in stages:
         groups, terms = _stage_groups(w, plan, st, detail)
@@ -41,6 +44,19 @@ def estimate(w: Workload, gpu_memory_bytes: int, plan: Plan, host_mem_bytes: int
         if best is None or total > best[0]:
             best = (total, st, groups, terms)
     return _breakdown(w, plan, best[1], best[2], best[3], gpu_memory_bytes, host_mem_bytes)
+
+
+def _middle_within_first(w: Workload, plan: Plan) -> bool:
+    """A middle stage holds no more than the first, term by term, so the first bounds it: it has
+    no more layers (stage_layers), fewer micro-batches in flight (pipeline_in_flight falls with
+    the rank), neither embedding nor its gradient buffers, and receives no buffers the first does
+    not hold in its in-flight micro-batches (true unless torch's PipelineStage keeps a receive
+    buffer per micro-batch: pp_stage_recv_buffers, where the middle receives from both sides).
+    tests/test_memory_model.py checks it against every stage's own breakdown."""
+    if w.caps.pp_stage_recv_buffers:
+        return False
+    split = stage_layers(w.model.layers, plan.pp, w.caps.pp_split_counts_ends)
+    return split is not None and split[1] <= split[0]
 
 
 def estimate_stage(w: Workload, gpu_memory_bytes: int, plan: Plan, stage: str, host_mem_bytes: int | None = None,
@@ -69,20 +85,24 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
     terms: list[Term] = []
     groups = dict.fromkeys(_GROUPS, 0.0)
 
-    def apply(items):
-        if not detail:
-            for _, value, group, _ in items:
+    if detail:
+        def apply(items):
+            for name, value, group, formula in items:
                 groups[group] += value
-            return
-        for name, value, group, formula in items:
+                if group != "host":
+                    terms.append(Term(name, float(value), group, formula()))
+
+        def add(name, value, group, formula):  # formula: a callable, formatted only when detail
             groups[group] += value
             if group != "host":
                 terms.append(Term(name, float(value), group, formula()))
+    else:  # the search's path: sums only (thousands of calls per plan command)
+        def apply(items):
+            for item in items:
+                groups[item[2]] += item[1]
 
-    def add(name, value, group, formula):  # formula: a callable, formatted only when detail
-        groups[group] += value
-        if detail and group != "host":
-            terms.append(Term(name, float(value), group, formula()))
+        def add(name, value, group, formula):
+            groups[group] += value
 
     tp, pp, cp, sp, b = plan.tp, plan.pp, plan.cp, plan.sequence_parallel, plan.micro_batch_size
     in_flight = pipeline_in_flight(plan, stage)

@@ -5,6 +5,7 @@ the named constants its terms use."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 from jobctl import frameworks
@@ -114,7 +115,10 @@ class Workload:
         if not isinstance(self.framework, Framework):  # a name: its table
             object.__setattr__(self, "framework", frameworks.get(self.framework))
 
-    @property
+    # The derived values below are read tens of thousands of times per search: each is computed
+    # once per workload (cached_property writes the instance's __dict__, which a frozen dataclass
+    # allows; equality and the hash read the fields only).
+    @cached_property
     def caps(self) -> frameworks.Capabilities:
         return self.framework.caps
 
@@ -125,7 +129,7 @@ class Workload:
             object.__setattr__(self, "_hash", h)
         return h
 
-    @property
+    @cached_property
     def grad_reduce_dtype(self) -> str:
         """fp32 or bf16: train.grad_reduce, with auto resolved (bf16 where Megatron renders
         --grad-reduce-in-bf16 under --bf16: the bf16 and low-precision recipes)."""
@@ -134,13 +138,13 @@ class Workload:
         bf16 = self.precision == "bf16-mixed" or self.precision in LOW_PRECISION_WEIGHT_BYTES
         return "bf16" if bf16 and self.caps.state_recipe is frameworks.StateRecipe.MEGATRON else "fp32"
 
-    @property
+    @cached_property
     def compiled(self) -> bool:
         """torch.compile is on: asked for, or auto where the framework renders and models it, on GPUs."""
         # auto: on GPUs only (a CPU partition's gloo runs have neither inductor's GPU kernels nor async TP)
         return self.caps.compiles and (self.compile is True or (self.compile == "auto" and self.device == "gpu"))
 
-    @property
+    @cached_property
     def act_bytes(self) -> int:
         """Bytes per activation element: 16-bit under every recipe but fp32."""
         return 4 if self.precision == "fp32" else 2
