@@ -9,9 +9,9 @@ from jobctl.planner.memory.activations import (
     pipeline_in_flight,
 )
 from jobctl.planner.memory.allocator import _overheads, _phases
-from jobctl.planner.memory.stages import stage_layers
 from jobctl.planner.memory.buffers import _framework_buffer_items
 from jobctl.planner.memory.head import _head_items
+from jobctl.planner.memory.stages import stage_layers
 from jobctl.planner.memory.states import _state_items
 from jobctl.planner.memory.workload import (
     GIB,
