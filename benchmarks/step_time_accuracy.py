@@ -114,8 +114,7 @@ LOW_EFFICIENCY_GRID = [round(0.20 + 0.02 * i, 2) for i in range(36)]
 
 
 def _group(r: Row) -> tuple[str, str] | None:
-    kind = r.gpu.split("-")[0]
-    return (perf.GENERATION.get(kind, kind), r.workload.precision) if r.workload.precision in (
+    return (perf.generation(r.gpu), r.workload.precision) if r.workload.precision in (
         "fp8", "mxfp8", "nvfp4") else None
 
 

@@ -193,16 +193,21 @@ def gemm_ceiling(gpu_key: str) -> float:
     return GEMM_EFFICIENCY_BY_GPU.get(gpu_key.split("-")[0], GEMM_EFFICIENCY)
 
 
+def generation(gpu_key: str) -> str:
+    """The GPU generation the fitted constants are kept by (GENERATION; a kind not listed is its
+    own): "h100-sxm-80gb" -> "hopper"."""
+    kind = gpu_key.split("-")[0]
+    return GENERATION.get(kind, kind)
+
+
 def te_gemm_ceiling(gpu_key: str) -> float:
     """The large-GEMM efficiency of a GPU under Transformer Engine, or 0 (not fitted)."""
-    kind = gpu_key.split("-")[0]
-    return GEMM_EFFICIENCY_TE.get(GENERATION.get(kind, kind), 0.0)
+    return GEMM_EFFICIENCY_TE.get(generation(gpu_key), 0.0)
 
 
 def low_precision_ceiling(gpu_key: str, precision: str) -> float:
     """The fitted large-GEMM efficiency of a low-precision format on a GPU, or 0 (not fitted)."""
-    kind = gpu_key.split("-")[0]
-    return LOW_PRECISION_GEMM_EFFICIENCY.get((GENERATION.get(kind, kind), precision), 0.0)
+    return LOW_PRECISION_GEMM_EFFICIENCY.get((generation(gpu_key), precision), 0.0)
 
 
 def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float, latency: float = 0.0) -> float:
