@@ -179,7 +179,7 @@ def test_golden_unknown_keys_stderr(capsys):
         "seq_len, "
         "steps, tokens, warmup_steps, weight_decay)\n"
         "tests/data/bad/unknown_keys.yaml:9: parallelism.tpp: unknown key; did you mean 'tp'? "
-        "(allowed here: cp, dp, micro_batch_size, offload, pp, recompute, sequence_parallel, sharding, tp, "
+        "(allowed here: cp, dp, ep, micro_batch_size, offload, pp, recompute, sequence_parallel, sharding, tp, "
         "virtual_stages)\n"
         "tests/data/bad/unknown_keys.yaml:10: framwork: unknown key; did you mean 'framework'? "
         "(allowed here: description, framework, launch, memory, model, name, parallelism, resources, tokenizer, "

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from jobctl.model import CHECKPOINT_DIR_TOKEN
+from jobctl.planner.models import PRESETS
 from jobctl.planning import load_inventory, load_recipe, plan_on
 
 HERE = Path(__file__).parent
@@ -66,6 +67,9 @@ MATRIX = {
         ("llama70b", "b200", ["train.precision=mxfp8"]),
         ("llama70b", "b200", ["train.precision=nvfp4"]),  # --fp4-format e2m1 --fp4-recipe nvfp4
         ("llama70b", "h100", ["train.grad_reduce=bf16"]),  # --grad-reduce-in-bf16
+        ("mixtral-8x7b", "h100", []),  # --num-experts, --expert-model-parallel-size, grouped GEMM, alltoall
+        ("qwen3-30b-a3b", "h100", []),  # --kv-channels, --qk-layernorm
+        ("deepseek-v3", "h100", []),  # MLA, shared expert, sigmoid router with expert bias, --moe-layer-freq
     ],
     "torchtitan": [
         ("llama8b", "h100", []),
@@ -137,6 +141,16 @@ def test_megatron_accepts_what_jobctl_renders():
         expected = {None: (None, None, None, None), "fp8": ("hybrid", recipe or "tensorwise", None, None),
                     "mxfp8": ("e4m3", "mxfp8", None, None), "nvfp4": (None, None, "e2m1", "nvfp4")}[precision]
         assert (r["fp8"], r["fp8_recipe"], r["fp4"], r["fp4_recipe"]) == expected, case["case"]
+        # a mixture of experts: its experts split ep ways (expert tensor parallelism 1), the layers
+        # that route as the model's own (DeepSeek-V3: its first 3 dense), MLA where the model has it
+        model = PRESETS.get(case["case"][0])  # the MoE recipes are named after their model
+        if model is not None and model.moe is not None:
+            assert (r["num_moe_experts"], r["ep"], r["etp"]) == (model.moe.experts, p["ep"], 1)
+            freq = r["moe_layer_freq"]
+            routes = [bool(freq[i]) for i in range(model.layers)] if isinstance(freq, list) else \
+                [i % freq == 0 for i in range(model.layers)]
+            assert routes == [model.moe.is_moe(i) for i in range(model.layers)]
+            assert r["mla"] == (model.mla is not None)
         # FP8 weights gathered in FP8 under the distributed optimizer (per-tensor and MXFP8 scaling)
         fp8_weights = p["sharding"] == "zero1" and (precision == "mxfp8" or (
             precision == "fp8" and (recipe or "tensorwise") in ("tensorwise", "delayed")))
@@ -169,7 +183,19 @@ WRONG_MEGATRON = [
     ("--fp8-param-gather", _no_fp8_format, "fp8_param must be used together with fp8 mode"),
     ("--fp8-param-gather", lambda a: _without(a, "--fp8-param-gather") + ["--reuse-grad-buf-for-mxfp8-param-ag"],
      "Reuse grad buffer only when keeping params in MXFP8"),
+    # megatron-core's TransformerConfig on a mixture of experts: experts split without experts,
+    # DeepSeek's expert bias without its sigmoid scores
+    ("--expert-model-parallel-size", lambda a: _without_value(_without_value(a, "--num-experts"), "--moe-ffn-hidden-size"),
+     "num_moe_experts must be non None to use expert-parallel"),
+    ("--moe-router-enable-expert-bias", lambda a: _without_value(a, "--moe-router-score-function"),
+     "Expert bias for aux-loss-free routing only supports sigmoid score function"),
 ]
+
+
+def _without_value(args: list, flag: str) -> list:
+    """The arguments less `flag` and its value."""
+    i = args.index(flag)
+    return args[:i] + args[i + 2:]
 
 
 def test_megatron_checker_refuses_each_flag_broken_as_megatron_refuses_it():

@@ -205,6 +205,8 @@ class Parallelism(_Strict):
     # interleaved pipeline chunks per rank: 1 pins the plain (1F1B) schedule, "auto" lets the
     # search choose (it interleaves when the bubble pays for it)
     virtual_stages: int | Auto = "auto"
+    # expert parallelism (a mixture of experts): ranks of a pipeline stage that split its experts
+    ep: int | Auto = "auto"
 
     @field_validator("virtual_stages")
     @classmethod
@@ -213,7 +215,7 @@ class Parallelism(_Strict):
             raise ValueError("must be between 1 and 128 (model chunks per pipeline rank), or auto")
         return v
 
-    @field_validator("tp", "pp", "dp", "cp", "micro_batch_size")
+    @field_validator("tp", "pp", "dp", "cp", "ep", "micro_batch_size")
     @classmethod
     def _positive(cls, v):
         if isinstance(v, int) and not 0 < v <= MAX_DIM:

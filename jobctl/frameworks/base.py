@@ -124,6 +124,9 @@ class Capabilities:
     # buffer per micro-batch for every boundary tensor it receives (activations from the previous
     # stage, gradients from the next) and keeps them all through the step
     pp_stage_recv_buffers: bool = False
+    # mixtures of experts (expert parallelism, routed experts, their dispatcher) and DeepSeek's
+    # multi-head latent attention, rendered and modelled
+    moe: bool = False
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def offers(self, what: str, value: Any) -> bool:

@@ -53,6 +53,7 @@ CAPS = Capabilities(
     offload_keeps_grads=True,
     in_place_cross_entropy=True,
     fused_cross_entropy_logit_bytes=10.0,
+    moe=True,
     sources=(
         ("--cross-entropy-loss-fusion (native impl) runs the same steps as jit-compiled functions "
          "(torch.compile); compiled, the gradient is not made in place: backward holds the kept fp32 "
@@ -139,13 +140,20 @@ def problems(plan, w) -> list[str]:
                    f"do not divide over {v} virtual stages")
     if plan.cp > 1 and w.seq_len % (2 * plan.cp):
         out.append(f"seq-length should be a multiple of 2 * context-parallel-size: {w.seq_len} % {2 * plan.cp}")
+    ep = getattr(plan, "ep", 1)
+    if w.model.moe is not None:
+        if w.model.moe.experts % ep:
+            out.append(f"--expert-model-parallel-size {ep} does not divide --num-experts {w.model.moe.experts}")
+        if ep > 1 and plan.tp > 1 and not plan.sequence_parallel:  # validate_args, word for word
+            out.append("When using expert parallelism and tensor parallelism, sequence parallelism must be used.")
     return out
 
 
 def render(plan, w) -> Rendered:
     """The plan as pretrain_gpt.py's flags (the model, parallelism, batch, memory knobs,
     precision), and the environment Megatron needs for them."""
-    a = [*_model_flags(w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan, w), *_training_flags(w),
+    a = [*_model_flags(w), *_moe_flags(plan, w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan, w),
+         *_training_flags(w),
          *_schedule_flags(w), *_tokenizer_flags(w), *_checkpoint_flags(w), *_grad_reduce_flags(w)]
     env = {}
     if plan.tp > 1 or plan.cp > 1:
@@ -180,6 +188,48 @@ def _model_flags(w) -> list:
         if not m.tied_embeddings:
             a.append("--untie-embeddings-and-output-weights")
     return a + ["--norm-epsilon", num(m.norm_eps)]
+
+
+def _moe_flags(plan, w) -> list:
+    """A mixture of experts and multi-head latent attention in Megatron-LM's flags (arguments.py
+    _add_moe_args, _add_mla_args): the routed experts with their width and top-k, the shared
+    experts, which layers route (--moe-layer-freq as a per-layer list where not all do), the
+    router's scoring, expert parallelism with expert tensor parallelism 1 (the planner's
+    model: Megatron's default ETP is TP), grouped GEMMs and the alltoall dispatcher; MLA's ranks
+    and head widths; a head width other than h/a (--kv-channels) and per-head q/k norms."""
+    m, a = w.model, []
+    if m.explicit_head_dim and m.mla is None:
+        a += ["--kv-channels", m.explicit_head_dim]
+    if m.qk_norm:
+        a.append("--qk-layernorm")
+    if m.mla is not None:
+        x = m.mla
+        a += ["--multi-latent-attention", "--kv-lora-rank", x.kv_lora_rank, "--qk-head-dim", x.qk_nope_head_dim,
+              "--qk-pos-emb-head-dim", x.qk_rope_head_dim, "--v-head-dim", x.v_head_dim]
+        if x.q_lora_rank:
+            a += ["--q-lora-rank", x.q_lora_rank]
+    x = m.moe
+    if x is None:
+        return a
+    a += ["--num-experts", x.experts, "--moe-ffn-hidden-size", x.expert_ffn, "--moe-router-topk", x.top_k,
+          "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", 1,
+          "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall",
+          "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", num(MOE_AUX_LOSS_COEFF)]
+    if x.shared_experts:
+        a += ["--moe-shared-expert-intermediate-size", x.shared_experts * (x.shared_ffn or x.expert_ffn)]
+    if m.moe_layers != m.layers:
+        a += ["--moe-layer-freq", "[" + ",".join(str(int(x.is_moe(i))) for i in range(m.layers)) + "]"]
+    if x.score_bias:  # DeepSeek-V3: sigmoid scores with a per-expert bias that balances the load
+        a += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+    if x.capacity_factor:
+        a += ["--moe-expert-capacity-factor", num(x.capacity_factor)]
+    return a
+
+
+# The auxiliary load-balancing loss's weight (Megatron-LM's default is 0.0, no balancing; 1e-2 is
+# Mixtral's router_aux_loss_coef and Megatron-Core's MoE examples use 1e-2 or 1e-3): the planner
+# models a balanced router, so the rendered run balances it.
+MOE_AUX_LOSS_COEFF = 1e-2
 
 
 def _schedule_flags(w) -> list:

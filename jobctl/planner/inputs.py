@@ -138,6 +138,6 @@ def constraints(recipe) -> Constraints:
     return Constraints(
         tp=pin(p.tp), pp=pin(p.pp), dp=pin(p.dp), cp=pin(p.cp), sharding=pin(p.sharding),
         micro_batch_size=pin(p.micro_batch_size), recompute=pin(p.recompute), offload=pin(p.offload),
-        sequence_parallel=pin(p.sequence_parallel), virtual_stages=pin(p.virtual_stages),
+        sequence_parallel=pin(p.sequence_parallel), virtual_stages=pin(p.virtual_stages), ep=pin(p.ep),
         max_nodes=recipe.resources.nodes or recipe.resources.max_nodes, nodes=recipe.resources.nodes,
     )

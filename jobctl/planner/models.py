@@ -70,11 +70,29 @@ class ModelSpec:
                + 4·h (two LayerNorms, weight and bias)
         """
         h, f, a, g, d = self.hidden, self.ffn_hidden, self.heads, self.kv_heads, self.head_dim
+        if self.moe is not None or self.mla is not None:
+            # everything but the routed experts, averaged over the layers: attention, norms, the
+            # router, the shared experts and the dense layers' MLPs, which tensor parallelism
+            # splits; the routed experts are counted apart (routed_params_per_layer: EP splits them)
+            return (sum(_moe.layer_params(self, i) for i in range(self.layers)) - self.layers *
+                    self.routed_params_per_layer) / self.layers
         if self.family == "llama":
             return 2 * h * a * d + 2 * h * g * d + 3 * h * f + 2 * h
         qkv = h * (a + 2 * g) * d + (a + 2 * g) * d
         out = a * d * h + h
         return qkv + out + (2 * h * f + f + h) + 4 * h
+
+    @cached_property
+    def routed_params_per_layer(self) -> float:
+        """The routed experts' parameters, averaged over the layers (0 for a dense model)."""
+        if self.moe is None:
+            return 0.0
+        return _moe.routed_params(self) * self.moe_layers / self.layers
+
+    @cached_property
+    def moe_layers(self) -> int:
+        """Layers whose feed-forward is a mixture of experts."""
+        return sum(self.moe.is_moe(i) for i in range(self.layers)) if self.moe is not None else 0
 
     def embedding_params(self, vocab: int | None = None) -> int:
         v = self.vocab if vocab is None else vocab
@@ -111,6 +129,10 @@ class ModelSpec:
         Used by optimizers whose state depends on shapes (Adafactor, Adam-mini) and by LoRA.
         """
         h, f, a, g, d = self.hidden, self.ffn_hidden, self.heads, self.kv_heads, self.head_dim
+        if self.moe is not None or self.mla is not None:
+            # one vector of layer_params() elements: exact for element-wise optimizers (Adam);
+            # a factored one (Adafactor) is counted unfactored, an over-estimate
+            return [(self.layer_params(), 1)]
         if self.family == "llama":
             return [(a * d, h), (g * d, h), (g * d, h), (h, a * d), (f, h), (f, h), (h, f), (h, 1), (h, 1)]
         return [
@@ -149,22 +171,25 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3.2-3b", 28, 3072, 8192, 24, 8, 128256, tied=True, theta=500000.0, scaling=32.0),
         ModelSpec("gpt2", "gpt", 12, 768, 3072, 12, 12, 50257, True, 1024, 0.1),
         ModelSpec("gpt3-175b", "gpt", 96, 12288, 49152, 96, 96, 51200, True, 2048, 0.1),
-        # Mixtures of experts (issue 31; counted, not planned yet), from their released configs:
+        # Mixtures of experts (issue 31), from their released configs:
         # DeepSeek-V3: transformers' DeepseekV3Config defaults (= deepseek-ai/DeepSeek-V3), MLA and
         # 3 dense layers of 18432, 256 experts of 2048 + 1 shared, top 8, one MTP module.
         ModelSpec("deepseek-v3", "llama", 61, 7168, 18432, 128, 128, 129280,
                   moe=MoE(256, 8, 2048, shared_experts=1, dense_layers=3, score_bias=True),
-                  mla=MLA(1536, 512, 64, 128, 128), mtp_layers=1),
+                  mla=MLA(1536, 512, 64, 128, 128), mtp_layers=1, norm_eps=1e-6),
         # Qwen3 MoE: Qwen/Qwen3-235B-A22B and -30B-A3B config.json (head_dim 128, q/k norms, every
         # layer MoE, no shared expert; Megatron-Bridge's Qwen3 MoE provider @5ca1c1a1).
+        # RoPE base 1e6 and RMSNorm eps 1e-6 from those config.json files (transformers' class
+        # defaults differ: 10000; Megatron-Bridge's Qwen3 MoE bridge test uses 1e6).
         ModelSpec("qwen3-235b-a22b", "llama", 94, 4096, 12288, 64, 4, 151936, moe=MoE(128, 8, 1536),
-                  explicit_head_dim=128, qk_norm=True),
+                  explicit_head_dim=128, qk_norm=True, rope_theta=1e6, norm_eps=1e-6),
         ModelSpec("qwen3-30b-a3b", "llama", 48, 2048, 6144, 32, 4, 151936, moe=MoE(128, 8, 768),
-                  explicit_head_dim=128, qk_norm=True),
+                  explicit_head_dim=128, qk_norm=True, rope_theta=1e6, norm_eps=1e-6),
         # Mixtral: MixtralConfig defaults (= Mixtral-8x7B-v0.1); 8x22B-v0.1's config.json as vendored
         # in public test suites (NeMo's MixtralConfig8x22B: 56 layers, 6144, 48 heads, 16384).
-        ModelSpec("mixtral-8x7b", "llama", 32, 4096, 14336, 32, 8, 32000, moe=MoE(8, 2, 14336)),
-        ModelSpec("mixtral-8x22b", "llama", 56, 6144, 16384, 48, 8, 32000, moe=MoE(8, 2, 16384)),
+        # (RoPE base 1e6: MixtralConfig's default)
+        ModelSpec("mixtral-8x7b", "llama", 32, 4096, 14336, 32, 8, 32000, moe=MoE(8, 2, 14336), rope_theta=1e6),
+        ModelSpec("mixtral-8x22b", "llama", 56, 6144, 16384, 48, 8, 32000, moe=MoE(8, 2, 16384), rope_theta=1e6),
         # gpt-oss-120b: GptOssConfig defaults (= openai/gpt-oss-120b): head_dim 64, biases on the
         # attention, router and experts, a sink per head; 128 experts of 2880, top 4.
         ModelSpec("gpt-oss-120b", "llama", 36, 2880, 2880, 64, 8, 201088,

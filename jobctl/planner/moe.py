@@ -83,6 +83,12 @@ def moe_mlp_params(m, active: bool = False) -> int:
     return router + shared + routed
 
 
+def routed_params(m) -> int:
+    """One MoE layer's routed experts (all of them)."""
+    x = m.moe
+    return x.experts * _gated(m.hidden, x.expert_ffn, x.expert_bias)
+
+
 def layer_params(m, layer: int, active: bool = False) -> int:
     """One layer: attention, its feed-forward (dense or MoE) and two norms."""
     ffn = moe_mlp_params(m, active) if m.moe is not None and m.moe.is_moe(layer) else _gated(m.hidden, m.ffn_hidden)

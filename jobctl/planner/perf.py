@@ -161,12 +161,14 @@ class StepEstimate:
     steps: int | None
     time_to_train_s: float | None
     gpu_hours: float | None
+    ep_comm_s: float = 0.0  # a mixture of experts' token all-to-alls (dispatch and combine)
 
     def to_dict(self) -> dict:
         keys = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "time_to_train_s", "gpu_hours")
         out = {k: getattr(self, k) for k in keys}
         out["parts"] = {k: getattr(self, k) for k in ("compute_s", "tp_comm_s", "pp_bubble_s", "pp_p2p_s",
-                                                        "dp_comm_s", "cp_comm_s", "offload_s", "optimizer_s")}
+                                                        "dp_comm_s", "cp_comm_s", "ep_comm_s", "offload_s",
+                                                        "optimizer_s")}
         out["steps"] = self.steps
         out["model_flops_per_step"] = self.model_flops_per_step
         return out
@@ -180,7 +182,9 @@ def model_flops_per_token(w: Workload) -> float:
     (Narayanan et al. 2021, appendix; Llama 3 paper MFU convention).
     """
     m = w.model
-    matmul_params = m.layers * m.layer_params() + m.vocab * m.hidden
+    # a mixture of experts: each token through top_k of the routed experts (active parameters)
+    routed = m.moe.top_k / m.moe.experts * m.routed_params_per_layer if m.moe is not None else 0.0
+    matmul_params = m.layers * (m.layer_params() + routed) + m.vocab * m.hidden
     return 6 * matmul_params + 6 * m.layers * m.hidden * w.seq_len
 
 
@@ -230,7 +234,7 @@ def dp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
 
 def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, steps: int | None = None) -> StepEstimate:
     """Time of one optimizer step of `plan` and its parts."""
-    step, layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble, dp, optimizer, offload = \
+    step, layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, dp, optimizer, offload = \
         _step_parts(w, plan, links, gpus_per_node)
     micro = plan.grad_accum_steps
     peak = links.peak_tflops * 1e12
@@ -240,12 +244,12 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     mfu = flops / (step * world * peak) if step > 0 else 0.0
     ttt = steps * step if steps else None
     return StepEstimate(
-        step_time_s=step, compute_s=micro * stage_mb - micro * layers_max * (layer_tp + layer_cp),
+        step_time_s=step, compute_s=micro * stage_mb - micro * layers_max * (layer_tp + layer_cp + layer_ep),
         tp_comm_s=micro * layers_max * layer_tp, pp_bubble_s=bubble, pp_p2p_s=micro * p2p, dp_comm_s=dp,
         cp_comm_s=micro * layers_max * layer_cp, offload_s=offload, optimizer_s=optimizer,
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, mfu=mfu,
         model_flops_per_step=flops, steps=steps, time_to_train_s=ttt,
-        gpu_hours=ttt * world / 3600 if ttt else None,
+        gpu_hours=ttt * world / 3600 if ttt else None, ep_comm_s=micro * layers_max * layer_ep,
     )
 
 
@@ -268,6 +272,7 @@ class StepShape(NamedTuple):
     recompute: str = "none"
     recompute_layers: int = 0
     offload: str = "none"
+    ep: int = 1
 
 
 def step_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: int) -> float:
@@ -279,27 +284,31 @@ def step_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: 
 def _step_parts(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> tuple:
     """(step, layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the
     slowest stage, its sends, the bubble, exposed DP communication, the optimizer step, offload)."""
-    layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble = _pipeline_parts(w, plan, links, gpus_per_node)
+    layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble = _pipeline_parts(w, plan, links, gpus_per_node)
     pipeline = plan.grad_accum_steps * (stage_mb + p2p)
     rank_params = stage_params_per_rank(w, plan)
     trainable = rank_params if w.method == "full" else rank_params * 0.01
     dp = _data_parallel(w, plan, links, gpus_per_node, stage_mb, layers_max, trainable)
     optimizer, offload = _optimizer_and_offload(w, plan, links, trainable)
+    if w.model.moe is not None:  # the routed experts: their gradients reduced, their step taken, over expert DP
+        experts = layers_max * w.model.routed_params_per_layer / plan.ep
+        dp += _expert_data_parallel(w, plan, links, gpus_per_node, stage_mb, experts)
+        optimizer += _optimizer_and_offload(w, plan, links, experts, plan.tp * plan.cp * plan.dp // plan.ep)[0]
     step = pipeline + bubble + dp + optimizer + offload
-    return step, layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble, dp, optimizer, offload
+    return step, layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, dp, optimizer, offload
 
 
 def pipeline_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: int) -> float:
     """The micro-batches through the slowest stage, their sends and the bubble: the step less its
     data-parallel communication, optimizer step and offload (none of which is negative), so a
     lower bound on step_time that does not depend on the sharding or the framework."""
-    _, _, _, stage_mb, p2p, bubble = _pipeline_parts(w, plan, links, gpus_per_node)
+    _, _, _, _, stage_mb, p2p, bubble = _pipeline_parts(w, plan, links, gpus_per_node)
     return plan.grad_accum_steps * (stage_mb + p2p) + bubble
 
 
 def stage_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: int) -> float:
     """One micro-batch through the slowest pipeline stage (forward and backward), seconds."""
-    return _pipeline_parts(w, plan, links, gpus_per_node)[3]
+    return _pipeline_parts(w, plan, links, gpus_per_node)[4]
 
 
 def host_side_time(w: Workload, plan: Plan | StepShape, links: Links) -> float:
@@ -317,8 +326,8 @@ def clear_caches() -> None:
 
 
 def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tuple:
-    """(layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the slowest
-    stage, its sends, the bubble)."""
+    """(layers on the largest stage, one layer's TP, CP and EP seconds, one micro-batch on the
+    slowest stage, its sends, the bubble)."""
     m = w.model
     layers_max = stage_layers(m.layers, plan.pp)[1]
     rc = recomputed_layers(plan, layers_max) / layers_max  # share of layers whose forward reruns
@@ -329,26 +338,26 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
     return _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, tp_overlap(w, plan),
                            (w.caps.te_layernorm_mlp, w.compiled), links, gpus_per_node, plan.tp, plan.pp,
                            plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, max(plan.virtual_stages, 1),
-                           plan.recompute, rc)
+                           plan.recompute, rc, plan.ep)
 
 
 @lru_cache(maxsize=1 << 15)
 def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: bool,
                     stack: tuple[bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int,
-                    recompute: str, rc: float) -> tuple:
+                    recompute: str, rc: float, ep: int = 1) -> tuple:
     layers_max = stage_layers(m.layers, p)[1]
-    layer_compute, layer_tp, layer_cp, msg, head = _layer_costs(
+    layer_compute, layer_tp, layer_cp, layer_ep, msg, head = _layer_costs(
         m, s, act_bytes, attention, op_sac, overlap, stack, links, gpus_per_node, t, c, b, sequence_parallel, recompute,
-        rc)
+        rc, ep)
     stage_mb, p2p, bubble = _pipeline(m.layers, t, p, c, dp, sequence_parallel, v, layers_max,
-                                      layer_compute + layer_tp + layer_cp, head, msg, links, gpus_per_node)
-    return layers_max, layer_tp, layer_cp, stage_mb, p2p, bubble
+                                      layer_compute + layer_tp + layer_cp + layer_ep, head, msg, links, gpus_per_node)
+    return layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble
 
 
 @lru_cache(maxsize=1 << 14)
 def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: bool,
                  stack: tuple[bool, bool], links: Links, gpus_per_node: int, t: int, c: int, b: int, sequence_parallel: bool, recompute: str,
-                 rc: float) -> tuple:
+                 rc: float, ep: int = 1) -> tuple:
     """One layer's (compute, tensor-parallel, context-parallel) seconds for one micro-batch on
     one rank, the tensor-parallel message (bytes) and the output layer with the loss (seconds).
     op_sac: (fused_qkv,) when "selective" is torchtitan's op-level SAC, else None; overlap: the
@@ -382,6 +391,11 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
                                                                                     links.low_efficiency))
     else:
         gemm_s = fwd_gemm * passes_gemm / (peak * eff)
+    layer_ep = 0.0
+    if m.moe is not None:  # the routed experts (matrix_params has the rest: attention, router, shared experts)
+        gemm_moe, layer_ep = _routed_experts(m, act_bytes, links, gpus_per_node, t, tokens_rank, passes_gemm, rc, ep,
+                                             ceiling)
+        gemm_s += gemm_moe
     layer_compute = gemm_s + fwd_attn * passes_attn / (peak * att_eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
     membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank * (1 + rc / 3)
@@ -414,7 +428,56 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     out_flops = 2 * tokens_rank * h * m.vocab / t * 3
     head = out_flops / (peak * eff) + \
         14 * tokens_rank * m.vocab / t / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
-    return layer_compute, layer_tp, layer_cp, msg, head
+    return layer_compute, layer_tp, layer_cp, layer_ep, msg, head
+
+
+def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int, tokens_rank: float,
+                    passes_gemm: float, rc: float, ep: int, ceiling: float) -> tuple[float, float]:
+    """One layer's routed experts on one rank, averaged over the layers (moe_layers / layers of
+    them route): (their GEMM seconds, the token all-to-all seconds). Megatron-Core's alltoall
+    dispatcher with expert tensor parallelism 1: the rank's tokens (split by TP under sequence
+    parallelism) go to top_k experts each; the experts of the EP group get, on average (a
+    balanced router), top_k·T·ep/E tokens each, run as grouped GEMMs whose efficiency is that
+    of a GEMM of that many rows (gemm_efficiency: small expert batches run below the ceiling).
+    Dispatch and combine are two all-to-alls forward and two backward (two more with the forward
+    recomputed), each moving the rank's top_k·T token copies, (ep-1)/ep of them to other ranks,
+    inside the NVLink domain while ep fits in it. Not overlapped with compute (Megatron-Core's
+    --overlap-moe-expert-parallel-comm is not rendered). Not fitted yet: no published MoE row
+    has been scored."""
+    x = m.moe
+    share = m.moe_layers / m.layers
+    tokens = tokens_rank / t  # this rank's tokens into the router
+    per_expert = x.top_k * tokens * ep / x.experts
+    fwd = 2 * x.top_k * tokens * 3 * m.hidden * x.expert_ffn  # flops of the copies this rank's tokens make
+    eff = gemm_efficiency(per_expert * m.hidden, links.low_efficiency if links.low_tflops else ceiling)
+    rate = (links.low_tflops if links.low_tflops else links.peak_tflops) * 1e12 * eff
+    gemm_s = share * fwd * passes_gemm / rate
+    if ep <= 1:
+        return gemm_s, 0.0
+    msg = act_bytes * x.top_k * tokens * m.hidden * (ep - 1) / ep
+    inside = ep <= gpus_per_node
+    gbs = links.intra_node_gbs if inside else links.inter_node_gbs
+    one = msg / (gbs * 1e9 * (INTRA_NODE_EFFICIENCY if inside else NETWORK_EFFICIENCY)) + _latency(gbs, links)
+    return gemm_s, share * (4 + 2 * rc) * one
+
+
+def _expert_data_parallel(w: Workload, plan, links: Links, gpus_per_node: int, stage_mb: float,
+                          experts: float) -> float:
+    """The routed experts' gradient reduction over the expert data-parallel group (the ranks
+    holding the same experts: tp·cp·dp/ep), overlapped with the backward like the dense
+    gradients' (Megatron-Core keeps expert parameters in their own buffers and reduces them over
+    that group); seconds per step not hidden."""
+    n = plan.tp * plan.cp * plan.dp // plan.ep  # Plan.expert_dp
+    if n <= 1:
+        return 0.0
+    grad_b = 4 if w.precision == "fp32" else 2 if w.grad_reduce_dtype == "bf16" else w.caps.reduce_bytes
+    # the expert group's ranks: consecutive after the EP ranks, so inside a node while tp·cp·dp is
+    gbs = links.intra_node_gbs if plan.tp * plan.cp * plan.dp <= gpus_per_node else links.inter_node_gbs
+    factor = 2 if plan.sharding == "none" else 1
+    reduce = _ring(n, experts * grad_b, gbs, NETWORK_EFFICIENCY, factor)
+    gather = _ring(n, experts * (4 if w.precision == "fp32" else 2), gbs, NETWORK_EFFICIENCY, 1) \
+        if plan.sharding != "none" else 0.0
+    return max(reduce * (1 - DP_OVERLAP), reduce - stage_mb * 2 / 3) + max(0.0, gather - stage_mb / 3)
 
 
 def _pipeline(layers: int, t: int, p: int, c: int, dp: int, sequence_parallel: bool, v: int, layers_max: int,
@@ -473,9 +536,11 @@ def _data_parallel(w: Workload, plan: Plan, links: Links, gpus_per_node: int, st
     return max(reduce * (1 - DP_OVERLAP), reduce - backward_last) + max(0.0, gather - stage_mb / 3)
 
 
-def _optimizer_and_offload(w: Workload, plan: Plan, links: Links, trainable: float) -> tuple[float, float]:
-    """(the optimizer step, the offload transfers over PCIe), seconds per step."""
-    n = plan.dp * plan.cp
+def _optimizer_and_offload(w: Workload, plan: Plan, links: Links, trainable: float,
+                           n: int | None = None) -> tuple[float, float]:
+    """(the optimizer step, the offload transfers over PCIe), seconds per step; `n`: the ranks
+    the optimizer states are sharded over (dp·cp; expert data parallelism for routed experts)."""
+    n = plan.dp * plan.cp if n is None else n
     param_b = 4 if w.precision == "fp32" else 2
     shard_o = n if plan.sharding != "none" else 1
     opt_params = trainable / shard_o

@@ -70,6 +70,13 @@ class Plan:
     virtual_stages: int = 1
     hsdp_shard: int = 0  # ranks that shard the states together (hsdp); 0 = all dp·cp ranks
     recompute_layers: int = 0  # with recompute=full: layers per stage recomputed (0 = all)
+    ep: int = 1  # expert parallelism (mixtures of experts): ranks of a stage that split the experts
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks that hold the same experts (Megatron-Core's MoE parallel folding: a stage's
+        tp·cp·dp ranks are ep groups of expert tensor parallelism 1, x expert data parallelism)."""
+        return self.tp * self.cp * self.dp // self.ep
 
     @property
     def world_size(self) -> int:
@@ -130,6 +137,9 @@ class Plan:
                 f"tp({self.tp}) * pp({self.pp}) * dp({self.dp}) * cp({self.cp}) = {product} "
                 f"!= world_size({self.world_size}) = nodes({self.nodes}) * gpus_per_node({self.gpus_per_node})"
             )
+        if (self.tp * self.cp * self.dp) % self.ep:
+            problems.append(f"ep({self.ep}) does not divide a stage's ranks: tp({self.tp}) * cp({self.cp}) * "
+                            f"dp({self.dp}) = {self.tp * self.cp * self.dp}")
         gbs = self.micro_batch_size * self.grad_accum_steps * self.dp
         if gbs != self.global_batch_size:
             problems.append(
@@ -147,6 +157,8 @@ class Plan:
                  f"mbs={self.micro_batch_size}x{self.grad_accum_steps}", f"recompute={rc}"]
         if self.virtual_stages > 1:
             parts.insert(2, f"v={self.virtual_stages}")
+        if self.ep > 1:
+            parts.insert(parts.index(f"cp={self.cp}") + 1, f"ep={self.ep}")
         if self.offload != "none":
             parts.append(f"offload={self.offload}")
         return " ".join(parts)
@@ -157,7 +169,7 @@ def layout_text(p: dict) -> str:
     text = f"tp{p['tp']} pp{p['pp']}"
     if p.get("virtual_stages", 1) > 1:
         text += f"(v{p['virtual_stages']})"
-    text += f" dp{p['dp']} cp{p['cp']} {p['sharding']} mbs{p['micro_batch_size']}x{p['grad_accum_steps']}"
+    text += f" dp{p['dp']} cp{p['cp']}" + (f" ep{p['ep']}" if p.get("ep", 1) > 1 else "") + f" {p['sharding']} mbs{p['micro_batch_size']}x{p['grad_accum_steps']}"
     rc = p["recompute"]
     if rc != "none":
         text += f" rc={rc}" + (f"({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")

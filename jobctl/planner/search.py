@@ -103,13 +103,7 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     if w.grad_reduce == "bf16" and caps.state_recipe is not StateRecipe.MEGATRON:
         out.append(f"train.grad_reduce=bf16 is Megatron's --grad-reduce-in-bf16: jobctl renders and models it for "
                    f"megatron only, not {caps.name} (remove it, or use framework: megatron)")
-    if w.model.moe is not None or w.model.mla is not None:
-        m = w.model
-        what = (f"a mixture of experts ({m.moe.experts} experts, top {m.moe.top_k}; {m.params() / 1e9:.1f}B parameters, "
-                f"{m.active_params() / 1e9:.1f}B active)" if m.moe is not None else "multi-head latent attention")
-        out.append(f"{m.name} is {what}: jobctl counts it but does not plan it yet (expert parallelism, routed "
-                   "tokens' activations and the token dispatch are not modelled; issue 31); plan a dense model, "
-                   f"or size its states by its count: `jobctl memory --model {m.name}`")
+    out += _moe_problems(w, t, c)
     if w.compile is True and not caps.compiles:
         out.append(f"train.compile=true is torch.compile of the model: jobctl renders and models it for torchtitan "
                    f"only, not {caps.name} (remove it, or use framework: torchtitan)")
@@ -159,6 +153,34 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
                        + (f", max_nodes {c.max_nodes}" if c.max_nodes else "") + ")")
         elif world > t.gpus_per_node and world % t.gpus_per_node:
             out.append(f"world size {world} is not a whole number of {t.gpus_per_node}-GPU nodes")
+    return out
+
+
+def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
+    """What of a mixture of experts (or MLA) the framework cannot run or jobctl cannot plan yet."""
+    m, caps, out = w.model, w.caps, []
+    if c.ep is not None and c.ep > 1 and m.moe is None:
+        out.append(f"ep={c.ep}: {m.name} has no experts to split (expert parallelism is for mixtures of experts)")
+    if m.moe is None and m.mla is None:
+        return out
+    what = (f"a mixture of experts ({m.moe.experts} experts, top {m.moe.top_k}; {m.params() / 1e9:.1f}B parameters, "
+            f"{m.active_params() / 1e9:.1f}B active)" if m.moe is not None else "multi-head latent attention")
+    if not caps.moe:
+        has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.moe)
+        out.append(f"{m.name} is {what}: jobctl plans it for {has} only, not {caps.name} (expert parallelism, the "
+                   f"routed tokens and their dispatch are modelled there): use framework: {has}")
+        return out
+    odd = [n for n, on in (("attention sinks", m.attention_sinks), ("attention biases", m.attention_bias),
+                           ("expert biases", m.moe is not None and m.moe.expert_bias),
+                           ("a router bias", m.moe is not None and m.moe.router_bias)) if on]
+    if odd:
+        out.append(f"{m.name} has {', '.join(odd)}, which jobctl does not render for {caps.name} yet: its plan "
+                   f"would build another model (size its states: `jobctl memory --model {m.name}`)")
+    if w.method != "full":
+        out.append(f"train.method={w.method}: adapters on a mixture of experts are not modelled (use method: full)")
+    if c.ep is not None and m.moe is not None and m.moe.experts % c.ep:
+        out.append(f"ep={c.ep} does not divide the {m.moe.experts} experts: {m.moe.experts} % {c.ep} = "
+                   f"{m.moe.experts % c.ep}")
     return out
 
 

@@ -88,10 +88,11 @@ class Constraints:
     virtual_stages: int | None = None  # None: the search chooses; 1: plain 1F1B
     max_nodes: int | None = None
     nodes: int | None = None  # resources.nodes: exactly this many whole nodes
+    ep: int | None = None  # expert parallelism (mixtures of experts)
 
 
 # Constraints that only choose which layouts exist; a layout's own evaluation never reads them.
-LAYOUT_PINS = ("tp", "pp", "cp", "dp", "max_nodes", "nodes")
+LAYOUT_PINS = ("tp", "pp", "cp", "dp", "max_nodes", "nodes", "ep")
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def divisors(n: int) -> list[int]:
 
 
 def layouts(w: Workload, t: Target, c: Constraints):
-    """Yield (tp, pp, cp, dp, nodes, gpus_per_node) for every valid parallel layout."""
+    """Yield (tp, pp, cp, dp, nodes, gpus_per_node, ep) for every valid parallel layout."""
     m = w.model
     caps = w.caps
     tps = [c.tp] if c.tp else [d for d in divisors(t.nvlink_gpus) if d <= MAX_TP
@@ -144,9 +145,30 @@ def layouts(w: Workload, t: Target, c: Constraints):
                     if world <= t.gpus_per_node:
                         if t.gpus_per_node % world and world != 1:
                             continue  # a partial node: use a divisor of the node's GPUs
-                        yield tp, pp, cp, dp, 1, world
+                        nodes, gpn = 1, world
                     elif world % t.gpus_per_node == 0:
-                        yield tp, pp, cp, dp, world // t.gpus_per_node, t.gpus_per_node
+                        nodes, gpn = world // t.gpus_per_node, t.gpus_per_node
+                    else:
+                        continue
+                    for ep in expert_parallel_options(w, c, tp * cp * dp, t.nvlink_gpus):
+                        yield tp, pp, cp, dp, nodes, gpn, ep
+
+
+def expert_parallel_options(w: Workload, c: Constraints, stage_ranks: int, nvlink_gpus: int) -> list[int]:
+    """Expert-parallel sizes worth trying for a stage of `stage_ranks` ranks (tp·cp·dp): 1 for a
+    dense model; for a mixture of experts the sizes that divide both the experts and the stage's
+    ranks (Megatron-Core's parallel folding): of those inside the NVLink domain (which the
+    token all-to-alls do not leave), the largest two, and the smallest beyond it (fewer
+    experts per rank: less memory, slower all-to-alls); each is a layout of its own."""
+    x = w.model.moe
+    if x is None:
+        return [1]
+    if c.ep:
+        return [c.ep] if stage_ranks % c.ep == 0 else []
+    fits = [e for e in divisors(x.experts) if stage_ranks % e == 0]
+    inside = [e for e in fits if e <= nvlink_gpus]
+    beyond = [e for e in fits if e > nvlink_gpus]
+    return sorted(set(inside[-2:] + beyond[:1]))
 
 
 def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn: int, tp: int) -> list[tuple]:
@@ -228,10 +250,11 @@ class Layout:
     layers_max: int
     virtual_stages: tuple[int, ...]
     knobs: tuple[tuple, ...]
+    ep: int = 1
 
     @property
     def key(self) -> tuple[int, ...]:
-        return self.tp, self.pp, self.cp, self.dp, self.nodes, self.gpus_per_node
+        return self.tp, self.pp, self.cp, self.dp, self.nodes, self.gpus_per_node, self.ep
 
     @property
     def world(self) -> int:
@@ -307,7 +330,7 @@ class Evaluations:
                 continue
             yield layout
 
-    def _layout(self, tp: int, pp: int, cp: int, dp: int, nodes: int, gpn: int) -> Layout | None:
+    def _layout(self, tp: int, pp: int, cp: int, dp: int, nodes: int, gpn: int, ep: int = 1) -> Layout | None:
         w, c = self.w, self.c
         memo = self._shared.setdefault("parts", {})  # divisors, virtual stages and knobs repeat across layouts
         per_dp = w.global_batch_size // dp
@@ -325,7 +348,8 @@ class Evaluations:
             knobs = memo[("knobs", dp * cp, nodes, gpn, tp)] = tuple(knob_options(w, c, dp * cp, nodes, gpn, tp))
         if not knobs:
             return None
-        return Layout(tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, stage_layers(w.model.layers, pp)[1], tuple(vs), knobs)
+        return Layout(tp, pp, cp, dp, nodes, gpn, per_dp, mbss, sp, stage_layers(w.model.layers, pp)[1], tuple(vs), knobs,
+                      ep)
 
     def bound(self, layout: Layout, objective: str) -> float:
         """An optimistic estimate of the layout's metric for `objective` (bigger is better): its
@@ -347,7 +371,7 @@ class Evaluations:
             for v in {vs[0], vs[-1]}:
                 for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
                     shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
-                                      L.sequence_parallel, v, hs)
+                                      L.sequence_parallel, v, hs, ep=L.ep)
                     # as StepEstimate computes them: tokens / step, and that / world
                     step = step_time(w, shape, t.links, t.nvlink_gpus)
                     tokens = max(tokens, tps / step)
@@ -372,7 +396,7 @@ class Evaluations:
         for v in {vs[0], vs[-1]}:
             for mbs in {mbss[0], mbss[-1], mbss[len(mbss) // 2]}:
                 shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, "none", mbs, L.per_dp // mbs,
-                                  L.sequence_parallel, v)
+                                  L.sequence_parallel, v, ep=L.ep)
                 if tps / pipeline_time(w, shape, self.t.links, self.t.nvlink_gpus) >= floor:
                     return self.bound(layout, "time") >= floor
         return False
@@ -412,7 +436,7 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
 
     def make(mbs, v, sh, rc, of, hs, n_rc=0):
         return Plan(L.nodes, L.gpus_per_node, L.tp, L.pp, L.dp, L.cp, sh, mbs, L.per_dp // mbs, gbs, rc, of,
-                    L.sequence_parallel, v, hs, n_rc)
+                    L.sequence_parallel, v, hs, n_rc, L.ep)
 
     mbss = L.micro_batches
     # Cheapest test first: the least GPU memory this layout can reach (the last knob setting,
@@ -494,7 +518,7 @@ def _knob_bound(ev: Evaluations, L: Layout, v: int, sh: str, rc: str, of: str, h
     n_rc = 1 if rc == "full" and L.layers_max > 1 and not ev.c.recompute and w.caps.recompute_layers else 0
     mbs = L.micro_batches[0]
     shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
-                      L.sequence_parallel, v, hs, rc, n_rc, of)
+                      L.sequence_parallel, v, hs, rc, n_rc, of, L.ep)
     least = shape.grad_accum_steps * stage_time(w, shape, t.links, t.nvlink_gpus) + host_side_time(w, shape, t.links)
     return w.global_batch_size * w.seq_len / least
 
@@ -511,7 +535,7 @@ def _may_beat(ev: Evaluations, L: Layout, out: Outcome, mbs: int, v: int, sh: st
     w, t = ev.w, ev.t
     n_rc = 1 if rc == "full" and L.layers_max > 1 and not ev.c.recompute and w.caps.recompute_layers else 0
     shape = StepShape(L.tp, L.pp, L.cp, L.dp, L.gpus_per_node, L.world, sh, mbs, L.per_dp // mbs,
-                      L.sequence_parallel, v, hs, rc, n_rc, of)
+                      L.sequence_parallel, v, hs, rc, n_rc, of, L.ep)
     least = pipeline_time(w, shape, t.links, t.nvlink_gpus) + host_side_time(w, shape, t.links)
     return w.global_batch_size * w.seq_len / least >= best.tokens_per_s * (1 - 1e-9)
 

@@ -24,7 +24,7 @@ def framework_names() -> list[str]:
 def compare_frameworks(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJECTIVE, learn: bool = True,
                        known: dict | None = None) -> list[dict]:
     """The recipe planned with each framework on one inventory, as rows: {framework, feasible,
-    gpus, layout, plan, step_time_s, tokens_per_s_per_gpu, memory_bytes, reason}. Each framework
+    gpus, layout, plan, step_time_s, tokens_per_s_per_gpu, memory_bytes, reason, refused}. Each framework
     is the recipe's workload with that framework's capability table (the recipe is not read
     again). `known`: {framework: PlanReport} already computed (not planned again)."""
     rows = []
@@ -45,7 +45,7 @@ def compare_frameworks(recipe_loaded, inv_loaded, objective: str = DEFAULT_OBJEC
 def _framework_row(name: str, best: _Best | None) -> dict:
     """One row of the framework comparison from that framework's best plan (None: empty)."""
     row = {"framework": name, "feasible": False, "gpus": None, "layout": None, "plan": None, "step_time_s": None,
-           "tokens_per_s_per_gpu": None, "memory_bytes": None, "reason": None}
+           "tokens_per_s_per_gpu": None, "memory_bytes": None, "reason": None, "refused": False}
     if best is None:
         return row
     if best.found:
@@ -53,6 +53,9 @@ def _framework_row(name: str, best: _Best | None) -> dict:
         _fill_row(row, top.plan.to_dict(), top.estimate.to_dict() if top.estimate else {}, top.memory.to_dict())
     else:
         row["reason"] = best.missing_partition or (best.result.reasons or ["does not fit"])[0]
+        # nothing was sized: the framework cannot run the recipe (or no layout exists), which is
+        # not "does not fit"
+        row["refused"] = best.result.considered == 0 and bool(best.result.reasons)
     return row
 
 

@@ -75,7 +75,7 @@ def why_like(plan: dict, predicted_bytes: int | None, failed: PastJob) -> str | 
     (min(pp, grad_accum_steps), 1F1B); or (2) the memory model predicts at least the failed
     plan's peak. The caller checks the model, sequence length, cluster and partition."""
     f = failed.plan
-    same_layout = all(plan.get(k) == f.get(k) for k in LAYOUT_KEYS)
+    same_layout = all(plan.get(k) == f.get(k) for k in LAYOUT_KEYS) and plan.get("ep", 1) == f.get("ep", 1)
     if same_layout and plan.get("micro_batch_size", 0) >= f.get("micro_batch_size", 0):
         spread_ok = True
         if plan.get("sharding") in ZERO_SHARDINGS:

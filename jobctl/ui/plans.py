@@ -129,7 +129,7 @@ def _render_fit(report: dict, explain: bool) -> None:
         f"fits: {p['nodes']} node{'s' if p['nodes'] != 1 else ''} x {p['gpus_per_node']} {report['gpu']} = "
         f"{gpus} GPU{'s' if gpus != 1 else ''} · tp {p['tp']} · pp {p['pp']}"
         + (f" (v {p['virtual_stages']})" if p.get("virtual_stages", 1) > 1 else "")
-        + f" · dp {p['dp']} · cp {p['cp']}", style="green")
+        + f" · dp {p['dp']} · cp {p['cp']}" + (f" · ep {p['ep']}" if p.get("ep", 1) > 1 else ""), style="green")
     para(
         f"{p['sharding']}" + (" · sequence parallel" if p["sequence_parallel"] else "")
         + (" · bf16 grads" if (report.get("train") or {}).get("grad_reduce") == "bf16" else "")
@@ -381,7 +381,7 @@ def short_layout(p: dict) -> str:
     """The parallel layout in few characters: "tp4 pp9 dp2 z1" (cp and interleaving when used,
     "+off" with offload); micro-batches are their own column."""
     text = f"tp{p['tp']} pp{p['pp']}" + (f"v{p['virtual_stages']}" if p.get("virtual_stages", 1) > 1 else "")
-    text += f" dp{p['dp']}" + (f" cp{p['cp']}" if p["cp"] > 1 else "")
+    text += f" dp{p['dp']}" + (f" cp{p['cp']}" if p["cp"] > 1 else "") + (f" ep{p['ep']}" if p.get("ep", 1) > 1 else "")
     text += {"none": "", "zero1": " z1", "zero2": " z2", "zero3": " z3", "hsdp": " hsdp"}.get(p["sharding"], f" {p['sharding']}")
     if p["recompute"] != "none":
         text += " rc" if p["recompute"] == "full" else " sel"
@@ -440,7 +440,7 @@ def render_plan_overview(reports: list[dict], recipe: str, wide: bool = False) -
     if not wide:  # the reasons, one per line, wrapped at words
         for where, why in other_rows:
             con.print(Text.assemble((f"{where}: ", "bold"), ("does not fit: ", "red"), why))
-        con.print(Text("layout: tp/pp/dp/cp sizes, z1-z3 = ZeRO stage, rc = full recompute, sel = selective, "
+        con.print(Text("layout: tp/pp/dp/cp/ep sizes, z1-z3 = ZeRO stage, rc = full recompute, sel = selective, "
                        "+off = offload; mbs = micro-batch x accumulation; GiB/GPU = peak/usable; --wide for all",
                        style="dim"))
 
@@ -517,11 +517,11 @@ def render_framework_table(rows: list[dict], recipe: str, cluster: str, current:
             table.add_row(name, str(r["gpus"]), short_layout(p), f"{p['micro_batch_size']}x{p['grad_accum_steps']}",
                           gib(r["memory_bytes"]), duration(r["step_time_s"]), f"{r['tokens_per_s_per_gpu'] or 0:,.0f}")
         else:
-            table.add_row(name, "-", "does not fit", "", "", "", "")
+            table.add_row(name, "-", "cannot run it" if r.get("refused") else "does not fit", "", "", "", "")
     con.print(table)
     for r in order:
         if not r["feasible"] and r.get("reason"):
             con.print(Text(f"{r['framework']}: {r['reason']}"))
-    con.print(Text("* the recipe's framework. layout: tp/pp/dp/cp sizes, z1-z3 = ZeRO stage, rc = full "
+    con.print(Text("* the recipe's framework. layout: tp/pp/dp/cp/ep sizes, z1-z3 = ZeRO stage, rc = full "
                    "recompute, sel = selective, +off = offload; mbs = micro-batch x accumulation", style="dim"))
     con.print(Text(f"plan one: jobctl plan {recipe} --cluster {cluster} --framework NAME", style="dim"))

@@ -3,6 +3,7 @@ core_v0.16.1, tests/data/megatron_lm_flags.json), then megatron-core's own Trans
 (built the way Megatron-LM's core_transformer_config_from_args builds it: every argument whose
 name is a config field) and its micro-batch calculator."""
 
+import ast
 import dataclasses
 import json
 import sys
@@ -13,7 +14,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator  # noqa: E402
-from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: E402
 
 TABLE = json.loads((Path(__file__).parent.parent / "data" / "megatron_lm_flags.json").read_text())["flags"]
 
@@ -63,8 +64,15 @@ def check(case):
             raise ValueError("number of layers per pipeline stage must be divisible number of layers per virtual stage")
         vpp = per_stage // ns["num_layers_per_virtual_pipeline_stage"]
         vpp = None if vpp == 1 else vpp
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    # core_transformer_config_from_args: MLATransformerConfig under --multi-latent-attention,
+    # num_moe_experts from --num-experts; moe_freq_type evaluates a list-valued --moe-layer-freq
+    config_class = MLATransformerConfig if ns.get("multi_latent_attention") else TransformerConfig
+    if isinstance(ns.get("moe_layer_freq"), str):
+        ns["moe_layer_freq"] = ast.literal_eval(ns["moe_layer_freq"])  # moe_freq_type evaluates it (a list here)
+    fields = {f.name for f in dataclasses.fields(config_class)}
     kw = {k: v for k, v in ns.items() if k in fields}
+    if "num_experts" in ns:
+        kw["num_moe_experts"] = ns["num_experts"]
     kw["num_query_groups"] = ns.get("num_query_groups")
     kw["gated_linear_unit"] = bool(ns.get("swiglu"))
     kw["virtual_pipeline_model_parallel_size"] = vpp
@@ -74,7 +82,7 @@ def check(case):
         kw["pipeline_dtype"] = kw.get("params_dtype", torch.float32)
     # core_transformer_config_from_args: fp8_param is --fp8-param-gather
     kw["fp8_param"] = bool(ns.get("fp8_param_gather"))
-    cfg = TransformerConfig(**kw)
+    cfg = config_class(**kw)
     # training.py get_megatron_ddp_config builds the DDP config from the same-named arguments
     ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
     ddp = DistributedDataParallelConfig(**{k: v for k, v in ns.items() if k in ddp_fields})
@@ -88,7 +96,9 @@ def check(case):
             "overlap_param_gather": bool(ns.get("overlap_param_gather")),
             "tp_comm_overlap": cfg.tp_comm_overlap, "fp8_param": cfg.fp8_param,
             "reuse_grad_buf_for_mxfp8_param_ag": ddp.reuse_grad_buf_for_mxfp8_param_ag,
-            "fp8": cfg.fp8, "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)) if cfg.fp8 else None,
+            "num_moe_experts": cfg.num_moe_experts, "ep": cfg.expert_model_parallel_size,
+            "etp": cfg.expert_tensor_parallel_size, "moe_layer_freq": cfg.moe_layer_freq,
+            "mla": isinstance(cfg, MLATransformerConfig), "fp8": cfg.fp8, "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)) if cfg.fp8 else None,
             "fp4": getattr(cfg, "fp4", None),
             "fp4_recipe": str(getattr(cfg.fp4_recipe, "value", cfg.fp4_recipe)) if getattr(cfg, "fp4", None) else None}
 

@@ -120,8 +120,16 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     # hands grouped K/V to the kernel: caps.sdpa_gqa) keep them at g heads
     grouped = fused or (w.caps.sdpa_gqa and not d.eager_attn)
     kv = (2 * g / a) if grouped else 2.0
-    terms.append(("q, k, v", e * sbh * (1 + kv) / t, "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if grouped
-                  else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t"))
+    m = w.model
+    wide = m.mla is not None or m.head_dim * a != d.h  # heads wider or narrower than h/a (MLA, Qwen3, gpt-oss)
+    if grouped and wide:
+        dq, dv = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim) if m.mla else (m.head_dim,) * 2
+        gk = a if m.mla else g  # MLA decompresses a key and a value per head
+        qkv = s * b * (a * dq + gk * dq + gk * dv)
+        terms.append(("q, k, v", e * qkv / t, f"Q and K after RoPE, V: 2·sb·(a·{dq} + {gk}·{dq} + {gk}·{dv}) /t"))
+    else:
+        terms.append(("q, k, v", e * sbh * (1 + kv) / t, "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if grouped
+                      else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t"))
     if d.eager_attn and not d.core_recomputed:
         # softmax(dtype=float32).to(q.dtype): a copy only when training in 16-bit
         terms.append(("attention scores", (4 + (e if e != 4 else 0)) * a * s * s * b / t,
@@ -130,14 +138,23 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         terms.append(("attention lse", 4 * a * s * b / t, "FlashAttention keeps fp32 log-sum-exp: 4·asb /t"))
     # SDPA/flash return a transposed view of a [b, s, a, d] buffer, so o_proj keeps the same
     # storage (measured: no copy even after .contiguous() on the transposed view).
-    terms.append(("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t"))
+    if grouped and wide:
+        dv = m.mla.v_head_dim if m.mla else m.head_dim
+        terms.append(("attention output", e * s * b * a * dv / t, f"attention output, shared with o_proj's input: "
+                      f"2·sb·a·{dv} /t"))
+    else:
+        terms.append(("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t"))
     if q8:  # the attention keeps its 16-bit output; the projection its quantised input besides
         terms.append(("proj input", q8 * sbh / t, f"the output projection's {qn} input: sbh /t"))
         terms.append(("mlp input", q8 * sbh / mm_rep, f"RMSNorm output kept by fc1 as {qn}: sbh" + gathered))
+        if w.model.moe is not None:
+            return terms + _moe_terms(w, d, 2 * e + q8)
         terms.append(("mlp intermediates", (2 * e + q8) * s * b * f / t,
                       f"fc1 output (gate, up) 2 · 2·sbf for the SwiGLU backward, fc2's {qn} input sbf /t"))
         return terms
     terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
+    if w.model.moe is not None:
+        return terms + _moe_terms(w, d, 3 * e if w.caps.te_layernorm_mlp else 4 * e)
     if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
         # SwiGLU output (2·sbf), recomputing SiLU in backward (layernorm_mlp.py, save_for_backward).
@@ -146,6 +163,43 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     else:
         terms.append(("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t"))
     return terms
+
+
+def _moe_terms(w: Workload, d: _Dims, per_f: float) -> list[tuple[str, float, str]]:
+    """A mixture-of-experts feed-forward's activations, averaged over the layers (a share
+    moe_layers / layers of them route; the rest are dense MLPs of ffn_hidden). `per_f`: bytes a
+    SwiGLU MLP keeps per token and intermediate unit (as the dense term: 3·e with Transformer
+    Engine's fused MLP, 4·e eager, 2·e + the quantised fc2 input under FP8).
+
+    Routed tokens (Megatron-Core's alltoall dispatcher, expert tensor parallelism 1): a rank's
+    s·b/t tokens (sequence parallelism splits them, as Megatron requires with TP and EP) are
+    sent to top_k experts each, so on average its experts receive top_k·s·b/t tokens: their
+    permuted input (kept by the experts' fc1) and the experts' output (kept to weight it by the
+    routing probabilities when the copies are combined), h wide; their fc1 outputs and SwiGLU
+    products, expert_ffn wide. The router keeps its fp32 logits and probabilities (2 · 4·E per
+    token). A dropless router's load is taken as even (its auxiliary balancing loss); a capacity
+    factor c caps an expert at c times its even share, counted in full. Shared experts run on
+    every token as a dense MLP of their width, split by TP. Not yet checked against a trace."""
+    m, x = w.model, w.model.moe
+    s, b, h, e, t, rep = d.s, d.b, d.h, d.e, d.t, d.rep
+    share = m.moe_layers / m.layers
+    tokens = s * b / rep  # this rank's tokens (SP)
+    cf = x.capacity_factor or 1.0
+    routed = x.top_k * tokens * cf
+    out = [("router", share * 8 * tokens * x.experts, f"fp32 router logits and probabilities: 2 · 4·E per token x {share:.3g} "
+            "of the layers"),
+           ("routed tokens", share * 2 * e * routed * h, f"the top_{x.top_k} copies of each token, permuted in and out of "
+            f"the experts: 2 · 2·h per copy{f' x capacity {cf:g}' if x.capacity_factor else ''} x {share:.3g} of the layers"),
+           ("expert intermediates", share * per_f * routed * x.expert_ffn, f"each copy's fc1 output and SwiGLU product in "
+            f"its expert: {per_f:g}·f_e per copy (f_e = {x.expert_ffn}) x {share:.3g} of the layers")]
+    if x.shared_experts:
+        fs = x.shared_experts * (x.shared_ffn or x.expert_ffn)
+        out.append(("shared expert intermediates", share * per_f * s * b * fs / t, f"the shared experts' MLP on every "
+                    f"token: {per_f:g}·sb·{fs} /t x {share:.3g} of the layers"))
+    if share < 1:
+        out.append(("dense mlp intermediates", (1 - share) * per_f * s * b * d.f / t, f"the dense layers' MLP: "
+                    f"{per_f:g}·sbf /t x {1 - share:.3g} of the layers"))
+    return out
 
 
 def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str]]:

@@ -106,7 +106,7 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
 
     tp, pp, cp, sp, b = plan.tp, plan.pp, plan.cp, plan.sequence_parallel, plan.micro_batch_size
     in_flight = pipeline_in_flight(plan, stage)
-    apply(_state_items(w, tp, pp, stage, plan.sharding, plan.shard_group, plan.offload))
+    apply(_state_items(w, tp, pp, stage, plan.sharding, plan.shard_group, plan.offload, plan.ep))
     buffers, fsdp_pp = _framework_buffer_items(w, tp, pp, stage, plan.sharding, plan.offload, plan.dp * cp > 1)
     apply(buffers)
     if tp_overlap(w, plan) and w.caps.tp_comm_overlap:  # Transformer Engine's userbuffers (not async TP's)

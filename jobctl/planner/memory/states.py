@@ -173,9 +173,46 @@ def _has(model: ModelSpec, target: str) -> bool:
 
 
 @lru_cache(maxsize=1 << 12)
-def _state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: int, offload: str) -> tuple:
+def _state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: int, offload: str, ep: int = 1) -> tuple:
     """Weights, gradients and optimizer states (of the LoRA adapters and the frozen base under
-    LoRA/QLoRA) on one rank of `stage`, sharded over n ranks (docs/memory-model.md §2)."""
+    LoRA/QLoRA) on one rank of `stage`, sharded over n ranks (docs/memory-model.md §2); a
+    mixture of experts' routed experts apart, split over `ep` ranks (_expert_state_items)."""
+    items = list(_dense_state_items(w, tp, pp, stage, sharding, n, offload))
+    if w.model.moe is not None:
+        items += _expert_state_items(w, tp, pp, stage, sharding, n, offload, ep)
+    return tuple(items)
+
+
+def _expert_state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: int, offload: str,
+                        ep: int) -> list:
+    """The routed experts' states on one rank: its stage's experts / ep (expert tensor
+    parallelism 1), their optimizer states sharded by the distributed optimizer over the expert
+    data-parallel group, tp·n/ep ranks (Megatron-Core's MoE parallel folding: experts on
+    ETP x EP x EDP over the same ranks as attention's TP x CP x DP; distributed/
+    param_and_grad_buffer.py keeps expert parameters in their own buffers, sharded over
+    expert_data_parallel_group). The same bytes per parameter as the dense ones."""
+    items, add = _collector()
+    m = w.model
+    layers = _stage_params_cached(w, tp, pp, stage)[2]
+    params = layers * m.routed_params_per_layer / ep
+    edp = tp * n // ep
+    sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce_dtype)
+    add_model_states(add, params, params * optimizer_state_elements(w.optimizer, [(1, 1, 1)]), sb, w.optimizer,
+                     sharding, edp, offload, _compute_bytes(w), "expert weights", w.caps.offload_keeps_grads)
+    low = low_weight_bytes(w)
+    if low:
+        add(f"expert {w.precision} weight copies", params * low, "weights", lambda:
+            f"{params:.4g} expert params x {low:.4g} B ({w.precision} copies with their scales, kept through the step)")
+    out = []
+    for name, value, group, formula in items:
+        if not name.startswith("expert") and group != "host":
+            name = "expert " + name
+        out.append((name, value, group, lambda f=formula, e=edp: f"{f()} [routed experts: {layers:g} layers' "
+                    f"{m.routed_params_per_layer:.4g} / ep {ep}; optimizer over the {e} expert-data-parallel ranks]"))
+    return out
+
+
+def _dense_state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, n: int, offload: str) -> tuple:
     items, add = _collector()
     m = w.model
     sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce_dtype)

@@ -1,0 +1,150 @@
+"""Mixtures of experts planned (issue 31, second step): expert parallelism in the search, the
+routed experts' states over EP and expert data parallelism, the routed tokens' activations, the
+token all-to-alls, and the refusals where a framework or a pin cannot run one.
+
+Expected values are hand derivations from the models' configs (Mixtral-8x7B: 32 layers, hidden
+4096, 8 experts of 14336, top 2; Qwen3-30B-A3B: 48 layers, hidden 2048, 128 experts of 768,
+top 8) and from Megatron-Core's MoE parallel folding (experts on EP x expert-DP over a stage's
+tp·cp·dp ranks, expert tensor parallelism 1)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from jobctl_run import jobctl
+
+from jobctl.frameworks import megatron
+from jobctl.planner import inputs
+from jobctl.planner.memory import GIB, Workload, estimate, layer_activation_terms
+from jobctl.planner.models import PRESETS
+from jobctl.planner.perf import estimate_step, model_flops_per_token
+from jobctl.planner.plan import Plan
+from jobctl.planner.search import Constraints, search
+from jobctl.planning import load_inventory
+
+MIXTRAL_ROUTED = 32 * 8 * 3 * 4096 * 14336  # layers x experts x (gate, up, down) x h x f_e
+
+
+def plan(**kw):
+    base = dict(nodes=1, gpus_per_node=8, tp=1, pp=1, dp=8, cp=1, sharding="zero1", micro_batch_size=1,
+                grad_accum_steps=32, global_batch_size=256, recompute="none", offload="none",
+                sequence_parallel=False)
+    base.update(kw)
+    return Plan(**base)
+
+
+def h100():
+    """The shipped h100 inventory's partition as the planner sees it (16 nodes of 8 H100 SXM)."""
+    inv = load_inventory("h100", []).value
+    return inputs.target(inv, inv.partitions[0], "bf16-mixed")
+
+
+def term(mem, name):
+    return next(t.bytes for t in mem.terms if t.name == name)
+
+
+def test_routed_experts_are_split_ep_ways_and_their_optimizer_over_expert_dp():
+    w = Workload(PRESETS["mixtral-8x7b"], 4096, 256, framework="megatron", grad_reduce="fp32")
+    assert PRESETS["mixtral-8x7b"].routed_params_per_layer * 32 == MIXTRAL_ROUTED
+    for ep in (1, 2, 8):
+        mem = estimate(w, 80 * 2**30, plan(ep=ep))
+        per_rank = MIXTRAL_ROUTED / ep
+        edp = 8 // ep  # the stage's tp·cp·dp = 8 ranks hold each expert edp times
+        assert term(mem, "expert weights") == pytest.approx(per_rank * 2)  # bf16
+        assert term(mem, "expert gradients") == pytest.approx(per_rank * 4)  # Megatron's fp32 main grads
+        # the distributed optimizer: fp32 master + Adam's m and v, sharded over expert DP
+        assert term(mem, "expert optimizer states") == pytest.approx(per_rank * 12 / edp)
+    # the rest (attention, norms, router, embedding, output) is sharded as a dense model's
+    dense = PRESETS["mixtral-8x7b"].params() - MIXTRAL_ROUTED
+    assert term(estimate(w, 80 * 2**30, plan(ep=8)), "weights") == pytest.approx(dense * 2)
+
+
+def test_routed_tokens_activations_by_hand():
+    # Megatron, flash attention, no recompute, tp 1: a rank's s·b tokens make top_k copies; each
+    # copy keeps its permuted input and its expert's output (2 · 2·h bytes) and, in the expert,
+    # fc1's gate and up outputs and the SwiGLU product (3 · 2·f_e bytes, Transformer Engine)
+    w = Workload(PRESETS["mixtral-8x7b"], 4096, 256, framework="megatron")
+    terms = {n: b for n, b, _ in layer_activation_terms(w, plan(), 1)}
+    s, k, h, fe = 4096, 2, 4096, 14336
+    assert terms["routed tokens"] == pytest.approx(2 * 2 * k * s * h)
+    assert terms["expert intermediates"] == pytest.approx(3 * 2 * k * s * fe)
+    assert terms["router"] == pytest.approx(8 * s * 8)  # fp32 logits and probabilities, 8 experts
+    assert "mlp intermediates" not in terms  # the dense MLP's term is replaced, not added
+    # sequence parallelism splits the tokens over tp before they are routed
+    sp = {n: b for n, b, _ in layer_activation_terms(w, plan(tp=2, dp=4, sequence_parallel=True), 1)}
+    assert sp["routed tokens"] == pytest.approx(terms["routed tokens"] / 2)
+
+
+def test_the_mfu_numerator_counts_active_parameters():
+    # 6 x the matmul parameters a token passes through (top 2 of 8 experts, attention, router,
+    # the output layer; not the embedding lookup) + causal attention 6·L·h·s
+    m = PRESETS["mixtral-8x7b"]
+    w = Workload(m, 4096, 256, framework="megatron")
+    active_matmuls = m.active_params() - m.vocab * m.hidden  # less the embedding lookup
+    assert model_flops_per_token(w) == pytest.approx(6 * active_matmuls + 6 * 32 * 4096 * 4096, rel=1e-4)
+
+
+def test_all_to_alls_cost_nothing_without_ep_and_more_across_nodes():
+    t = h100()
+    w = Workload(PRESETS["qwen3-30b-a3b"], 4096, 512, framework="megatron")
+    one = estimate_step(w, plan(nodes=2, dp=16, global_batch_size=512, grad_accum_steps=32, ep=1), t.links, 8)
+    inside = estimate_step(w, plan(nodes=2, dp=16, global_batch_size=512, grad_accum_steps=32, ep=8), t.links, 8)
+    across = estimate_step(w, plan(nodes=2, dp=16, global_batch_size=512, grad_accum_steps=32, ep=16), t.links, 8)
+    assert one.ep_comm_s == 0
+    assert 0 < inside.ep_comm_s < across.ep_comm_s  # NVLink inside the node, the network across
+    assert inside.to_dict()["parts"]["ep_comm_s"] == inside.ep_comm_s
+
+
+def test_the_search_splits_the_experts_and_renders_megatrons_moe_flags():
+    r = jobctl("plan", "recipes/mixtral-8x7b.yaml", "--cluster", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    p = d["plan"]
+    assert 8 % p["ep"] == 0 and (p["tp"] * p["cp"] * p["dp"]) % p["ep"] == 0 and p["ep"] > 1
+    args = d["framework"]["args"]
+    assert args[args.index("--expert-model-parallel-size") + 1] == str(p["ep"])
+    assert args[args.index("--num-experts") + 1] == "8" and args[args.index("--moe-router-topk") + 1] == "2"
+    assert args[args.index("--expert-tensor-parallel-size") + 1] == "1"
+    names = {t["name"] for t in d["memory"]["terms"]}
+    assert {"expert weights", "expert gradients", "expert optimizer states"} <= names
+    assert d["model"]["active_params"] == PRESETS["mixtral-8x7b"].active_params()
+
+
+def test_a_pinned_ep_is_kept_and_a_wrong_one_refused():
+    r = jobctl("plan", "recipes/mixtral-8x7b.yaml", "--cluster", "h100", "parallelism.ep=4", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["plan"]["ep"] == 4
+    r = jobctl("plan", "recipes/mixtral-8x7b.yaml", "--cluster", "h100", "parallelism.ep=3", "--json")
+    assert r.returncode == 3
+    assert any("ep=3 does not divide the 8 experts" in x for x in json.loads(r.stdout)["reasons"])
+    r = jobctl("plan", "recipes/llama8b.yaml", "--cluster", "h100", "parallelism.ep=2", "--json")
+    assert r.returncode == 3
+    assert any("has no experts to split" in x for x in json.loads(r.stdout)["reasons"])
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "deepspeed", "fsdp", "custom"])
+def test_frameworks_without_moe_say_so_and_name_the_one_with_it(framework):
+    w = Workload(PRESETS["qwen3-30b-a3b"], 4096, 512, framework=framework)
+    res = search(w, h100(), Constraints())
+    assert res.best is None and res.considered == 0
+    assert any(f"not {framework}" in x and "megatron" in x for x in res.reasons), res.reasons
+
+
+def test_moe_with_tp_needs_sequence_parallelism_as_megatron_says():
+    w = Workload(PRESETS["mixtral-8x7b"], 4096, 256, framework="megatron")
+    bad = megatron.problems(plan(tp=2, dp=4, ep=4, sequence_parallel=False), w)
+    assert "When using expert parallelism and tensor parallelism, sequence parallelism must be used." in bad
+    assert not megatron.problems(plan(tp=2, dp=4, ep=4, sequence_parallel=True), w)
+
+
+def test_deepseek_v3_fits_on_a_shipped_inventory_and_names_its_stage():
+    r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["memory"]["total_bytes"] <= d["memory"]["gpu_usable_bytes"]
+    args = d["framework"]["args"]
+    assert "--multi-latent-attention" in args and args[args.index("--kv-lora-rank") + 1] == "512"
+    # its first 3 layers are dense: the per-layer list says which route
+    freq = args[args.index("--moe-layer-freq") + 1]
+    assert freq == "[" + ",".join(["0"] * 3 + ["1"] * 58) + "]"
+    assert d["memory"]["total_bytes"] / GIB < 80
