@@ -148,3 +148,22 @@ def test_deepseek_v3_fits_on_a_shipped_inventory_and_names_its_stage():
     freq = args[args.index("--moe-layer-freq") + 1]
     assert freq == "[" + ",".join(["0"] * 3 + ["1"] * 58) + "]"
     assert d["memory"]["total_bytes"] / GIB < 80
+
+
+def test_the_oom_ladder_splits_the_experts_further_before_it_moves_the_layout():
+    # after a CUDA OOM of Qwen3-30B-A3B on 32 GPUs with each rank holding all 128 experts (ep 1:
+    # 29 B routed parameters x 4 B of bf16 weights and gradients per rank, more than 80 GB), with
+    # recompute pinned off and the micro-batch at 1: the next plan spreads the experts over more
+    # of the same 32 ranks and keeps tp, pp, cp and dp
+    from jobctl.planner.ladder import next_plan
+
+    w = Workload(PRESETS["qwen3-30b-a3b"], 4096, 512, framework="megatron", grad_reduce="auto")
+    failed = plan(nodes=4, dp=32, global_batch_size=512, grad_accum_steps=16, ep=1)
+    step = next_plan(w, h100(), Constraints(recompute="none"), failed)
+    assert step is not None and step.rung == "parallelism", step
+    assert step.plan.ep > 1 and 128 % step.plan.ep == 0
+    assert (step.plan.tp, step.plan.pp, step.plan.cp, step.plan.dp, step.plan.nodes) == (1, 1, 1, 32, 4)
+    assert step.memory.total_bytes < estimate(w, 80 * 2**30, failed).total_bytes
+    # a pinned ep stays
+    pinned = next_plan(w, h100(), Constraints(recompute="none", ep=1), failed)
+    assert pinned is None or pinned.plan.ep == 1

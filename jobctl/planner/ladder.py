@@ -21,7 +21,8 @@ Rungs, in order (docs/architecture.md, decision 3); a step changes one rung:
    full recompute of a quarter, half, three quarters of a stage's layers (block
    recompute, Plan.recompute_layers) -> all of them (recompute_layers 0).
 3. sharding, then parallelism: none -> zero1 -> zero2 -> hsdp -> zero3, those the
-   framework offers, then tp (inside a node), pp or cp larger by a whole factor, on the same
+   framework offers, then a mixture of experts' ep larger by a whole factor (its experts over
+   more of the same ranks), then tp (inside a node), pp or cp larger by a whole factor, on the same
    GPUs (dp shrinks, grad_accum_steps grows), then on more GPUs of the same partition (dp and
    grad_accum_steps kept), fewest GPUs first. A pinned tp, pp, cp or dp stays.
 4. offload: optimizer states, then parameters too (ZeRO-3/HSDP only; not Megatron).
@@ -37,7 +38,10 @@ Bounded: every step's plan predicts strictly less than the failed one (by the mo
 the calibration) and no knob ever moves back: the micro-batch at least halves, recompute
 climbs, sharding only grows, tp·pp·cp at least doubles, offload only grows. So a ladder from
 micro-batch b on a model with L layers and g GPUs per node has at most log2(b) + 5 + 4 +
-log2(g) + log2(L) + log2(MAX_CP) + 2 steps.
+log2(g) + log2(L) + log2(MAX_CP) + 2 steps. A mixture of experts' ep at least doubles on its
+own step; a relayout that leaves it not dividing the stage's ranks lowers it to a divisor (the
+one knob that may move back, and only when tp·pp·cp doubles): at most log2(E) ep steps between
+two relayouts, for E experts.
 """
 
 from __future__ import annotations
@@ -364,9 +368,15 @@ def _sharding_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Iterat
 
 
 def _parallel_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Iterator[Plan]:
-    """Larger tp, pp or cp: first on the same GPUs (dp shrinks), then on more of the
+    """A mixture of experts' larger ep (its experts over more of the same ranks: nothing else
+    moves); then larger tp, pp or cp: first on the same GPUs (dp shrinks), then on more of the
     partition (dp kept), fewest GPUs first."""
     m = w.model
+    if m.moe is not None and c.ep is None:
+        stage = p.tp * p.cp * p.dp
+        for e in divisors(m.moe.experts):
+            if e > p.ep and e % p.ep == 0 and stage % e == 0:
+                yield replace(p, ep=e)
     # One dimension at a time, by a whole factor of at least 2 (so tp·pp·cp at least doubles
     # each step): a larger tp (inside a node) first, then pp, then cp (Megatron-LM, torchtitan).
     moves = []
@@ -426,8 +436,13 @@ def _relayout(w: Workload, c: Constraints, p: Plan, tp: int, pp: int, cp: int, d
         hs = _hsdp_shard(tp, dp, cp, gpn)
         if hs is None:
             return None
+    ep = p.ep
+    if (tp * cp * dp) % ep:  # the experts must still fold onto the stage's ranks
+        if c.ep is not None:
+            return None
+        ep = max(e for e in divisors(ep) if (tp * cp * dp) % e == 0)
     return replace(p, nodes=nodes, gpus_per_node=gpn, tp=tp, pp=pp, cp=cp, dp=dp, sequence_parallel=sp,
-                   virtual_stages=v, hsdp_shard=hs, recompute_layers=n_rc,
+                   virtual_stages=v, hsdp_shard=hs, recompute_layers=n_rc, ep=ep,
                    grad_accum_steps=per_dp // p.micro_batch_size)
 
 
@@ -489,7 +504,7 @@ def _valid(w: Workload, t: Target, c: Constraints, failed: Plan, p: Plan) -> boo
         return False
     if c.nodes is not None and p.world_size != failed.world_size:
         return False  # resources.nodes: the job keeps its nodes
-    for dim in ("tp", "pp", "dp", "cp"):
+    for dim in ("tp", "pp", "dp", "cp", "ep"):
         if getattr(c, dim) is not None and getattr(p, dim) != getattr(failed, dim):
             return False
     if p.virtual_stages > 1 and p.pp == 1:
