@@ -30,7 +30,7 @@ PARTS = {
     "offload_s": "offload transfers over PCIe",
     "optimizer_s": "optimizer step",
 }
-DIMENSIONS = ("tp", "pp", "cp", "sharding", "recompute", "offload", "micro_batch_size", "virtual_stages")
+DIMENSIONS = ("tp", "pp", "cp", "ep", "sharding", "recompute", "offload", "micro_batch_size", "virtual_stages")
 
 
 def _metric(c: Candidate, objective: str) -> float:
@@ -170,7 +170,7 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
             continue  # pinned by the recipe: nothing to explain
         mine = getattr(win.plan, dim)
         alts = [x for x in others if getattr(x.plan, dim) != mine]
-        if not alts and dim in ("tp", "pp", "cp"):
+        if not alts and (dim in ("tp", "pp", "cp") or (dim == "ep" and w.model.moe is not None)):
             alts = _pinned_neighbours(w, t, c, dim, mine, objective, result.evaluations)
         if not alts:
             continue
@@ -301,8 +301,13 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
     out = []
     for term in terms:
         name = term["name"]
+        moe = w.model.moe is not None or w.model.mla is not None
         if name in ("weights", "gradients", "optimizer states"):
             kind, by = "exact", "byte counts; = CPU" + (", = trace" if traced else "")
+        elif name.startswith("expert ") and name.split(" ", 1)[1] in ("weights", "gradients", "optimizer states"):
+            kind, by = "exact", "byte counts of the routed experts over EP and expert DP (Megatron-Core's folding)"
+        elif moe and name == "layer activations":
+            kind, by = "modelled", "routed tokens, router and MLA terms: not traced or measured yet"
         elif name in ("layer activations", "logits and loss", "final norm and output input"):
             if traced:
                 kind, by = "traced", ("0.0% vs trace" if plan.pp == 1 or name == "layer activations"
