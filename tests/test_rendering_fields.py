@@ -399,15 +399,16 @@ CUSTOM_SUPPORTS = {"tp": True, "pp": True, "cp": True, "sequence_parallel": True
 
 
 def test_custom_code_reads_every_plan_field_from_its_own_variable():
-    # world = 15 x 14 = 210 = tp 2 x pp 3 x dp 5 x cp 7; global = 11 x 13 x 5 = 715
+    # world = 15 x 14 = 210 = tp 2 x pp 3 x dp 5 x cp 7; global = 11 x 13 x 5 = 715; ep 35 of tp·cp·dp = 70
     p = plan(nodes=15, gpus_per_node=14, tp=2, pp=3, dp=5, cp=7, micro_batch_size=11, grad_accum_steps=13,
              global_batch_size=715, sharding="zero2", recompute="full", recompute_layers=9, offload="optimizer",
-             sequence_parallel=True, virtual_stages=4)
+             sequence_parallel=True, virtual_stages=4, ep=35)
     r = rendered("custom", p, supports=CUSTOM_SUPPORTS)
     assert (r.args, r.files, r.env) == ((), {}, {})
     env = plan_environment(p, "toy")
     assert {k: v for k, v in env.items() if k != "JOBCTL_PLAN"} == {
-        "JOBCTL_TP": "2", "JOBCTL_PP": "3", "JOBCTL_DP": "5", "JOBCTL_CP": "7", "JOBCTL_MICRO_BATCH_SIZE": "11",
+        "JOBCTL_TP": "2", "JOBCTL_PP": "3", "JOBCTL_DP": "5", "JOBCTL_CP": "7", "JOBCTL_EP": "35",
+        "JOBCTL_MICRO_BATCH_SIZE": "11",
         "JOBCTL_GRAD_ACCUM_STEPS": "13", "JOBCTL_GLOBAL_BATCH_SIZE": "715", "JOBCTL_SHARDING": "zero2",
         "JOBCTL_ZERO_STAGE": "2", "JOBCTL_RECOMPUTE": "full", "JOBCTL_OFFLOAD": "optimizer",
         "JOBCTL_SEQUENCE_PARALLEL": "1", "JOBCTL_VIRTUAL_STAGES": "4", "JOBCTL_RECOMPUTE_LAYERS": "9",

@@ -263,6 +263,7 @@ def plan_environment(plan: Plan, recipe_name: str) -> dict[str, str]:
         "JOBCTL_PP": str(plan.pp),
         "JOBCTL_DP": str(plan.dp),
         "JOBCTL_CP": str(plan.cp),
+        "JOBCTL_EP": str(plan.ep),
         "JOBCTL_MICRO_BATCH_SIZE": str(plan.micro_batch_size),
         "JOBCTL_GRAD_ACCUM_STEPS": str(plan.grad_accum_steps),
         "JOBCTL_GLOBAL_BATCH_SIZE": str(plan.global_batch_size),
