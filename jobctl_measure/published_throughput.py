@@ -23,7 +23,14 @@ from jobctl import frameworks
 from jobctl.planner.catalog import lookup_gpu
 from jobctl.planner.memory import Workload
 from jobctl.planner.models import ModelSpec
-from jobctl.planner.perf import Links, estimate_step, gemm_ceiling, low_precision_ceiling, te_gemm_ceiling
+from jobctl.planner.perf import (
+    Links,
+    estimate_step,
+    gemm_ceiling,
+    low_precision_ceiling,
+    moe_gemm_ceiling,
+    te_gemm_ceiling,
+)
 from jobctl.planner.plan import Plan
 
 
@@ -189,4 +196,68 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
     for group in by_source.values():
         for i, row in enumerate(sorted(group, key=lambda x: x.id)):
             row.half = "fit" if i % 2 == 0 else "check"
+    return rows, skipped
+
+
+# Megatron-Bridge's MoE settings jobctl does not model (each row of published_moe_2025.yaml says
+# which it ran): the run is scored as jobctl would plan it, and the table names these beside it.
+MOE_UNMODELLED = (("dispatcher", lambda s: s.get("dispatcher") not in (None, "alltoall"), "HybridEP/DeepEP"),
+                  ("overlap_ep_comm", bool, "EP overlap"), ("cuda_graphs", lambda v: v not in (None, "none"), "graphs"),
+                  ("paged_stash", lambda v: v not in (None, "none"), "stash"), ("mtp_layers", bool, "MTP"))
+
+
+def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
+    """The rows of published_moe_2025.yaml (benchmarks/data/ in the jobctl repository) that
+    jobctl can plan (its MoE presets, under Megatron-Core, with the recipe's settings attached),
+    each with its half, and (id, why) for the rest. Selective recompute of named modules
+    (Megatron-Bridge's mla_up_proj, moe_act, layernorm...) is modelled as none: jobctl's
+    selective is the attention core's; `assumed` says which rows had it."""
+    from jobctl.planner.memory import stage_layers
+    from jobctl.planner.models import PRESETS
+
+    doc = yaml.safe_load(Path(path).read_text())
+    rows, skipped = [], []
+    for r in doc["rows"]:
+        if r.get("not_modelled"):
+            skipped.append((r["id"], r["not_modelled"]))
+            continue
+        model = PRESETS.get(r.get("model") or "")
+        if model is None or model.attention_sinks or model.attention_bias:
+            skipped.append((r["id"], f"{r.get('model') or r.get('model_other')}: not planned by jobctl "
+                                     "(attention sinks and biases are not rendered)"))
+            continue
+        p, s = r["parallel"], r.get("moe_settings") or {}
+        if stage_layers(model.layers, p["pp"]) is None:
+            skipped.append((r["id"], f"{model.layers} layers over pp={p['pp']}: an uneven pipeline layout "
+                                     "(Megatron's pipeline_model_parallel_layout), which jobctl does not model"))
+            continue
+        assumed = []
+        if p.get("recompute") == "selective":
+            assumed.append("recompute of " + "+".join(p.get("recompute_modules") or ["modules"]) + " as none")
+        recompute = {"selective": "none", "full": "full", "none": "none", None: "none"}[p.get("recompute")]
+        precision = r["precision"] if r["precision"] in ("fp8", "mxfp8", "nvfp4") else "bf16-mixed"
+        fw = frameworks.get("megatron")
+        if not r.get("tp_comm_overlap"):
+            fw = fw.with_caps(tp_comm_overlap=False)
+        gpu = lookup_gpu(r["gpu"])
+        seq, gb = r["seq_len"], p["global_batch"]
+        w = Workload(model, seq, gb, precision=precision, framework=fw, fp8_recipe=r.get("fp8_recipe") or "tensorwise",
+                     grad_reduce=r.get("grad_reduce") or "fp32", formats=gpu.formats)
+        gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
+        tp, pp, dp, cp, mbs = p["tp"], p["pp"], p["dp"], p.get("cp") or 1, p["micro_batch"]
+        plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, "zero1", mbs, gb // (dp * mbs), gb, recompute, "none",
+                    bool(p.get("sequence_parallel")), p.get("vp") or 1, 0, p.get("recompute_layers") or 0,
+                    p.get("ep") or 1)
+        low = low_precision_ceiling(gpu.key, precision)
+        links = Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
+                      gpu.peak_tflops(precision), gemm_ceiling(gpu.key), te_gemm_ceiling(gpu.key),
+                      gpu.low_precision_tflops(precision) if low else 0.0, low, moe_gemm_ceiling(gpu.key))
+        link_gpus = max(gpn, min(gpu.nvlink_domain_gpus, r["gpus"]))
+        measured = gb * seq / (r["measured"]["tokens_per_s_per_gpu"] * r["gpus"])
+        row = Row(r["id"], r["source"], "megatron", r["gpu"], r["gpus"], link_gpus, w, plan, links, measured,
+                  "tokens/s per GPU as published", assumed)
+        row.unmodelled = [label for key, on, label in MOE_UNMODELLED if on(s.get(key) if key != "dispatcher" else s)]
+        rows.append(row)
+    for i, row in enumerate(sorted(rows, key=lambda x: x.id)):
+        row.half = "fit" if i % 2 == 0 else "check"
     return rows, skipped

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobctl_measure.published_throughput import load_rows
+from jobctl_measure.published_throughput import load_moe_rows, load_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data" / "published_throughput.yaml"
@@ -103,5 +103,30 @@ _2025_ROWS = [r for r in load_rows(DATA_2025)[0] if r.scored]
     if r.id == "nemo-2407-nemotron4-340b-h100-fp8-128" else r
     for r in _2025_ROWS])
 def test_no_published_layout_is_called_does_not_fit(row):
+    fits, need = _fits(row)
+    assert fits, f"{row.id}: {need:.1f} GiB"
+
+
+# NVIDIA's MoE rows (Megatron-Bridge's performance summaries 25.09-26.08; issue 31): the ones
+# jobctl plans (Qwen3 MoE under Megatron-Core, a pipeline split it can express, the perf recipe's
+# settings attached) are runnable by its memory model; the rest are left out with the reason.
+DATA_MOE = ROOT / "benchmarks" / "data" / "published_moe_2025.yaml"
+_MOE = load_moe_rows(DATA_MOE)
+
+
+def test_the_moe_rows_quote_their_source_and_attach_their_settings():
+    doc = yaml.safe_load(DATA_MOE.read_text())
+    for row in doc["rows"]:
+        assert row["source"] in doc["sources"] and row.get("quote") and row["measured"], row["id"]
+        assert row.get("not_modelled") or any(str(x).startswith("settings: ") for x in row["inferred_fields"]), row["id"]
+    rows, skipped = _MOE
+    assert len(rows) + len(skipped) == len(doc["rows"])
+    reasons = dict(skipped)
+    assert all("gpt-oss" not in r.id for r in rows)  # attention sinks and biases: refused by name
+    assert any("uneven pipeline layout" in why for why in reasons.values())  # DeepSeek-V3's 61 layers
+
+
+@pytest.mark.parametrize("row", _MOE[0], ids=[r.id for r in _MOE[0]])
+def test_no_published_moe_layout_is_called_does_not_fit(row):
     fits, need = _fits(row)
     assert fits, f"{row.id}: {need:.1f} GiB"

@@ -9,7 +9,7 @@ from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Training, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.moe import MLA, MoE
-from jobctl.planner.perf import Links, gemm_ceiling, low_precision_ceiling, te_gemm_ceiling
+from jobctl.planner.perf import Links, gemm_ceiling, low_precision_ceiling, moe_gemm_ceiling, te_gemm_ceiling
 from jobctl.planner.search import Constraints, Target
 
 
@@ -108,6 +108,7 @@ def links(partition, gpu, precision: str) -> Links:
         peak_tflops=gpu.peak_tflops(precision), gemm_efficiency=gemm_ceiling(gpu.key),
         te_gemm_efficiency=te_gemm_ceiling(gpu.key),
         low_tflops=gpu.low_precision_tflops(precision) if low else 0.0, low_efficiency=low,
+        moe_efficiency=moe_gemm_ceiling(gpu.key),
     )
 
 

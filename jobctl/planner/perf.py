@@ -116,6 +116,16 @@ KERNEL_LAUNCH_S = 4e-6
 KERNELS_PER_LAYER = 40
 LATENCY_INTRA_NODE_S = 15e-6
 LATENCY_INTER_NODE_S = 35e-6
+# Mixtures of experts (planner/perf.py _routed_experts): per GPU generation, the share of a
+# dense GEMM's efficiency (at the same rows per expert) that a routed expert's work reaches
+# (grouped GEMMs, and what the model does not itemise: router, dispatcher bookkeeping), fitted
+# on the fit half of NVIDIA's MoE rows (benchmarks/moe_step_time.py --fit,
+# docs/step-time-accuracy.md); a generation without rows takes Hopper's. And the bytes a routed
+# copy moves in memory-bound kernels per unit of h, forward and backward: permuted into expert
+# order and back (a read and a write of h each way, 16-bit: 8·h forward), about twice that in
+# backward.
+MOE_GEMM_EFFICIENCY = {"hopper": 1.0, "blackwell": 1.0}
+MOE_PERMUTE_BYTES_H = 24
 # DDP / Megatron gradient buckets: one collective per ~25 MB (DDP's bucket_cap_mb default 25).
 BUCKET_BYTES = 25e6
 
@@ -134,6 +144,7 @@ class Links:
     # the layers' GEMMs in a low-precision format: its dense peak and fitted efficiency (0: BF16)
     low_tflops: float = 0.0
     low_efficiency: float = 0.0
+    moe_efficiency: float = 1.0  # grouped expert GEMMs' share of a dense GEMM's (moe_gemm_ceiling)
 
     def __hash__(self) -> int:  # a key of the per-layer cost cache: hashed once
         h = self.__dict__.get("_hash")
@@ -207,6 +218,11 @@ def generation(gpu_key: str) -> str:
 def te_gemm_ceiling(gpu_key: str) -> float:
     """The large-GEMM efficiency of a GPU under Transformer Engine, or 0 (not fitted)."""
     return GEMM_EFFICIENCY_TE.get(generation(gpu_key), 0.0)
+
+
+def moe_gemm_ceiling(gpu_key: str) -> float:
+    """The fitted share of a dense GEMM's efficiency a routed expert's work reaches on a GPU."""
+    return MOE_GEMM_EFFICIENCY.get(generation(gpu_key), MOE_GEMM_EFFICIENCY["hopper"])
 
 
 def low_precision_ceiling(gpu_key: str, precision: str) -> float:
@@ -398,7 +414,11 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
         gemm_s += gemm_moe
     layer_compute = gemm_s + fwd_attn * passes_attn / (peak * att_eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
-    membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f / t) * tokens_rank * (1 + rc / 3)
+    # (a mixture of experts: its dense layers' MLP and its shared experts here; the routed copies'
+    # kernels in _routed_experts)
+    f_mem = f if m.moe is None else (1 - m.moe_layers / m.layers) * f + m.moe_layers / m.layers * \
+        m.moe.shared_experts * (m.moe.shared_ffn or m.moe.expert_ffn)
+    membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f_mem / t) * tokens_rank * (1 + rc / 3)
     if compiled:  # inductor fuses the norms, RoPE, SwiGLU and residual adds: fewer round trips to HBM
         membound *= COMPILE_MEMBOUND_SHARE
     if attention == "eager":
@@ -434,31 +454,39 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
 def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int, tokens_rank: float,
                     passes_gemm: float, rc: float, ep: int, ceiling: float) -> tuple[float, float]:
     """One layer's routed experts on one rank, averaged over the layers (moe_layers / layers of
-    them route): (their GEMM seconds, the token all-to-all seconds). Megatron-Core's alltoall
-    dispatcher with expert tensor parallelism 1: the rank's tokens (split by TP under sequence
-    parallelism) go to top_k experts each; the experts of the EP group get, on average (a
-    balanced router), top_k·T·ep/E tokens each, run as grouped GEMMs whose efficiency is that
-    of a GEMM of that many rows (gemm_efficiency: small expert batches run below the ceiling).
-    Dispatch and combine are two all-to-alls forward and two backward (two more with the forward
-    recomputed), each moving the rank's top_k·T token copies, (ep-1)/ep of them to other ranks,
-    inside the NVLink domain while ep fits in it. Not overlapped with compute (Megatron-Core's
-    --overlap-moe-expert-parallel-comm is not rendered). Not fitted yet: no published MoE row
-    has been scored."""
+    them route): (their GEMM and memory-bound seconds, the token all-to-all seconds).
+
+    Megatron-Core's alltoall dispatcher with expert tensor parallelism 1: the rank's tokens
+    (split by TP under sequence parallelism) go to top_k experts each; the experts of the EP
+    group get, on average (a balanced router), top_k·T·ep/E tokens each, run as grouped GEMMs at
+    links.moe_efficiency (MOE_GEMM_EFFICIENCY) of the efficiency of a GEMM of that many rows (gemm_efficiency: small
+    expert batches run below the ceiling). Each copy is permuted into expert order and back
+    (MOE_PERMUTE_BYTES_H·h bytes moved, forward and backward) and its SwiGLU runs on expert_ffn
+    (MEMBOUND_BYTES_F). Dispatch and combine are two all-to-alls forward and two backward (two
+    more with the forward recomputed), each moving the rank's top_k·T token copies: to the
+    other ranks of the NVLink domain over NVLink, to the ranks beyond it over the network, at
+    the same time (the slower one counts). Not overlapped with compute (Megatron-Core's
+    --overlap-moe-expert-parallel-comm is not rendered)."""
     x = m.moe
     share = m.moe_layers / m.layers
     tokens = tokens_rank / t  # this rank's tokens into the router
-    per_expert = x.top_k * tokens * ep / x.experts
-    fwd = 2 * x.top_k * tokens * 3 * m.hidden * x.expert_ffn  # flops of the copies this rank's tokens make
-    eff = gemm_efficiency(per_expert * m.hidden, links.low_efficiency if links.low_tflops else ceiling)
+    copies = x.top_k * tokens
+    per_expert = copies * ep / x.experts
+    fwd = 2 * copies * 3 * m.hidden * x.expert_ffn  # flops of the copies this rank's tokens make
+    eff = links.moe_efficiency * gemm_efficiency(per_expert * m.hidden,
+                                                links.low_efficiency if links.low_tflops else ceiling)
     rate = (links.low_tflops if links.low_tflops else links.peak_tflops) * 1e12 * eff
-    gemm_s = share * fwd * passes_gemm / rate
+    membound = copies * (MOE_PERMUTE_BYTES_H * m.hidden + MEMBOUND_BYTES_F * x.expert_ffn) * (1 + rc / 3)
+    compute_s = share * (fwd * passes_gemm / rate + membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY))
     if ep <= 1:
-        return gemm_s, 0.0
-    msg = act_bytes * x.top_k * tokens * m.hidden * (ep - 1) / ep
-    inside = ep <= gpus_per_node
-    gbs = links.intra_node_gbs if inside else links.inter_node_gbs
-    one = msg / (gbs * 1e9 * (INTRA_NODE_EFFICIENCY if inside else NETWORK_EFFICIENCY)) + _latency(gbs, links)
-    return gemm_s, share * (4 + 2 * rc) * one
+        return compute_s, 0.0
+    local = min(ep, gpus_per_node)  # the EP group's ranks inside this rank's NVLink domain
+    nbytes = act_bytes * copies * m.hidden
+    inside = nbytes * (local - 1) / ep / (links.intra_node_gbs * 1e9 * INTRA_NODE_EFFICIENCY)
+    beyond = nbytes * (ep - local) / ep / (links.inter_node_gbs * 1e9 * NETWORK_EFFICIENCY)
+    gbs = links.intra_node_gbs if ep <= gpus_per_node else links.inter_node_gbs
+    one = max(inside, beyond) + _latency(gbs, links)
+    return compute_s, share * (4 + 2 * rc) * one
 
 
 def _expert_data_parallel(w: Workload, plan, links: Links, gpus_per_node: int, stage_mb: float,

@@ -148,7 +148,7 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         terms.append(("proj input", q8 * sbh / t, f"the output projection's {qn} input: sbh /t"))
         terms.append(("mlp input", q8 * sbh / mm_rep, f"RMSNorm output kept by fc1 as {qn}: sbh" + gathered))
         if w.model.moe is not None:
-            return terms + _moe_terms(w, d, 2 * e + q8)
+            return terms + _moe_terms(w, d, 2 * e + q8, q8)
         terms.append(("mlp intermediates", (2 * e + q8) * s * b * f / t,
                       f"fc1 output (gate, up) 2 · 2·sbf for the SwiGLU backward, fc2's {qn} input sbf /t"))
         return terms
@@ -165,7 +165,7 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     return terms
 
 
-def _moe_terms(w: Workload, d: _Dims, per_f: float) -> list[tuple[str, float, str]]:
+def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None) -> list[tuple[str, float, str]]:
     """A mixture-of-experts feed-forward's activations, averaged over the layers (a share
     moe_layers / layers of them route; the rest are dense MLPs of ffn_hidden). `per_f`: bytes a
     SwiGLU MLP keeps per token and intermediate unit (as the dense term: 3·e with Transformer
@@ -174,9 +174,10 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float) -> list[tuple[str, float, st
     Routed tokens (Megatron-Core's alltoall dispatcher, expert tensor parallelism 1): a rank's
     s·b/t tokens (sequence parallelism splits them, as Megatron requires with TP and EP) are
     sent to top_k experts each, so on average its experts receive top_k·s·b/t tokens: their
-    permuted input (kept by the experts' fc1) and the experts' output (kept to weight it by the
-    routing probabilities when the copies are combined), h wide; their fc1 outputs and SwiGLU
-    products, expert_ffn wide. The router keeps its fp32 logits and probabilities (2 · 4·E per
+    permuted input (kept by the experts' fc1; quantised, `q8` bytes, under a Transformer Engine
+    low-precision recipe, as the dense GEMMs keep theirs) and the experts' output (kept to
+    weight it by the routing probabilities when the copies are combined), h wide; their fc1
+    outputs and SwiGLU products, expert_ffn wide. The router keeps its fp32 logits and probabilities (2 · 4·E per
     token). A dropless router's load is taken as even (its auxiliary balancing loss); a capacity
     factor c caps an expert at c times its even share, counted in full. Shared experts run on
     every token as a dense MLP of their width, split by TP. Not yet checked against a trace."""
@@ -188,8 +189,9 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float) -> list[tuple[str, float, st
     routed = x.top_k * tokens * cf
     out = [("router", share * 8 * tokens * x.experts, f"fp32 router logits and probabilities: 2 · 4·E per token x {share:.3g} "
             "of the layers"),
-           ("routed tokens", share * 2 * e * routed * h, f"the top_{x.top_k} copies of each token, permuted in and out of "
-            f"the experts: 2 · 2·h per copy{f' x capacity {cf:g}' if x.capacity_factor else ''} x {share:.3g} of the layers"),
+           ("routed tokens", share * ((q8 or e) + e) * routed * h, f"the top_{x.top_k} copies of each token, permuted "
+            f"into the experts ({f'{q8:.3g}-B {w.precision}' if q8 else '2-B'}·h, fc1's input) and out (2·h)"
+            f"{f' x capacity {cf:g}' if x.capacity_factor else ''} x {share:.3g} of the layers"),
            ("expert intermediates", share * per_f * routed * x.expert_ffn, f"each copy's fc1 output and SwiGLU product in "
             f"its expert: {per_f:g}·f_e per copy (f_e = {x.expert_ffn}) x {share:.3g} of the layers")]
     if x.shared_experts:

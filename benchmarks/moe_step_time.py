@@ -1,0 +1,137 @@
+"""jobctl's step-time model against NVIDIA's published, measured mixture-of-experts runs.
+
+Reads benchmarks/data/published_moe_2025.yaml (Megatron-Bridge's performance summaries, 25.09 to
+26.08: DeepSeek-V3, Qwen3-30B-A3B, Qwen3-235B-A22B, GPT-OSS 120B on H100, B200 and GB200, each
+row with the settings of Megatron-Bridge's perf recipe attached), keeps the rows jobctl can
+plan (its presets under Megatron-Core, a layout its pipeline split can express), and prints the
+predicted step time against the measured one (tokens/s per GPU as printed), with what each run
+did that jobctl does not model (HybridEP/DeepEP dispatch, EP-communication overlap, CUDA
+graphs, paged stashing of expert activations, multi-token prediction) and whether jobctl's
+memory model calls the layout runnable.
+
+The rows are split in two halves, alternating in id order: --fit chooses MOE_GEMM_EFFICIENCY per
+GPU generation on the fit half only; the check half is reported. docs/step-time-accuracy.md
+holds the table.
+
+    python benchmarks/moe_step_time.py            # the table with the constants in perf.py
+    python benchmarks/moe_step_time.py --fit      # also: the grid search on the fit half
+    python benchmarks/moe_step_time.py --markdown # the table as markdown (for the docs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jobctl.planner import perf  # noqa: E402
+from jobctl.planner.catalog import GIB, lookup_gpu  # noqa: E402
+from jobctl.planner.memory import estimate  # noqa: E402
+from jobctl_measure.published_throughput import load_moe_rows  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "published_moe_2025.yaml"
+GRID = [round(0.20 + 0.02 * i, 2) for i in range(41)]  # 0.20 .. 1.00
+
+
+def _generation(row) -> str:
+    return perf.generation(row.gpu)
+
+
+def _set(rows, generation: str, value: float) -> None:
+    for r in rows:
+        if _generation(r) == generation:
+            r.links = dataclasses.replace(r.links, moe_efficiency=value)
+    perf.clear_caches()
+
+
+def fit(rows) -> dict:
+    """MOE_GEMM_EFFICIENCY per generation minimising the fit half's mean |error| (the check half
+    is not looked at); the rows' links are put back afterwards."""
+    saved = [(r, r.links) for r in rows]
+    out = {}
+    try:
+        for gen in sorted({_generation(r) for r in rows}):
+            members = [r for r in rows if r.half == "fit" and _generation(r) == gen]
+            if not members:
+                continue
+            scores = []
+            for v in GRID:
+                _set(members, gen, v)
+                scores.append((statistics.mean(abs(r.error) for r in members), v))
+            out[gen] = min(scores)
+    finally:
+        for r, links in saved:
+            r.links = links
+        perf.clear_caches()
+    return out
+
+
+def fits(row) -> tuple[bool, float]:
+    gpu = lookup_gpu(row.gpu)
+    mem = estimate(row.workload, gpu.memory_bytes, row.plan, detail=False)
+    return mem.fits_gpu, mem.total_bytes / GIB
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit", action="store_true", help="search MOE_GEMM_EFFICIENCY on the fit half")
+    ap.add_argument("--markdown", action="store_true", help="the table as markdown")
+    ap.add_argument("--layouts", action="store_true",
+                    help="also: jobctl's own pick on each row's GPUs against the published layout")
+    args = ap.parse_args()
+    rows, skipped = load_moe_rows(DATA)
+    rows.sort(key=lambda r: r.id)
+    md = args.markdown
+    head = ("row", "half", "layout", "measured s", "predicted s", "error", "GiB", "not modelled")
+    print(("| " + " | ".join(head) + " |\n|" + "---|" * len(head)) if md else
+          f"{'row':46} {'half':5} {'layout':30} {'meas s':>7} {'pred s':>7} {'error':>6} {'GiB':>6}  not modelled")
+    for r in rows:
+        ok, gib = fits(r)
+        layout = r.plan.summary().replace(" zero1", "").replace(" recompute=none", "")
+        extra = ", ".join(r.unmodelled + r.assumed) or "-"
+        cells = (r.id, r.half, layout, f"{r.measured_s:.2f}", f"{r.predicted_s:.2f}", f"{r.error:+.1%}",
+                 f"{gib:.1f}" + ("" if ok else " (does not fit)"), extra)
+        print("| " + " | ".join(cells) + " |" if md else
+              f"{r.id:46} {r.half:5} {layout[:30]:30} {cells[3]:>7} {cells[4]:>7} {cells[5]:>6} {cells[6]:>6}  {extra}")
+    print()
+    for half in ("fit", "check"):
+        sel = [r for r in rows if r.half == half]
+        by = {}
+        for r in sel:
+            by.setdefault(_generation(r), []).append(abs(r.error))
+        parts = ", ".join(f"{g} {statistics.mean(v):.1%} ({len(v)})" for g, v in sorted(by.items()))
+        print(f"{half} half: {len(sel)} rows, mean |error| {statistics.mean(abs(r.error) for r in sel):.1%} ({parts})")
+    refused = [r.id for r in rows if not fits(r)[0]]
+    print(f"layouts jobctl's memory model calls 'does not fit': {len(refused)} of {len(rows)}"
+          + (f" ({', '.join(refused)})" if refused else ""))
+    print(f"rows left out: {len(skipped)}")
+    for rid, why in skipped:
+        print(f"  {rid}: {why[:150]}")
+    if args.layouts:
+        from step_time_accuracy import versus_search
+
+        print("\njobctl's pick on the same GPUs (exactly the row's nodes) against the published layout "
+              "(ratio > 1: the pick's predicted step is longer)")
+        ratios = []
+        for r in rows:
+            got = versus_search(r)
+            ratios.append(got["ratio"])
+            ratio = f"{got['ratio']:.2f}" if got["ratio"] else "-"
+            print(f"  {r.id:46} {ratio:>5}  {got['chosen'] or 'nothing fits'}")
+        known = [x for x in ratios if x]
+        if known:
+            print(f"  median {statistics.median(known):.2f}; pick at least as fast (<= 1.001): "
+                  f"{sum(x <= 1.001 for x in known)} of {len(known)}")
+    if args.fit:
+        got = fit(rows)
+        print("\nfit half, MOE_GEMM_EFFICIENCY per generation: " +
+              ", ".join(f"{g} {v} (mean |error| {e:.1%})" for g, (e, v) in got.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
