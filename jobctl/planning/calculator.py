@@ -102,8 +102,10 @@ def _check_choices(a: dict) -> None:
     if seq_len is not None and a["model"] is None:
         raise UsageError("--seq-len needs --model (activations depend on the architecture)")
     if seq_len is not None and a["model"] in PRESETS and PRESETS[a["model"]].moe is not None:
-        raise UsageError(f"--seq-len: the activations of {a['model']}'s routed tokens are not modelled yet",
-                         hint=f"jobctl memory --model {a['model']} (its model states)")
+        raise UsageError(f"--seq-len: {a['model']}'s routed tokens depend on how its experts are split (expert "
+                         "parallelism), which this calculator does not take",
+                         hint=f"jobctl memory --model {a['model']} (its model states), or plan it: "
+                              f"jobctl plan recipes/qwen3-30b-a3b.yaml model={a['model']} --cluster h100")
 
 
 # n parameters as one layer of vectors: their states per parameter do not depend on shapes
