@@ -295,6 +295,7 @@ def test_job_environment_plan_values_derived_by_hand():
         "JOBCTL_PP": "2",
         "JOBCTL_DP": "2",
         "JOBCTL_CP": "1",
+        "JOBCTL_EP": "1",  # a dense model: no expert parallelism
         "JOBCTL_MICRO_BATCH_SIZE": "2",
         "JOBCTL_GRAD_ACCUM_STEPS": "8",
         "JOBCTL_GLOBAL_BATCH_SIZE": "32",
