@@ -151,6 +151,11 @@ def test_megatron_accepts_what_jobctl_renders():
                 [i % freq == 0 for i in range(model.layers)]
             assert routes == [model.moe.is_moe(i) for i in range(model.layers)]
             assert r["mla"] == (model.mla is not None)
+            # MLA's norms on its compressed latents and Qwen3's per-head q/k norms are in the model
+            # jobctl counts (moe.attention_params): Megatron builds them only with --qk-layernorm
+            assert r["qk_layernorm"] == (model.mla is not None or model.qk_norm)
+            # DeepSeek-V3's sequence-wise balancing beside its expert bias; the others' aux loss
+            assert r["moe_router_load_balancing_type"] == ("seq_aux_loss" if model.moe.score_bias else "aux_loss")
         # FP8 weights gathered in FP8 under the distributed optimizer (per-tensor and MXFP8 scaling)
         fp8_weights = p["sharding"] == "zero1" and (precision == "mxfp8" or (
             precision == "fp8" and (recipe or "tensorwise") in ("tensorwise", "delayed")))

@@ -200,7 +200,7 @@ def _moe_flags(plan, w) -> list:
     m, a = w.model, []
     if m.explicit_head_dim and m.mla is None:
         a += ["--kv-channels", m.explicit_head_dim]
-    if m.qk_norm:
+    if m.qk_norm or m.mla is not None:  # MLA: the norms on the compressed q and kv latents
         a.append("--qk-layernorm")
     if m.mla is not None:
         x = m.mla
@@ -213,8 +213,12 @@ def _moe_flags(plan, w) -> list:
         return a
     a += ["--num-experts", x.experts, "--moe-ffn-hidden-size", x.expert_ffn, "--moe-router-topk", x.top_k,
           "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", 1,
-          "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall",
-          "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", num(MOE_AUX_LOSS_COEFF)]
+          "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+    # the load-balancing loss the model was trained with: DeepSeek-V3's small sequence-wise loss
+    # beside its expert bias, the others' auxiliary loss (Megatron-LM's default is none; jobctl
+    # models a balanced router, so the rendered run balances it)
+    balance, coeff = ("seq_aux_loss", 1e-4) if x.score_bias else ("aux_loss", MOE_AUX_LOSS_COEFF)
+    a += ["--moe-router-load-balancing-type", balance, "--moe-aux-loss-coeff", num(coeff)]
     if x.shared_experts:
         a += ["--moe-shared-expert-intermediate-size", x.shared_experts * (x.shared_ffn or x.expert_ffn)]
     if m.moe_layers != m.layers:
@@ -226,10 +230,12 @@ def _moe_flags(plan, w) -> list:
     return a
 
 
-# The auxiliary load-balancing loss's weight (Megatron-LM's default is 0.0, no balancing; 1e-2 is
-# Mixtral's router_aux_loss_coef and Megatron-Core's MoE examples use 1e-2 or 1e-3): the planner
-# models a balanced router, so the rendered run balances it.
-MOE_AUX_LOSS_COEFF = 1e-2
+# The auxiliary load-balancing loss's weight (Megatron-LM's default is 0.0, no balancing): 1e-3,
+# the router_aux_loss_coef of Mixtral's and Qwen3-MoE's released configs (transformers'
+# MixtralConfig, Qwen3MoeConfig) and Megatron-Bridge's Qwen3 MoE bridge (qwen3_moe_bridge.py:65
+# @067f987df0). DeepSeek-V3 (a router with expert bias): a sequence-wise loss of 1e-4, its
+# paper's alpha, as Megatron-Bridge's deepseek_v3_bridge.py:68-71 sets it.
+MOE_AUX_LOSS_COEFF = 1e-3
 
 
 def _schedule_flags(w) -> list:
