@@ -51,9 +51,10 @@ def _set(rows, generation: str, value: float) -> None:
 def fit(rows) -> dict:
     """MOE_GEMM_EFFICIENCY per generation minimising the fit half's mean |error| (the check half
     is not looked at); the rows' links are put back afterwards."""
-    saved = [(r, r.links) for r in rows]
+    from step_time_accuracy import _restored
+
     out = {}
-    try:
+    with _restored(rows):
         for gen in sorted({_generation(r) for r in rows}):
             members = [r for r in rows if r.half == "fit" and _generation(r) == gen]
             if not members:
@@ -63,10 +64,6 @@ def fit(rows) -> dict:
                 _set(members, gen, v)
                 scores.append((statistics.mean(abs(r.error) for r in members), v))
             out[gen] = min(scores)
-    finally:
-        for r, links in saved:
-            r.links = links
-        perf.clear_caches()
     return out
 
 

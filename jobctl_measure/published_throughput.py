@@ -14,7 +14,7 @@ the targets.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -54,6 +54,7 @@ class Row:
     half: str = ""
     scored: bool = True  # False: the source leaves out part of the configuration, or other hardware
     why_not_scored: str = ""
+    unmodelled: list = field(default_factory=list)  # what the run did that jobctl does not model (MoE rows)
 
     @property
     def predicted_s(self) -> float:
@@ -99,6 +100,15 @@ GPUS_PER_NODE = {"gb200-186gb": 4}  # a GB200 compute tray: 2 Grace CPUs, 4 Blac
 EAGER_SOURCES = ("narayanan2021", "megatron_readme_2021", "korthikanti2022", "bloom_tr11")
 SHARDING = {"none": "none", "zero1": "zero1", "fsdp": "zero3", "fsdp-shard-grad-op": "zero2", None: "zero1"}
 RECOMPUTE = {"full": "full", "selective": "selective", "op-sac": "selective", "none": "none", None: "none"}
+
+
+def _links(gpu, precision: str) -> Links:
+    """A catalog GPU's links and fitted efficiencies, as the planner builds them for a
+    partition that says nothing of its own (planner/inputs.py links)."""
+    low = low_precision_ceiling(gpu.key, precision)
+    return Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
+                 gpu.peak_tflops(precision), gemm_ceiling(gpu.key), te_gemm_ceiling(gpu.key),
+                 gpu.low_precision_tflops(precision) if low else 0.0, low, moe_gemm_ceiling(gpu.key))
 
 
 def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -172,10 +182,7 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, sharding, mbs, gb // (dp * mbs), gb,
                     RECOMPUTE[p.get("recompute")], "none", sp, vp, 0, p.get("recompute_layers") or 0)
-        low = low_precision_ceiling(gpu.key, precision)
-        links = Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
-                      gpu.peak_tflops(precision), gemm_ceiling(gpu.key), te_gemm_ceiling(gpu.key),
-                      gpu.low_precision_tflops(precision) if low else 0.0, low)
+        links = _links(gpu, precision)
         if r["framework"] == "meta-internal":
             links = dataclasses.replace(links, te_gemm_efficiency=0.0)
         link_gpus = max(gpn, min(gpu.nvlink_domain_gpus, r["gpus"]))
@@ -201,7 +208,7 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
 
 # Megatron-Bridge's MoE settings jobctl does not model (each row of published_moe_2025.yaml says
 # which it ran): the run is scored as jobctl would plan it, and the table names these beside it.
-MOE_UNMODELLED = (("dispatcher", lambda s: s.get("dispatcher") not in (None, "alltoall"), "HybridEP/DeepEP"),
+MOE_UNMODELLED = (("dispatcher", lambda v: v not in (None, "alltoall"), "HybridEP/DeepEP"),
                   ("overlap_ep_comm", bool, "EP overlap"), ("cuda_graphs", lambda v: v not in (None, "none"), "graphs"),
                   ("paged_stash", lambda v: v not in (None, "none"), "stash"), ("mtp_layers", bool, "MTP"))
 
@@ -248,15 +255,12 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, "zero1", mbs, gb // (dp * mbs), gb, recompute, "none",
                     bool(p.get("sequence_parallel")), p.get("vp") or 1, 0, p.get("recompute_layers") or 0,
                     p.get("ep") or 1)
-        low = low_precision_ceiling(gpu.key, precision)
-        links = Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
-                      gpu.peak_tflops(precision), gemm_ceiling(gpu.key), te_gemm_ceiling(gpu.key),
-                      gpu.low_precision_tflops(precision) if low else 0.0, low, moe_gemm_ceiling(gpu.key))
+        links = _links(gpu, precision)
         link_gpus = max(gpn, min(gpu.nvlink_domain_gpus, r["gpus"]))
         measured = gb * seq / (r["measured"]["tokens_per_s_per_gpu"] * r["gpus"])
         row = Row(r["id"], r["source"], "megatron", r["gpu"], r["gpus"], link_gpus, w, plan, links, measured,
                   "tokens/s per GPU as published", assumed)
-        row.unmodelled = [label for key, on, label in MOE_UNMODELLED if on(s.get(key) if key != "dispatcher" else s)]
+        row.unmodelled = [label for key, on, label in MOE_UNMODELLED if on(s.get(key))]
         rows.append(row)
     for i, row in enumerate(sorted(rows, key=lambda x: x.id)):
         row.half = "fit" if i % 2 == 0 else "check"

@@ -290,6 +290,10 @@ class StepShape(NamedTuple):
     offload: str = "none"
     ep: int = 1
 
+    @property
+    def expert_dp(self) -> int:
+        return self.tp * self.cp * self.dp // self.ep  # as Plan.expert_dp
+
 
 def step_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: int) -> float:
     """Seconds per optimizer step (estimate_step's step_time_s without its other figures: the
@@ -309,7 +313,7 @@ def _step_parts(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> tu
     if w.model.moe is not None:  # the routed experts: their gradients reduced, their step taken, over expert DP
         experts = layers_max * w.model.routed_params_per_layer / plan.ep
         dp += _expert_data_parallel(w, plan, links, gpus_per_node, stage_mb, experts)
-        optimizer += _optimizer_and_offload(w, plan, links, experts, plan.tp * plan.cp * plan.dp // plan.ep)[0]
+        optimizer += _optimizer_and_offload(w, plan, links, experts, plan.expert_dp)[0]
     step = pipeline + bubble + dp + optimizer + offload
     return step, layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, dp, optimizer, offload
 
@@ -495,7 +499,7 @@ def _expert_data_parallel(w: Workload, plan, links: Links, gpus_per_node: int, s
     holding the same experts: tp·cp·dp/ep), overlapped with the backward like the dense
     gradients' (Megatron-Core keeps expert parameters in their own buffers and reduces them over
     that group); seconds per step not hidden."""
-    n = plan.tp * plan.cp * plan.dp // plan.ep  # Plan.expert_dp
+    n = plan.expert_dp
     if n <= 1:
         return 0.0
     grad_b = 4 if w.precision == "fp32" else 2 if w.grad_reduce_dtype == "bf16" else w.caps.reduce_bytes
