@@ -123,8 +123,11 @@ import time
 GIB = 1 << 30
 TOL = 0.05
 DEFAULT_LAYOUTS = ("b1-none", "b1-full", "b1-sac")
-MODELS = ("8B", "70B", "405B")  # torchtitan's llama3_configs keys
-PRESET_OF = {"8B": "llama3.1-8b", "70B": "llama3.1-70b", "405B": "llama3.1-405b"}
+MODELS = ("8B", "70B", "405B", "30B-A3B")  # torchtitan's llama3_configs keys, and qwen3_configs' MoE
+PRESET_OF = {"8B": "llama3.1-8b", "70B": "llama3.1-70b", "405B": "llama3.1-405b", "30B-A3B": "qwen3-30b-a3b"}
+MOE_MODELS = ("30B-A3B",)  # torchtitan's Qwen3Model with MoE blocks (models/qwen3/__init__.py _30b_a3b)
+# jobctl's MoE terms, and the submodule of torchtitan's MoE block whose saved tensors each one is
+MOE_TERMS = ("router", "routed tokens", "expert intermediates")
 AC_NAMES = {"none": "none", "full": "full", "sac": "selective"}
 
 # tracker category -> comparison group (jobctl's group names)
@@ -421,6 +424,113 @@ def _tracker_class():
     return Tracker
 
 
+def _patch_router_for_cuda_autocast():
+    """torchtitan's router computes its gate under torch.autocast(dtype=float32) (models/common/
+    moe.py TokenChoiceTopKRouter.forward). CUDA autocast runs that linear on fp32 copies of its
+    input and weight, which autograd keeps; CPU autocast does not support float32 and is
+    disabled (a warning), so on CPU the gate would run in bf16 and keep the bf16 input. The gate
+    is made to do what CUDA's autocast does: F.linear on fp32 copies."""
+    import torch.nn.functional as F
+    from torchtitan.models.common import moe as tt_moe
+
+    router = tt_moe.TokenChoiceTopKRouter
+    if getattr(router, "_jobctl_fp32_gate", False):
+        return
+    orig = router.forward
+
+    def forward(self, x, expert_bias=None):
+        gate = self.gate
+        gate.forward = lambda inp: F.linear(inp.float(), gate.weight.float())
+        try:
+            return orig(self, x, expert_bias)
+        finally:
+            del gate.forward  # the class's forward again
+
+    router.forward = forward
+    router._jobctl_fp32_gate = True
+
+
+class _MoeTerms:
+    """What one MoE block's submodules keep for backward, by jobctl's term: the router's saved
+    tensors ("router"), the routed experts' h-wide tensors and the dispatcher's indices and
+    scores ("routed tokens"), the grouped experts' f_e-wide tensors ("expert intermediates"),
+    the attention's ("attention"), the norms' ("norms"). Saved tensors are seen through autograd's
+    saved_tensors_hooks and counted once per storage; parameters and module buffers (the RoPE
+    cache) are not activations and are left out. The block traced is the second (the first
+    when there is one)."""
+
+    def __init__(self, model):
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self._ref = StorageWeakRef
+        blocks = list(model.layers.values()) if hasattr(model.layers, "values") else list(model.layers)
+        blk = blocks[1] if len(blocks) > 1 else blocks[0]
+        self.hidden = blk.moe.routed_experts.inner_experts.w1_EFD.shape[-1]
+        self.stack = ["other"]
+        self.skip: set = set()
+        self.saved: dict = {}
+        labels = {blk.attention_norm: "norms", blk.ffn_norm: "norms", blk.attention: "attention",
+                  blk.moe.router: "router", blk.moe.routed_experts: "routed",
+                  blk.moe.routed_experts.inner_experts: "experts"}
+        for mod, label in labels.items():
+            mod.register_forward_pre_hook(self._enter(label))
+            mod.register_forward_hook(self._leave)
+
+    def _enter(self, label):
+        def pre(mod, args):
+            self.stack.append(label)
+            for t in (*mod.parameters(), *mod.buffers()):
+                self.skip.add(self._ref(t.untyped_storage()))
+        return pre
+
+    def _leave(self, mod, args, out):
+        self.stack.pop()
+
+    def _pack(self, t):
+        label = self.stack[-1]
+        if label != "other":
+            ref = self._ref(t.untyped_storage())
+            if ref not in self.skip and ref not in self.saved:
+                if label == "experts":
+                    label = "routed tokens" if t.dim() < 2 or t.shape[-1] == self.hidden else "expert intermediates"
+                elif label == "routed":
+                    label = "routed tokens"
+                self.saved[ref] = (label, t.untyped_storage().nbytes())
+        return t
+
+    def __enter__(self):
+        import torch
+        self.saved.clear()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+    def totals(self) -> dict:
+        out: dict = {}
+        for label, nbytes in self.saved.values():
+            out[label] = out.get(label, 0) + nbytes
+        return out
+
+
+class _Both:
+    """Two context managers as one (the attention probe and the MoE terms around one forward)."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __enter__(self):
+        self.a.__enter__()
+        self.b.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.b.__exit__(*exc)
+        return self.a.__exit__(*exc)
+
+
 def _attn_probe_class():
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -464,7 +574,11 @@ def _torchtitan_config(env, model_name: str, ac: str, seq_len: int, layers: int,
     from torchtitan.models.llama3 import llama3_configs
 
     parallelism = ParallelismConfig(spmd_backend=env.backend, **parallelism_kw)
-    cfg = llama3_configs[model_name](attn_backend="flex")
+    if model_name in MOE_MODELS:
+        from torchtitan.models.qwen3 import qwen3_configs
+        cfg = qwen3_configs[model_name](attn_backend="flex")
+    else:
+        cfg = llama3_configs[model_name](attn_backend="flex")
     cfg.layers = cfg.layers[:layers]
     # Trainer: model_config.update_from_config(config=...) sets the sharding configs
     # (and the RoPE cache length to training.seq_len, done by hand below).
@@ -482,11 +596,14 @@ def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, l
     from torchtitan.components.loss import CrossEntropyLoss
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.models.llama3 import parallelize_llama
+    from torchtitan.models.qwen3.parallelize import parallelize_qwen3
 
     parallelism, cfg, ac_config = _torchtitan_config(env, model_name, ac, seq_len, layers)
+    if model_name in MOE_MODELS:
+        _patch_router_for_cuda_autocast()
     with torch.device("meta"):
         model = cfg.build()
-    model = parallelize_llama(
+    model = (parallelize_qwen3 if model_name in MOE_MODELS else parallelize_llama)(
         model, parallel_dims=env.parallel_dims, training=TrainingConfig(), parallelism=parallelism,
         compile_config=CompileConfig(), ac_config=ac_config, dump_folder="/tmp")
     model.to_empty(device="cpu")
@@ -671,9 +788,10 @@ def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, 
         tracker = _tracker_class()(model, opt)
         tracker.track_inputs(inputs)
         probe = _attn_probe_class()()
+        moe = _MoeTerms(model) if model_name in MOE_MODELS else None
         t1 = time.perf_counter()
         with tracker:
-            step(probe)
+            step(_Both(probe, moe) if moe is not None else probe)
         t_step = time.perf_counter() - t1
 
     # per block: Activation bytes still held after its first forward (saved for backward
@@ -700,6 +818,7 @@ def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, 
         "group_max": dict(tracker.group_max), "group_max_where": dict(tracker.group_max_where), "peak_where": tracker.peak_where,
         "per_block_activation": [per_block[i] for i in sorted(per_block)],
         "attention_ops": {k: {"calls": c, "output_bytes": b} for k, (c, b) in probe.ops.items()},
+        "block_terms": moe.totals() if moe is not None else {},
         "seconds": {"build": t_build, "warmup_step": t_warm, "traced_step": t_step,
                     "total": time.perf_counter() - t0},
     }
@@ -753,7 +872,7 @@ def record_allocations(env, model_name: str, batch: int, ac: str, seq_len: int, 
 
 def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1,
              impl: str = "torchtitan", pp: int = 1, stage: str = "first", virtual: int = 1) -> dict:
-    from jobctl.planner.memory import Workload, estimate_stage, stored_layer_bytes
+    from jobctl.planner.memory import Workload, estimate_stage, layer_activation_terms, stored_layer_bytes
     from jobctl.planner.models import PRESETS
     from jobctl.planner.plan import Plan
 
@@ -778,6 +897,7 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
     terms = bd["terms"]
     outside = sum(t["bytes"] for t in terms if t["name"] in OUTSIDE_ALLOCATOR)
     return {"terms": [{"name": t["name"], "group": t["group"], "bytes": t["bytes"]} for t in terms],
+            "layer_terms": {n: v for n, v, _ in layer_activation_terms(w, p, mb)},
             "per_block_activation": stored_layer_bytes(w, p, mb),
             "reserved": bd["total_bytes"] - outside}
 
@@ -812,6 +932,16 @@ def compare(tr: dict, mo: dict) -> list[dict]:
         mean = sum(pb) / len(pb)
         rows.append({"group": f"per block, mean of {len(pb)}", "traced": None, "traced_max": mean,
                      "modelled": mo["per_block_activation"]})
+    bt = tr.get("block_terms") or {}
+    if bt and mo["layer_terms"]:  # what one MoE block keeps, term by term (no recompute: all of it)
+        lt = mo["layer_terms"]
+        for name in MOE_TERMS:
+            rows.append({"group": f"  {name}", "traced": None, "traced_max": bt.get(name, 0), "modelled": lt.get(name, 0)})
+        att = sum(v for n, v in lt.items() if n in ("qkv input", "q, k, v", "q/k norm inputs", "attention lse",
+                                                      "attention output"))
+        rows.append({"group": "  attention", "traced": None, "traced_max": bt.get("attention", 0), "modelled": att})
+        rows.append({"group": "  norms", "traced": None, "traced_max": bt.get("norms", 0),
+                     "modelled": lt.get("rmsnorm inputs", 0)})
     rows.append({"group": "overhead (not traced)", "traced": None, "traced_max": None, "modelled": overhead})
     for r in rows:  # each group against its own maximum over the step; total against the peak
         ref = r["traced_max"]
@@ -836,7 +966,7 @@ def print_layout(name, batch, ac, args, tr, mo, rows):
     s = tr["seconds"]
     par = f"FSDP2 x{args.ranks // (args.tp * args.pp)}" + (f" x TP {args.tp}" if args.tp > 1 else "") + (
         f" x PP {args.pp} {args.schedule} ({args.stage} stage)" if args.pp > 1 else "")
-    who = "llama3" if args.impl == "torchtitan" else "HF llama"
+    who = ("qwen3" if args.model in MOE_MODELS else "llama3") if args.impl == "torchtitan" else "HF llama"
     print(f"\n== {name}: {who} {args.model} ({args.layers} layers), {par}, local batch {batch}, "
           f"seq {args.seq_len}, AC {ac}"[:120])
     where = (tr["peak_where"] or "?").replace("FSDPLlama3Model.", "").replace("FSDPLlama3Model", "model")
@@ -945,6 +1075,9 @@ def main() -> int:
         raise SystemExit("--pp traces torchtitan only, and its middle and last stages with --tp 1 only")
     if args.steps < 1:
         raise SystemExit("--steps must be 1 or more")
+    if args.model in MOE_MODELS and (args.tp > 1 or args.pp > 1 or args.impl != "torchtitan"):
+        raise SystemExit(f"--model {args.model} traces torchtitan's MoE under FSDP only (--tp 1 --pp 1): expert "
+                         "parallelism's all-to-all sizes its buffers from the routing, which fake tensors do not have")
     if args.stage == "middle" and args.pp < 3:
         raise SystemExit("--stage middle needs --pp 3 or more")
     layouts = [(n, *parse_layout(n)) for n in args.layouts]
@@ -968,7 +1101,8 @@ def main() -> int:
            "layouts": []}
     if not args.json and not args.allocator:
         tp = (f" x TP {args.tp}" if args.tp > 1 else "") + (f" x PP {args.pp}" if args.pp > 1 else "")
-        who = "torchtitan llama3" if args.impl == "torchtitan" else "transformers LlamaForCausalLM (accelerate FSDP2)"
+        who = (("torchtitan qwen3 (MoE)" if args.model in MOE_MODELS else "torchtitan llama3") if args.impl == "torchtitan"
+               else "transformers LlamaForCausalLM (accelerate FSDP2)")
         print(f"torch {torch.__version__}; {who} {args.model} under FakeTensorMode (CPU), FSDP2 "
               f"x{args.ranks // (args.tp * args.pp)}{tp} ({args.ranks} fake ranks).\nGiB per rank. 'at peak': the tracker's breakdown when the "
               f"total peaked; 'own max': the\ngroup's own maximum over the step. diff = (modelled - "

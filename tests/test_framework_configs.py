@@ -80,6 +80,9 @@ MATRIX = {
         ("llama70b", "h100", ["framework=torchtitan", "parallelism.recompute=selective"]),
         ("llama8b", "h100", ["parallelism.cp=2", "parallelism.sharding=zero3"]),
         ("llama8b", "a10g", ["parallelism.offload=optimizer+params"]),
+        # expert parallelism over FSDP (--module=qwen3 --config=qwen3_30b_a3b, expert_parallel_degree)
+        ("qwen3-30b-a3b", "h100", ["framework=torchtitan"]),
+        ("qwen3-30b-a3b", "h100", ["framework=torchtitan", "parallelism.tp=2", "parallelism.ep=16"]),
     ],
     "deepspeed": [
         ("llama3.2-1b-a10g", "a10g", []),
@@ -246,8 +249,27 @@ def test_torchtitan_accepts_what_jobctl_renders():
         # train.compile auto: compiled, with async TP wherever tp > 1 is sequence-parallel
         assert r["compile"] is True
         assert r["async_tp"] == (p["tp"] > 1 and p["sequence_parallel"])
+        # experts: the model the run builds has the recipe's, and its meshes fold EP into
+        # dp_shard x cp x tp as jobctl's expert data parallelism counts it
+        if case["case"][0] == "qwen3-30b-a3b":  # Qwen/Qwen3-30B-A3B config.json: 128 experts, 8 per token
+            assert (r["experts"], r["top_k"]) == (128, 8)
+            assert r["ep"] == p["ep"] > 1
+            assert r["efsdp"] * r["ep"] == p["dp"] * p["cp"] * p["tp"]  # jobctl's expert DP x EP
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)
     assert any(c["plan"]["tp"] > 1 for c in cases)  # async TP was exercised
+    assert sum(c["plan"]["ep"] > 1 for c in cases) == 2
+
+
+def test_torchtitan_checker_refuses_an_expert_parallel_size_that_does_not_fold():
+    """ep must divide dp_shard x cp x tp (the experts' mesh is carved from those ranks)."""
+    _need("torchtitan")
+    base = next(c for c in plans("torchtitan") if c["plan"]["ep"] > 1)
+    p = base["plan"]
+    assert (p["dp"] * p["cp"] * p["tp"]) % 3
+    args = [a if not a.startswith("--parallelism.expert_parallel_degree=") else
+            "--parallelism.expert_parallel_degree=3" for a in base["framework"]["args"]]
+    r = run_checker("torchtitan", [dict(base, framework=dict(base["framework"], args=args))])[0]
+    assert not r["ok"] and "mesh_sizes" in r["error"], r  # build_mesh cannot unflatten the ranks
 
 
 def test_torchtitan_checker_refuses_async_tp_without_compile():

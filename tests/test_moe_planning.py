@@ -122,12 +122,76 @@ def test_a_pinned_ep_is_kept_and_a_wrong_one_refused():
     assert any("has no experts to split" in x for x in json.loads(r.stdout)["reasons"])
 
 
-@pytest.mark.parametrize("framework", ["torchtitan", "deepspeed", "fsdp", "custom"])
+@pytest.mark.parametrize("framework", ["deepspeed", "fsdp", "custom"])
 def test_frameworks_without_moe_say_so_and_name_the_one_with_it(framework):
     w = Workload(PRESETS["qwen3-30b-a3b"], 4096, 512, framework=framework)
     res = search(w, h100(), Constraints())
     assert res.best is None and res.considered == 0
-    assert any(f"not {framework}" in x and "megatron" in x for x in res.reasons), res.reasons
+    assert any(f"not {framework}" in x and "megatron, torchtitan" in x for x in res.reasons), res.reasons
+
+
+def test_torchtitan_plans_qwen3_moe_with_its_registry_config_and_expert_parallelism():
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "framework=torchtitan", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    p, args = d["plan"], d["framework"]["args"]
+    assert args[:2] == ["--module=qwen3", "--config=qwen3_30b_a3b"]  # torchtitan's own 30B-A3B
+    assert f"--parallelism.expert_parallel_degree={p['ep']}" in args and p["ep"] > 1
+    assert "--training.disable_cuda_graphs" in args  # the all-to-all's sizes go through the CPU
+    assert p["sharding"] in ("zero3", "hsdp") and p["recompute"] != "selective"
+
+
+def test_torchtitan_refuses_mla_and_what_it_does_not_model_of_moe():
+    from jobctl.frameworks import torchtitan
+
+    w = Workload(PRESETS["deepseek-v3"], 4096, 512, framework="torchtitan")
+    res = search(w, h100(), Constraints())
+    assert res.best is None and any("multi-head latent attention" in x and "megatron" in x for x in res.reasons)
+    q = Workload(PRESETS["qwen3-30b-a3b"], 4096, 512, framework="torchtitan")
+    z3 = dict(sharding="zero3", grad_accum_steps=64)
+    assert any("splits the experts by tensor parallelism" in x
+               for x in torchtitan.problems(plan(tp=2, dp=4, ep=1, sequence_parallel=True, **z3), q))
+    assert any("selective recompute of an MoE block" in x
+               for x in torchtitan.problems(plan(ep=8, recompute="selective", **z3), q))
+    assert any("ep 16 does not divide it" in x for x in torchtitan.problems(plan(ep=16, **z3), q))
+    assert not torchtitan.problems(plan(tp=2, dp=4, ep=8, sequence_parallel=True, **z3), q)
+
+
+def test_torchtitan_moe_activations_by_hand():
+    # torchtitan's MoE block (models/common/moe.py, token_dispatcher.py), Qwen3-30B-A3B, s·b = T
+    # tokens, k = 8 copies each, no recompute, tp 1. The router's gate under autocast(float32)
+    # keeps fp32 copies of its input (4·h per token) and its weight (4·E·h); softmax its fp32
+    # probabilities (4·E); top-k: int64 ids (8·k), the gathered scores and their sum for the
+    # normalisation (4·k + 4). The dispatcher: argsort ids and token ids (2 · 8 B per copy), the
+    # sorted scores (4 B), the gathered 16-bit copies (2·h, kept by the w1/w3 grouped GEMMs);
+    # the combine's fp32 cast of each expert output (4·h). The experts: w1 and w3 outputs, SiLU
+    # output and the product (4 · 2·f_e per copy). The norm's 16-bit output is kept by nobody
+    # (the router keeps its fp32 copy; Qwen3 has no shared expert).
+    w = Workload(PRESETS["qwen3-30b-a3b"], 4096, 512, framework="torchtitan")
+    terms = {n: b for n, b, _ in layer_activation_terms(w, plan(sharding="zero3"), 1)}
+    T, k, h, E, fe = 4096, 8, 2048, 128, 768
+    assert terms["router"] == pytest.approx(T * (4 * h + 4 * E + 8 * k + 4 * k + 4) + 4 * E * h)
+    assert terms["routed tokens"] == pytest.approx(k * T * (2 * h + 4 * h + 8 + 8 + 4))
+    assert terms["expert intermediates"] == pytest.approx(4 * 2 * k * T * fe)
+    assert "mlp input" not in terms
+    # Qwen3's q/k RMSNorms keep each head's 16-bit input and fp32 rstd: 32 query and 4 key heads of 128
+    assert terms["q/k norm inputs"] == pytest.approx(T * (32 + 4) * (2 * 128 + 4))
+
+
+def test_fsdp_gathers_an_moe_block_with_the_ranks_experts():
+    # torchtitan wraps each block whole (experts included) in one FSDP unit: the gathered unit is
+    # the block's attention, router and norms plus its 128 / ep experts' (gate, up, down) h x f_e,
+    # or the V x h output layer where that is larger (ep 8: 75M expert parameters, 311M in V x h)
+    w = Workload(PRESETS["qwen3-30b-a3b"], 4096, 512, framework="torchtitan")
+    dense_block = PRESETS["qwen3-30b-a3b"].layer_params()
+    for ep, larger in ((1, "block"), (8, "output")):
+        mem = estimate(w, 80 * 2**30, plan(sharding="zero3", grad_accum_steps=64, ep=ep))
+        block, output = dense_block + 128 // ep * 3 * 2048 * 768, 151936 * 2048
+        unit = block if larger == "block" else output
+        assert unit == max(block, output)
+        # gathered twice in bf16 (this block and the prefetched one) + its bf16 gradient and the
+        # fp32 reduce-scatter input
+        assert term(mem, "gathered weights") == pytest.approx(unit * (2 * 2 + 2 + 4))
 
 
 def test_moe_with_tp_needs_sequence_parallelism_as_megatron_says():

@@ -124,9 +124,21 @@ class Capabilities:
     # buffer per micro-batch for every boundary tensor it receives (activations from the previous
     # stage, gradients from the next) and keeps them all through the step
     pp_stage_recv_buffers: bool = False
-    # mixtures of experts (expert parallelism, routed experts, their dispatcher) and DeepSeek's
-    # multi-head latent attention, rendered and modelled
+    # mixtures of experts (expert parallelism, routed experts, their dispatcher), rendered and
+    # modelled; DeepSeek's multi-head latent attention (mla)
     moe: bool = False
+    mla: bool = False
+    # the MoE layer is torchtitan's eager one (models/common/moe.py, token_dispatcher.py): the
+    # router's gate runs under autocast to fp32 and keeps an fp32 copy of its input and the
+    # probabilities; the dispatcher sorts the copies by expert with int64 indices; the combine
+    # weights each copy's output in fp32 and keeps that fp32 copy; the norm's 16-bit output is
+    # kept only by shared experts. False: Megatron-Core's layer (TE grouped GEMMs, alltoall)
+    moe_fp32_copies: bool = False
+    # the per-head q/k RMSNorms' saved inputs (Qwen3) are counted; False for Megatron-Core, whose
+    # TE RMSNorm keeps them by its code, but counting them refuses NVIDIA's measured Qwen3 30B-A3B
+    # run on 8 B200 (MXFP8, micro-batch 4): another of its untraced MoE terms over-counts at least
+    # as much (docs/memory-accuracy.md, issue 31's third step)
+    qk_norm_counted: bool = True
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def offers(self, what: str, value: Any) -> bool:

@@ -54,6 +54,8 @@ CAPS = Capabilities(
     in_place_cross_entropy=True,
     fused_cross_entropy_logit_bytes=10.0,
     moe=True,
+    mla=True,
+    qk_norm_counted=False,
     sources=(
         ("--cross-entropy-loss-fusion (native impl) runs the same steps as jit-compiled functions "
          "(torch.compile); compiled, the gradient is not made in place: backward holds the kept fp32 "

@@ -74,7 +74,20 @@ CAPS = Capabilities(
     loss_parallel_logit_bytes=16.0,
     pp_split_counts_ends=True,
     pp_stage_recv_buffers=True,
+    moe=True,
+    moe_fp32_copies=True,
     sources=(
+        ("mixtures of experts: parallelism.expert_parallel_degree; the experts' mesh borrows its ranks "
+         "from FSDP and TP (efsdp = dp_shard x cp x tp / ep: expert tensor parallelism 1 when ep > 1); "
+         "with ep 1 and tp > 1 the experts are split by TP instead", f"{TT} config/configs.py ParallelismConfig, "
+         "distributed/parallel_dims.py, models/common/moe_sharding.py"),
+        ("an MoE block is one FSDP unit, its routed experts sharded over efsdp (their own mesh when ep > 1)",
+         f"{TT} distributed/fsdp.py apply_fsdp_to_decoder"),
+        ("the MoE layer: fp32 gate under autocast, top-k of softmax/sigmoid scores, argsort dispatch, "
+         "grouped GEMMs (torch._grouped_mm), fp32-weighted combine by scatter_add; no capacity factor in the "
+         "default all-to-all dispatcher", f"{TT} models/common/moe.py, token_dispatcher.py"),
+        ("registered MoE configs: qwen3_30b_a3b (Qwen3 30B-A3B), deepseek_v3_16b/671b (MLA)",
+         f"{TT} models/qwen3/config_registry.py, models/deepseek_v3/config_registry.py"),
         ("the default pipeline split gives each of the p stages (L + 2) // p 'layers', the first "
          "(L + 2) % p stages one more, the embedding counting as one on the first stage and the norm "
          "and output layer as one on the last (pipeline_parallel_first/last_stage_less_layers = 1); "
@@ -120,7 +133,8 @@ CAPS = Capabilities(
          f"{TT} config/configs.py TrainingConfig"),
         ("mixed precision: mixed_precision_param bfloat16|float32, mixed_precision_reduce float32 only; "
          "fp32 sharded parameters are the master copy", f"{TT} config/configs.py"),
-        ("pipeline parallelism needs --training.disable_cuda_graphs; weight tying is refused under PP",
+        ("pipeline parallelism needs --training.disable_cuda_graphs, and so does expert parallelism with the "
+         "all-to-all dispatcher (its split sizes go through the CPU); weight tying is refused under PP",
          f"{TT} trainer.py _validate_cuda_graphs; models/common/decoder.py"),
         ("gradient accumulation = global / (local_batch_size x dp_replicate x dp_shard); under PP "
          "local_batch_size is split into pipeline_parallel_microbatch_size micro-batches", f"{TT} trainer.py"),
@@ -132,11 +146,15 @@ CAPS = Capabilities(
 
 # The Llama 3 configs torchtitan registers (torchtitan/models/llama3/config_registry.py).
 KNOWN_CONFIGS = {"8b": "llama3_8b", "70b": "llama3_70b"}  # llama3_405b turns on float8 (torchao)
+# ... and the mixtures of experts jobctl plans for it (models/qwen3/config_registry.py)
+KNOWN_MOE_CONFIGS = {"qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b")}
 
 
 def registry_config(model) -> tuple[str, str] | None:
     """(module, config function) of a model torchtitan registers, or None."""
     name = model.name.lower()
+    if model.moe is not None:
+        return KNOWN_MOE_CONFIGS.get(name)
     if model.family != "llama" or not re.match(r"^(meta-)?llama-?3(\.\d)?-", name):
         return None
     size = name.rsplit("-", 1)[-1]
@@ -175,6 +193,8 @@ def problems(plan, w) -> list[str]:
         out.append(f"torchtitan needs seq_len divisible by tp x 2cp = {div} (trainer.py): {w.seq_len} % {div}")
     if plan.pp > 1 and w.model.tied_embeddings:
         out.append("torchtitan refuses weight tying under pipeline parallelism (decoder.py)")
+    if w.model.moe is not None:
+        out += _moe_problems(plan, w)
     if v > 1:
         if layers_per_stage(plan, w) is None:
             out.append(f"Interleaved1F1B: {w.model.layers} layers + embedding + output = {w.model.layers + 2} "
@@ -184,6 +204,24 @@ def problems(plan, w) -> list[str]:
         if n % rounds:
             out.append(f"Interleaved1F1B needs the micro-batch count ({n}) divisible by its rounds ({rounds} = "
                        f"max(1, {n} // pp)) (torch.distributed.pipelining ScheduleInterleaved1F1B)")
+    return out
+
+
+def _moe_problems(plan, w) -> list[str]:
+    """What torchtitan's expert parallelism allows of a plan, and what jobctl models of it."""
+    out = []
+    ep = plan.ep
+    rep, shard = degrees(plan)
+    region = shard * plan.cp * plan.tp  # the dense region the experts' mesh folds into
+    if region % ep:
+        out.append(f"torchtitan folds expert parallelism into dp_shard x cp x tp = {region} ranks "
+                   f"(parallel_dims.py: efsdp = dp_shard·cp·tp / ep): ep {ep} does not divide it")
+    if plan.tp > 1 and ep == 1:
+        out.append("with ep 1 torchtitan splits the experts by tensor parallelism (moe_sharding.py), which jobctl "
+                   "does not model: ep > 1 borrows the TP ranks (expert tensor parallelism 1)")
+    if plan.recompute == "selective":
+        out.append("torchtitan's op-level selective recompute of an MoE block (which grouped GEMMs it saves) is not "
+                   "modelled: recompute none or full")
     return out
 
 
@@ -209,6 +247,8 @@ def render(plan, w) -> Rendered:
         opt("parallelism.no_enable_sequence_parallel")
     opt("parallelism.context_parallel_degree", plan.cp)
     opt("parallelism.pipeline_parallel_degree", plan.pp)
+    if w.model.moe is not None:
+        opt("parallelism.expert_parallel_degree", plan.ep)
     v = getattr(plan, "virtual_stages", 1)
     if plan.pp > 1:
         opt("parallelism.pipeline_parallel_schedule", "Interleaved1F1B" if v > 1 else "1F1B")
@@ -220,6 +260,11 @@ def render(plan, w) -> Rendered:
         opt("training.disable_cuda_graphs")
     else:
         opt("training.local_batch_size", plan.micro_batch_size)
+    if plan.ep > 1 and plan.pp == 1:
+        # the all-to-all dispatcher syncs with the CPU for its split sizes, which CUDA graphs
+        # (on by default) refuse (Trainer.Config validation: "CUDA graphs support only expert
+        # parallel token dispatcher configurations without CPU synchronization")
+        opt("training.disable_cuda_graphs")
     opt("training.global_batch_size", plan.global_batch_size)
     opt("training.seq_len", w.seq_len)
     if plan.offload != "none":

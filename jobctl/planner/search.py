@@ -170,6 +170,11 @@ def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         out.append(f"{m.name} is {what}: jobctl plans it for {has} only, not {caps.name} (expert parallelism, the "
                    f"routed tokens and their dispatch are modelled there): use framework: {has}")
         return out
+    if m.mla is not None and not caps.mla:
+        has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.mla)
+        out.append(f"{m.name} has multi-head latent attention, which jobctl models and renders for {has} only, not "
+                   f"{caps.name}: use framework: {has}")
+        return out
     odd = [n for n, on in (("attention sinks", m.attention_sinks), ("attention biases", m.attention_bias),
                            ("expert biases", m.moe is not None and m.moe.expert_bias),
                            ("a router bias", m.moe is not None and m.moe.router_bias)) if on]

@@ -1,7 +1,11 @@
 """torchtitan 0.3.0: the rendered overrides through its own ConfigManager (tyro and
 Trainer.Config.__post_init__), then ParallelDims and the trainer's batch arithmetic
 (trainer.py: gradient_accumulation_steps = global / (local x dp_replicate x dp_shard); under PP
-n_microbatches = local / pipeline_parallel_microbatch_size)."""
+n_microbatches = local / pipeline_parallel_microbatch_size). With expert parallelism, ParallelDims
+builds its meshes on torch's fake process group of the plan's world size (parallel_dims.py
+build_mesh: the sparse mesh pp x dp_replicate x efsdp x ep over the same ranks as the dense one),
+and the model config the rendered --module/--config names is built on the meta device to read
+its experts."""
 
 import contextlib
 import io
@@ -15,9 +19,31 @@ from torchtitan.config import ConfigManager  # noqa: E402
 from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
 
 
+def _mesh(dims, world):
+    """Build the meshes on a fake process group of `world` ranks; (efsdp, ep) sizes."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import torchtitan.distributed.parallel_dims as tt_pd
+
+    tt_pd.device_type = "cpu"
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    dims.build_mesh()
+    return dims.get_mesh("efsdp").size(), dims.get_mesh("ep").size()
+
+
+def _experts(cfg):
+    """(experts, top_k) of the model config the run builds, read from torchtitan's own config."""
+    model = cfg.model_spec.model
+    moe = next((lc.moe for lc in model.layers if getattr(lc, "moe", None) is not None), None)
+    return (moe.num_experts, moe.router.top_k) if moe is not None else (0, 0)
+
+
 def check(case):
     args = list(case["framework"]["args"])
-    if "--module=llama3" not in args:
+    if not any(a.startswith("--module=") for a in args):
         args = ["--module=llama3", "--config=llama3_debugmodel"] + args
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         try:
@@ -28,7 +54,11 @@ def check(case):
     world = case["plan"]["world_size"]
     dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                         cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
-                        ep=1, world_size=world)
+                        ep=p.expert_parallel_degree, world_size=world)
+    experts = _experts(cfg)
+    efsdp = ep = None
+    if p.expert_parallel_degree > 1:
+        efsdp, ep = _mesh(dims, world)
     batch_degree = dims.dp_replicate * dims.dp_shard
     if t.global_batch_size % (t.local_batch_size * batch_degree):
         raise ValueError("global batch size must be multiple of local batch size times data-parallel degree")
@@ -41,7 +71,8 @@ def check(case):
             "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": p.tensor_parallel_degree,
             "pp": pp, "cp": p.context_parallel_degree, "sp": p.enable_sequence_parallel,
             "cpu_offload": t.enable_cpu_offload, "layers_per_stage": p.pipeline_parallel_layers_per_stage,
-            "compile": cfg.compile.enable, "async_tp": cfg.compile.enable_async_tensor_parallel}
+            "compile": cfg.compile.enable, "async_tp": cfg.compile.enable_async_tensor_parallel,
+            "ep": ep, "efsdp": efsdp, "experts": experts[0], "top_k": experts[1]}
 
 
 out = []

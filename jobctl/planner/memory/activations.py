@@ -130,6 +130,15 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     else:
         terms.append(("q, k, v", e * sbh * (1 + kv) / t, "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if grouped
                       else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t"))
+    if m.qk_norm and w.caps.qk_norm_counted:  # each head's query and key RMSNorm, as the block's norms
+        qk, dh = s * b * (a + g), m.head_dim
+        if fused:
+            terms.append(("q/k norm inputs", (e * dh + 4) * qk / t, f"fused RMSNorm on each head's query and key "
+                          f"(Qwen3) keeps its 16-bit input and fp32 rstd: (2·{dh} + 4) B x sb·(a+g) /t"))
+        else:
+            terms.append(("q/k norm inputs", ((4 + e) * dh + 4) * qk / t, f"eager RMSNorm on each head's query and "
+                          f"key (Qwen3): an fp32 copy, the normalised {e:g}-B tensor and rstd: ({4 + e:g}·{dh} + 4) B x "
+                          f"sb·(a+g) /t"))
     if d.eager_attn and not d.core_recomputed:
         # softmax(dtype=float32).to(q.dtype): a copy only when training in 16-bit
         terms.append(("attention scores", (4 + (e if e != 4 else 0)) * a * s * s * b / t,
@@ -152,8 +161,17 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         terms.append(("mlp intermediates", (2 * e + q8) * s * b * f / t,
                       f"fc1 output (gate, up) 2 · 2·sbf for the SwiGLU backward, fc2's {qn} input sbf /t"))
         return terms
-    terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
-    if w.model.moe is not None:
+    x = w.model.moe
+    if x is not None and w.caps.moe_fp32_copies and not x.shared_experts:
+        # torchtitan's MoE: the router keeps an fp32 copy instead (_moe_terms); only the dense
+        # layers' MLPs keep the 16-bit norm output
+        share = w.model.moe_layers / w.model.layers
+        if share < 1:
+            terms.append(("mlp input", (1 - share) * e * sbh / mm_rep, f"RMSNorm output kept by the dense layers' "
+                          f"gate/up: 2·sbh x {1 - share:.3g} of the layers" + gathered))
+    else:
+        terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
+    if x is not None:
         return terms + _moe_terms(w, d, 3 * e if w.caps.te_layernorm_mlp else 4 * e)
     if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
@@ -180,20 +198,26 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None) -> 
     outputs and SwiGLU products, expert_ffn wide. The router keeps its fp32 logits and probabilities (2 · 4·E per
     token). A dropless router's load is taken as even (its auxiliary balancing loss); a capacity
     factor c caps an expert at c times its even share, counted in full. Shared experts run on
-    every token as a dense MLP of their width, split by TP. Not yet checked against a trace."""
+    every token as a dense MLP of their width, split by TP. torchtitan's layer keeps another set
+    (caps.moe_fp32_copies: _eager_router_and_copies), traced term by term; Megatron-Core's is
+    derived from its code, not traced."""
     m, x = w.model, w.model.moe
     s, b, h, e, t, rep = d.s, d.b, d.h, d.e, d.t, d.rep
     share = m.moe_layers / m.layers
     tokens = s * b / rep  # this rank's tokens (SP)
     cf = x.capacity_factor or 1.0
     routed = x.top_k * tokens * cf
-    out = [("router", share * 8 * tokens * x.experts, f"fp32 router logits and probabilities: 2 · 4·E per token x {share:.3g} "
-            "of the layers"),
-           ("routed tokens", share * ((q8 or e) + e) * routed * h, f"the top_{x.top_k} copies of each token, permuted "
-            f"into the experts ({f'{q8:.3g}-B {w.precision}' if q8 else '2-B'}·h, fc1's input) and out (2·h)"
-            f"{f' x capacity {cf:g}' if x.capacity_factor else ''} x {share:.3g} of the layers"),
-           ("expert intermediates", share * per_f * routed * x.expert_ffn, f"each copy's fc1 output and SwiGLU product in "
-            f"its expert: {per_f:g}·f_e per copy (f_e = {x.expert_ffn}) x {share:.3g} of the layers")]
+    capped = f" x capacity {cf:g}" if x.capacity_factor else ""
+    if w.caps.moe_fp32_copies:
+        out = _eager_router_and_copies(w, d, share, tokens, routed, capped)
+    else:
+        out = [("router", share * 8 * tokens * x.experts, f"fp32 router logits and probabilities: 2 · 4·E per token x "
+                f"{share:.3g} of the layers"),
+               ("routed tokens", share * ((q8 or e) + e) * routed * h, f"the top_{x.top_k} copies of each token, "
+                f"permuted into the experts ({f'{q8:.3g}-B {w.precision}' if q8 else '2-B'}·h, fc1's input) and out "
+                f"(2·h){capped} x {share:.3g} of the layers")]
+    out.append(("expert intermediates", share * per_f * routed * x.expert_ffn, f"each copy's fc1 output and SwiGLU "
+                f"product in its expert: {per_f:g}·f_e per copy (f_e = {x.expert_ffn}) x {share:.3g} of the layers"))
     if x.shared_experts:
         fs = x.shared_experts * (x.shared_ffn or x.expert_ffn)
         out.append(("shared expert intermediates", share * per_f * s * b * fs / t, f"the shared experts' MLP on every "
@@ -202,6 +226,28 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None) -> 
         out.append(("dense mlp intermediates", (1 - share) * per_f * s * b * d.f / t, f"the dense layers' MLP: "
                     f"{per_f:g}·sbf /t x {1 - share:.3g} of the layers"))
     return out
+
+
+def _eager_router_and_copies(w: Workload, d: _Dims, share: float, tokens: float, routed: float,
+                             capped: str) -> list[tuple[str, float, str]]:
+    """torchtitan's router and routed copies (models/common/moe.py TokenChoiceTopKRouter, MoE;
+    token_dispatcher.py LocalTokenDispatcher). The gate runs under autocast to fp32: the linear
+    keeps fp32 copies of its input (4·h per token) and of its E x h weight; softmax or sigmoid
+    keeps its fp32 probabilities (4·E), the top-k gather its int64 expert ids (8·k), the
+    normalisation of the top-k scores (the catalog's routers all normalise) the scores and their
+    sum (4·k + 4). The dispatcher sorts the k·T copies by expert (argsort and the token index of
+    each copy: 2 · 8 B, the sorted score 4 B per copy) and gathers them (the grouped GEMMs keep
+    that 16-bit copy, 2·h); the combine casts each expert output to fp32 to weight it, keeping
+    that fp32 copy (4·h per copy). Traced (benchmarks/trace_memory.py --model 30B-A3B)."""
+    x = w.model.moe
+    h, e, k, E = d.h, d.e, x.top_k, x.experts
+    per_token = 4 * h + 4 * E + 12 * k + 4
+    return [("router", share * (per_token * tokens + 4 * E * h), f"fp32 copies of the gate's input and weight, "
+             f"probabilities, top-k ids and scores: ({4 * h} + {4 * E} + {12 * k + 4}) B per token + 4·E·h x "
+             f"{share:.3g} of the layers"),
+            ("routed tokens", share * ((e + 4) * h + 20) * routed, f"the top_{k} copies of each token sorted to "
+             f"their experts (2·h, the grouped GEMMs' input), their fp32 outputs weighted in the combine (4·h) and "
+             f"the sort's indices and scores (20 B){capped} x {share:.3g} of the layers")]
 
 
 def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str]]:

@@ -107,7 +107,8 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
     tp, pp, cp, sp, b = plan.tp, plan.pp, plan.cp, plan.sequence_parallel, plan.micro_batch_size
     in_flight = pipeline_in_flight(plan, stage)
     apply(_state_items(w, tp, pp, stage, plan.sharding, plan.shard_group, plan.offload, plan.ep))
-    buffers, fsdp_pp = _framework_buffer_items(w, tp, pp, stage, plan.sharding, plan.offload, plan.dp * cp > 1)
+    buffers, fsdp_pp = _framework_buffer_items(w, tp, pp, stage, plan.sharding, plan.offload, plan.dp * cp > 1,
+                                                  plan.ep)
     apply(buffers)
     if tp_overlap(w, plan) and w.caps.tp_comm_overlap:  # Transformer Engine's userbuffers (not async TP's)
         tokens = b * w.seq_len // cp

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from jobctl.frameworks import GradBuffer
 from jobctl.planner.memory.stages import _stage_params_cached, framework_vocab
+from jobctl.planner.moe import routed_params
 from jobctl.planner.memory.states import state_bytes
 from jobctl.planner.memory.workload import (
     DEEPSPEED_REDUCE_BUCKET_ELEMS,
@@ -28,15 +29,20 @@ class _FsdpUnderPP(NamedTuple):
 
 @lru_cache(maxsize=1 << 12)
 def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding: str, offload: str,
-                            data_parallel: bool) -> tuple[tuple, _FsdpUnderPP | None]:
+                            data_parallel: bool, ep: int = 1) -> tuple[tuple, _FsdpUnderPP | None]:
     """The buffers a framework keeps beside the model states (FSDP2's unsharded stage under PP,
     gathered layers, DDP buckets, DeepSpeed's reduce bucket), and what FSDP2-under-PP's phases
-    read of them (None unless that is the case)."""
+    read of them (None unless that is the case). A mixture of experts' FSDP unit is its whole
+    block, the rank's routed experts (all of them / ep, expert tensor parallelism 1) with the
+    rest (torchtitan distributed/fsdp.py apply_fsdp_to_decoder: one fully_shard per block,
+    the experts on their own mesh when ep > 1)."""
     items, add = _collector()
     m = w.model
     sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce_dtype)
-    layer_p, extra_p, _ = _stage_params_cached(w, tp, pp, stage)
-    rank_params = layer_p + extra_p
+    layer_p, extra_p, layers = _stage_params_cached(w, tp, pp, stage)
+    routed = m.routed_params_per_layer / ep  # averaged over the layers, as the states count them
+    rank_params = layer_p + extra_p + layers * routed
+    routed_unit = routed_params(m) / ep if m.moe is not None else 0.0  # one MoE block's
     trainable = rank_params  # the buffers below are for full training only
     compute_b = _compute_bytes(w)
     fsdp_pp = None
@@ -59,14 +65,14 @@ def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding:
         # The root's comes last in a micro-batch's backward, once that micro-batch's activations
         # are freed (first stage), or after the logits are (last stage), so it is not added; nor
         # the layers' on the last stage, whose peak is at the loss (traced, first and last stage).
-        layer_unit = m.layer_params() / tp
+        layer_unit = m.layer_params() / tp + routed_unit
         root_unit = framework_vocab(w, tp) * m.hidden / tp if stage in ("first", "last") else 0.0
         if stage != "last":
             add("gradient before accumulation", layer_unit * compute_b, "buffers", lambda:
                 f"one layer's {compute_b}-B gradient, made in its backward before it joins the accumulated one")
         fsdp_pp = _FsdpUnderPP(stage_bytes, layer_unit, root_unit, acc_b)
     elif sharding in ("zero3", "hsdp") or offload == "optimizer+params":
-        unit = max(m.layer_params(), m.vocab * m.hidden) / tp
+        unit = max(m.layer_params() / tp + routed_unit, m.vocab * m.hidden / tp)
         add("gathered weights", unit * (2 * compute_b + compute_b + sb.grad), "buffers", lambda:
             "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in 16-bit, "
             "plus its unsharded gradient before reduce-scatter")

@@ -195,7 +195,7 @@ def _expert_state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str
     m = w.model
     layers = _stage_params_cached(w, tp, pp, stage)[2]
     params = layers * m.routed_params_per_layer / ep
-    edp = tp * n // ep
+    edp = max(1, tp * n // ep)  # n is 1 unsharded: nothing to shard the experts' states over
     sb = state_bytes(w.framework, w.precision, w.optimizer, w.grad_reduce_dtype)
     add_model_states(add, params, params * optimizer_state_elements(w.optimizer, [(1, 1, 1)]), sb, w.optimizer,
                      sharding, edp, offload, _compute_bytes(w), "expert weights", w.caps.offload_keeps_grads)
