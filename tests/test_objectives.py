@@ -146,3 +146,20 @@ def test_when_the_recipes_framework_does_not_fit_the_output_says_which_does(tmp_
     assert r.returncode == 3
     text = " ".join(r.stdout.split())
     assert "framework custom does not fit here" in text and "--framework" in text
+
+
+def test_framework_advice_names_a_faster_framework_only_when_it_is_not_less_efficient_per_gpu():
+    # pure unit test of the advice's rule: a step FRAMEWORK_GAP (1.2) times shorter, and at least
+    # this plan's tokens/s per GPU; both GPU counts in the message
+    from jobctl.planning.compare import framework_advice
+
+    def row(name, gpus, step, per_gpu):
+        return {"framework": name, "feasible": True, "gpus": gpus, "step_time_s": step, "tokens_per_s_per_gpu": per_gpu}
+
+    # 4x faster on 4x the GPUs, and a little more per GPU: said, with both counts
+    (text,) = framework_advice("megatron", [row("torchtitan", 64, 1.0, 33000)], True, 4.0, 32500, 16)
+    assert "torchtitan is 4.0x faster here (64 GPUs, step 1 s vs 16 GPUs, 4 s with megatron)" in text
+    # 4x faster only for 8x the GPUs (half the tokens/s per GPU): the objective weighed that
+    assert framework_advice("megatron", [row("torchtitan", 128, 1.0, 16000)], True, 4.0, 32500, 16) == []
+    # within the gap: nothing
+    assert framework_advice("megatron", [row("torchtitan", 16, 3.5, 37000)], True, 4.0, 32500, 16) == []

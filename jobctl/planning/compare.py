@@ -83,7 +83,8 @@ def framework_advice_for(recipe_loaded, inv_loaded, current: str, report: PlanRe
     floor = FRAMEWORK_GAP * est["tokens_per_s"]
     rows = [_framework_row(name, _best_on(recipe, inv, objective, learn, name)) for name in framework_names()
             if name != current and _could_be_faster(recipe, inv, learn, name, floor)]
-    return framework_advice(current, rows, True, est.get("step_time_s"))
+    return framework_advice(current, rows, True, est.get("step_time_s"), est.get("tokens_per_s_per_gpu"),
+                            report.plan["world_size"])
 
 
 def _fits_at_all(recipe, inv, learn: bool, framework: str) -> bool:
@@ -110,8 +111,11 @@ def _could_be_faster(recipe, inv, learn: bool, framework: str, tokens_per_s: flo
     return False
 
 
-def framework_advice(current: str, rows: list[dict], feasible: bool, step_time_s: float | None) -> list[str]:
-    """What to say when the recipe's framework does not fit, or is far slower than another here."""
+def framework_advice(current: str, rows: list[dict], feasible: bool, step_time_s: float | None,
+                     per_gpu: float | None = None, gpus: int | None = None) -> list[str]:
+    """What to say when the recipe's framework does not fit, or is far slower than another here:
+    a step FRAMEWORK_GAP times shorter, without fewer tokens/s per GPU than this plan's `per_gpu`
+    on its `gpus` (a plan faster only for taking more GPUs is one the objective weighed)."""
     others = [r for r in rows if r["framework"] != current and r["feasible"] and r["step_time_s"]]
     if not others:
         return []
@@ -119,9 +123,17 @@ def framework_advice(current: str, rows: list[dict], feasible: bool, step_time_s
     how = (f"plan it with `--framework {best['framework']}` (or `framework: {best['framework']}` in the recipe, "
            "with a launch command for it); `--framework all` compares them")
     if not feasible:
-        return [f"framework {current} does not fit here; {best['framework']} does ({best['gpus']} GPUs, step "
+        return [f"framework {current} does not fit here; {best['framework']} does ({_gpus(best['gpus'])}, step "
                 f"{best['step_time_s']:.3g} s): {how}"]
     if step_time_s and step_time_s > FRAMEWORK_GAP * best["step_time_s"]:
+        if per_gpu and (best["tokens_per_s_per_gpu"] or 0) < per_gpu:
+            return []
+        on = f"{_gpus(gpus)}, " if gpus else ""
         return [f"framework {best['framework']} is {step_time_s / best['step_time_s']:.1f}x faster here "
-                f"({best['gpus']} GPUs, step {best['step_time_s']:.3g} s vs {step_time_s:.3g} s with {current}): {how}"]
+                f"({_gpus(best['gpus'])}, step {best['step_time_s']:.3g} s vs {on}{step_time_s:.3g} s with {current}): "
+                f"{how}"]
     return []
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("" if n == 1 else "s")

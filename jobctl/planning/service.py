@@ -34,8 +34,10 @@ def plan_cluster(recipe_loaded, inv_loaded, *, objective: str = DEFAULT_OBJECTIV
         if explain:  # every framework planned: the rows (--framework all's table) and the advice
             rows = compare_frameworks(recipe_loaded, inv_loaded, objective, learn, known={current: report})
             report.frameworks = rows
-            report.framework_advice = framework_advice(current, rows, report.feasible,
-                                                       (report.estimate or {}).get("step_time_s"))
+            est = report.estimate or {}
+            report.framework_advice = framework_advice(current, rows, report.feasible, est.get("step_time_s"),
+                                                       est.get("tokens_per_s_per_gpu"),
+                                                       report.plan["world_size"] if report.feasible else None)
         else:  # only the frameworks that could change the advice
             report.framework_advice = framework_advice_for(recipe_loaded, inv_loaded, current, report, objective,
                                                            learn)
