@@ -123,11 +123,16 @@ import time
 GIB = 1 << 30
 TOL = 0.05
 DEFAULT_LAYOUTS = ("b1-none", "b1-full", "b1-sac")
-MODELS = ("8B", "70B", "405B", "30B-A3B")  # torchtitan's llama3_configs keys, and qwen3_configs' MoE
-PRESET_OF = {"8B": "llama3.1-8b", "70B": "llama3.1-70b", "405B": "llama3.1-405b", "30B-A3B": "qwen3-30b-a3b"}
-MOE_MODELS = ("30B-A3B",)  # torchtitan's Qwen3Model with MoE blocks (models/qwen3/__init__.py _30b_a3b)
-# jobctl's MoE terms, and the submodule of torchtitan's MoE block whose saved tensors each one is
-MOE_TERMS = ("router", "routed tokens", "expert intermediates")
+MODELS = ("8B", "70B", "405B", "30B-A3B", "671B")  # torchtitan's llama3_configs, qwen3_configs, deepseekv3_configs
+PRESET_OF = {"8B": "llama3.1-8b", "70B": "llama3.1-70b", "405B": "llama3.1-405b", "30B-A3B": "qwen3-30b-a3b",
+             "671B": "deepseek-v3"}
+# torchtitan's MoE models: Qwen3Model (models/qwen3/__init__.py _30b_a3b) and DeepSeekV3Model
+# (models/deepseek_v3/__init__.py _671b: MLA, a shared expert, 3 dense blocks first, no MTP)
+MOE_MODELS = ("30B-A3B", "671B")
+# jobctl's terms of one MoE block, each what torchtitan's block saves for backward (_MoeTerms);
+# those of the routed part are averaged over the layers by jobctl (x moe_layers / layers)
+MOE_TERMS = ("router", "routed tokens", "expert intermediates", "shared expert intermediates", "mlp input")
+ROUTED_TERMS = ("router", "routed tokens", "expert intermediates", "shared expert intermediates")
 AC_NAMES = {"none": "none", "full": "full", "sac": "selective"}
 
 # tracker category -> comparison group (jobctl's group names)
@@ -450,28 +455,73 @@ def _patch_router_for_cuda_autocast():
     router._jobctl_fp32_gate = True
 
 
+def _patch_attention_for_mla():
+    """MLA's queries and keys are 192 wide and its values 128: CPU's flash kernel needs one width
+    and SDPA falls back to the math path, which keeps the a x s x s fp32 probabilities (8 GiB per
+    DeepSeek-V3 block at seq 4096). torchtitan runs FlexAttention there on CUDA (models/
+    deepseek_v3/__init__.py attn_backend "flex"), whose backward keeps q, k, v, the output and
+    the fp32 log-sum-exp, as flash does; this stand-in keeps that set (and makes dq, dk, dv in
+    backward), for the attention calls whose widths differ."""
+    import torch
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    cls = ScaledDotProductAttention
+    if getattr(cls, "_jobctl_mla", False):
+        return
+    orig = cls.forward
+
+    class FlashLike(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):  # (B, L, N, H) in and out, as torchtitan's inner attention
+            out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+            lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    def forward(self, q, k, v, **kw):
+        if q.shape[-1] == v.shape[-1]:
+            return orig(self, q, k, v, **kw)
+        return FlashLike.apply(q, k, v)
+
+    cls.forward = forward
+    cls._jobctl_mla = True
+
+
 class _MoeTerms:
     """What one MoE block's submodules keep for backward, by jobctl's term: the router's saved
     tensors ("router"), the routed experts' h-wide tensors and the dispatcher's indices and
     scores ("routed tokens"), the grouped experts' f_e-wide tensors ("expert intermediates"),
-    the attention's ("attention"), the norms' ("norms"). Saved tensors are seen through autograd's
-    saved_tensors_hooks and counted once per storage; parameters and module buffers (the RoPE
-    cache) are not activations and are left out. The block traced is the second (the first
-    when there is one)."""
+    the shared experts' ("mlp input": the norm's output they keep; "shared expert
+    intermediates"), the attention's ("attention"), the norms' ("norms"). Saved tensors are seen
+    through autograd's saved_tensors_hooks and counted once per storage; parameters and module
+    buffers (the RoPE cache) are not activations and are left out. The block traced is the last
+    (an MoE one: DeepSeek-V3's first three are dense)."""
 
     def __init__(self, model):
         from torch.multiprocessing.reductions import StorageWeakRef
 
         self._ref = StorageWeakRef
         blocks = list(model.layers.values()) if hasattr(model.layers, "values") else list(model.layers)
-        blk = blocks[1] if len(blocks) > 1 else blocks[0]
+        blk = blocks[-1]
         self.hidden = blk.moe.routed_experts.inner_experts.w1_EFD.shape[-1]
         self.stack = ["other"]
         self.skip: set = set()
         self.saved: dict = {}
+        self.tensors: list = []  # (term, shape, dtype, bytes, submodule): what each term is made of
         labels = {blk.attention_norm: "norms", blk.ffn_norm: "norms", blk.attention: "attention",
                   blk.moe.router: "router", blk.moe.routed_experts: "routed",
                   blk.moe.routed_experts.inner_experts: "experts"}
+        if blk.moe.shared_experts is not None:
+            labels[blk.moe.shared_experts] = "shared"
+        self.names = {lab: [] for lab in labels.values()}
+        for name, mod in blk.named_modules():
+            if mod in labels:
+                self.names[labels[mod]].append(name)
         for mod, label in labels.items():
             mod.register_forward_pre_hook(self._enter(label))
             mod.register_forward_hook(self._leave)
@@ -491,16 +541,22 @@ class _MoeTerms:
         if label != "other":
             ref = self._ref(t.untyped_storage())
             if ref not in self.skip and ref not in self.saved:
+                where = label
                 if label == "experts":
                     label = "routed tokens" if t.dim() < 2 or t.shape[-1] == self.hidden else "expert intermediates"
                 elif label == "routed":
                     label = "routed tokens"
-                self.saved[ref] = (label, t.untyped_storage().nbytes())
+                elif label == "shared":
+                    label = "mlp input" if t.shape[-1] == self.hidden else "shared expert intermediates"
+                nbytes = t.untyped_storage().nbytes()
+                self.saved[ref] = (label, nbytes)
+                self.tensors.append((label, list(t.shape), str(t.dtype).replace("torch.", ""), nbytes, where))
         return t
 
     def __enter__(self):
         import torch
         self.saved.clear()
+        self.tensors.clear()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self
@@ -574,7 +630,10 @@ def _torchtitan_config(env, model_name: str, ac: str, seq_len: int, layers: int,
     from torchtitan.models.llama3 import llama3_configs
 
     parallelism = ParallelismConfig(spmd_backend=env.backend, **parallelism_kw)
-    if model_name in MOE_MODELS:
+    if model_name == "671B":
+        from torchtitan.models.deepseek_v3 import deepseekv3_configs
+        cfg = deepseekv3_configs[model_name](attn_backend="flex", moe_comm_backend="standard")
+    elif model_name in MOE_MODELS:
         from torchtitan.models.qwen3 import qwen3_configs
         cfg = qwen3_configs[model_name](attn_backend="flex")
     else:
@@ -596,14 +655,18 @@ def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, l
     from torchtitan.components.loss import CrossEntropyLoss
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.models.llama3 import parallelize_llama
+    from torchtitan.models.deepseek_v3.parallelize import parallelize_deepseekv3
     from torchtitan.models.qwen3.parallelize import parallelize_qwen3
 
     parallelism, cfg, ac_config = _torchtitan_config(env, model_name, ac, seq_len, layers)
     if model_name in MOE_MODELS:
         _patch_router_for_cuda_autocast()
+    if model_name == "671B":
+        _patch_attention_for_mla()
     with torch.device("meta"):
         model = cfg.build()
-    model = (parallelize_qwen3 if model_name in MOE_MODELS else parallelize_llama)(
+    parallelize = {"30B-A3B": parallelize_qwen3, "671B": parallelize_deepseekv3}.get(model_name, parallelize_llama)
+    model = parallelize(
         model, parallel_dims=env.parallel_dims, training=TrainingConfig(), parallelism=parallelism,
         compile_config=CompileConfig(), ac_config=ac_config, dump_folder="/tmp")
     model.to_empty(device="cpu")
@@ -819,6 +882,7 @@ def trace(env, model_name: str, batch: int, ac: str, seq_len: int, layers: int, 
         "per_block_activation": [per_block[i] for i in sorted(per_block)],
         "attention_ops": {k: {"calls": c, "output_bytes": b} for k, (c, b) in probe.ops.items()},
         "block_terms": moe.totals() if moe is not None else {},
+        "block_tensors": moe.tensors if moe is not None else [],
         "seconds": {"build": t_build, "warmup_step": t_warm, "traced_step": t_step,
                     "total": time.perf_counter() - t0},
     }
@@ -898,6 +962,7 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
     outside = sum(t["bytes"] for t in terms if t["name"] in OUTSIDE_ALLOCATOR)
     return {"terms": [{"name": t["name"], "group": t["group"], "bytes": t["bytes"]} for t in terms],
             "layer_terms": {n: v for n, v, _ in layer_activation_terms(w, p, mb)},
+            "moe_share": spec.moe_layers / spec.layers if spec.moe is not None else 0.0,
             "per_block_activation": stored_layer_bytes(w, p, mb),
             "reserved": bd["total_bytes"] - outside}
 
@@ -934,11 +999,13 @@ def compare(tr: dict, mo: dict) -> list[dict]:
                      "modelled": mo["per_block_activation"]})
     bt = tr.get("block_terms") or {}
     if bt and mo["layer_terms"]:  # what one MoE block keeps, term by term (no recompute: all of it)
-        lt = mo["layer_terms"]
+        # jobctl averages the routed part over the layers; one MoE block holds all of it
+        lt = {n: v / mo["moe_share"] if n in ROUTED_TERMS else v for n, v in mo["layer_terms"].items()}
         for name in MOE_TERMS:
-            rows.append({"group": f"  {name}", "traced": None, "traced_max": bt.get(name, 0), "modelled": lt.get(name, 0)})
-        att = sum(v for n, v in lt.items() if n in ("qkv input", "q, k, v", "q/k norm inputs", "attention lse",
-                                                      "attention output"))
+            if name in bt or name in lt:
+                rows.append({"group": f"  {name}", "traced": None, "traced_max": bt.get(name, 0),
+                             "modelled": lt.get(name, 0)})
+        att = sum(v for n, v in lt.items() if n in ATTENTION_TERMS)
         rows.append({"group": "  attention", "traced": None, "traced_max": bt.get("attention", 0), "modelled": att})
         rows.append({"group": "  norms", "traced": None, "traced_max": bt.get("norms", 0),
                      "modelled": lt.get("rmsnorm inputs", 0)})
@@ -947,6 +1014,10 @@ def compare(tr: dict, mo: dict) -> list[dict]:
         ref = r["traced_max"]
         r["rel_diff"] = (r["modelled"] - ref) / ref if ref and r["modelled"] is not None else None
     return rows
+
+
+# jobctl's attention terms (a block's attention module keeps these)
+ATTENTION_TERMS = ("qkv input", "q, k, v", "q/k norm inputs", "attention lse", "attention output", "mla latents")
 
 
 # --------------------------------------------------------------------------------------
@@ -962,11 +1033,15 @@ def _g(x):
     return "-" if x is None else f"{x / GIB:9.3f}"
 
 
+def _who(model_name: str) -> str:
+    return {"30B-A3B": "qwen3 (MoE)", "671B": "deepseek_v3 (MoE, MLA)"}.get(model_name, "llama3")
+
+
 def print_layout(name, batch, ac, args, tr, mo, rows):
     s = tr["seconds"]
     par = f"FSDP2 x{args.ranks // (args.tp * args.pp)}" + (f" x TP {args.tp}" if args.tp > 1 else "") + (
         f" x PP {args.pp} {args.schedule} ({args.stage} stage)" if args.pp > 1 else "")
-    who = ("qwen3" if args.model in MOE_MODELS else "llama3") if args.impl == "torchtitan" else "HF llama"
+    who = _who(args.model) if args.impl == "torchtitan" else "HF llama"
     print(f"\n== {name}: {who} {args.model} ({args.layers} layers), {par}, local batch {batch}, "
           f"seq {args.seq_len}, AC {ac}"[:120])
     where = (tr["peak_where"] or "?").replace("FSDPLlama3Model.", "").replace("FSDPLlama3Model", "model")
@@ -1101,7 +1176,7 @@ def main() -> int:
            "layouts": []}
     if not args.json and not args.allocator:
         tp = (f" x TP {args.tp}" if args.tp > 1 else "") + (f" x PP {args.pp}" if args.pp > 1 else "")
-        who = (("torchtitan qwen3 (MoE)" if args.model in MOE_MODELS else "torchtitan llama3") if args.impl == "torchtitan"
+        who = ("torchtitan " + _who(args.model) if args.impl == "torchtitan"
                else "transformers LlamaForCausalLM (accelerate FSDP2)")
         print(f"torch {torch.__version__}; {who} {args.model} under FakeTensorMode (CPU), FSDP2 "
               f"x{args.ranks // (args.tp * args.pp)}{tp} ({args.ranks} fake ranks).\nGiB per rank. 'at peak': the tracker's breakdown when the "

@@ -83,6 +83,8 @@ MATRIX = {
         # expert parallelism over FSDP (--module=qwen3 --config=qwen3_30b_a3b, expert_parallel_degree)
         ("qwen3-30b-a3b", "h100", ["framework=torchtitan"]),
         ("qwen3-30b-a3b", "h100", ["framework=torchtitan", "parallelism.tp=2", "parallelism.ep=16"]),
+        # --module=deepseek_v3 --config=deepseek_v3_671b (MLA), with async TP: --compile.components widened
+        ("deepseek-v3", "h100", ["framework=torchtitan"]),
     ],
     "deepspeed": [
         ("llama3.2-1b-a10g", "a10g", []),
@@ -251,13 +253,15 @@ def test_torchtitan_accepts_what_jobctl_renders():
         assert r["async_tp"] == (p["tp"] > 1 and p["sequence_parallel"])
         # experts: the model the run builds has the recipe's, and its meshes fold EP into
         # dp_shard x cp x tp as jobctl's expert data parallelism counts it
-        if case["case"][0] == "qwen3-30b-a3b":  # Qwen/Qwen3-30B-A3B config.json: 128 experts, 8 per token
-            assert (r["experts"], r["top_k"]) == (128, 8)
+        # Qwen/Qwen3-30B-A3B config.json: 128 experts, 8 per token; deepseek-ai/DeepSeek-V3: 256, 8
+        experts = {"qwen3-30b-a3b": (128, 8), "deepseek-v3": (256, 8)}.get(case["case"][0])
+        if experts:
+            assert (r["experts"], r["top_k"]) == experts
             assert r["ep"] == p["ep"] > 1
             assert r["efsdp"] * r["ep"] == p["dp"] * p["cp"] * p["tp"]  # jobctl's expert DP x EP
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)
     assert any(c["plan"]["tp"] > 1 for c in cases)  # async TP was exercised
-    assert sum(c["plan"]["ep"] > 1 for c in cases) == 2
+    assert sum(c["plan"]["ep"] > 1 for c in cases) == 3
 
 
 def test_torchtitan_checker_refuses_an_expert_parallel_size_that_does_not_fold():

@@ -141,12 +141,20 @@ def test_torchtitan_plans_qwen3_moe_with_its_registry_config_and_expert_parallel
     assert p["sharding"] in ("zero3", "hsdp") and p["recompute"] != "selective"
 
 
-def test_torchtitan_refuses_mla_and_what_it_does_not_model_of_moe():
+def test_torchtitan_plans_deepseek_v3_with_its_671b_config():
+    r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "framework=torchtitan", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    args = d["framework"]["args"]
+    assert args[:2] == ["--module=deepseek_v3", "--config=deepseek_v3_671b"]
+    assert f"--parallelism.expert_parallel_degree={d['plan']['ep']}" in args and d["plan"]["ep"] > 1
+    # the 671B config compiles the loss only: jobctl's compiled model (and async TP) needs the model too
+    assert "--compile.components=model,loss" in args
+
+
+def test_torchtitan_refuses_what_it_does_not_model_of_moe():
     from jobctl.frameworks import torchtitan
 
-    w = Workload(PRESETS["deepseek-v3"], 4096, 512, framework="torchtitan")
-    res = search(w, h100(), Constraints())
-    assert res.best is None and any("multi-head latent attention" in x and "megatron" in x for x in res.reasons)
     q = Workload(PRESETS["qwen3-30b-a3b"], 4096, 512, framework="torchtitan")
     z3 = dict(sharding="zero3", grad_accum_steps=64)
     assert any("splits the experts by tensor parallelism" in x
@@ -231,3 +239,29 @@ def test_the_oom_ladder_splits_the_experts_further_before_it_moves_the_layout():
     # a pinned ep stays
     pinned = next_plan(w, h100(), Constraints(recompute="none", ep=1), failed)
     assert pinned is None or pinned.plan.ep == 1
+
+
+def test_mla_keeps_its_latents_and_the_decompressed_key_value_by_hand():
+    # DeepSeek-V3 (config.json: q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64,
+    # qk_nope_head_dim 128, v_head_dim 128, 128 heads), per token, tp 1 (torchtitan's and
+    # Megatron's MLA alike: models/deepseek_v3/model.py Attention.forward): the query latent's
+    # norm keeps its 16-bit input and fp32 rstd, the up-projection the normed latent (2·1536 +
+    # 4 + 2·1536); the key/value latent is split from a 512 + 64 wide projection whose storage its
+    # norm keeps (2·576 + 4), the up-projection the normed 512 (2·512); V is a view of the
+    # decompressed [k_nope | v] (128 x (128 + 128) per token), kept whole
+    w = Workload(PRESETS["deepseek-v3"], 4096, 512, framework="torchtitan")
+    terms = {n: b for n, b, _ in layer_activation_terms(w, plan(sharding="zero3"), 1)}
+    T = 4096
+    assert terms["mla latents"] == pytest.approx(T * ((2 * 1536 + 4 + 2 * 1536) + (2 * 576 + 4 + 2 * 512)))
+    assert terms["q, k, v"] == pytest.approx(T * 2 * (128 * 192 + 128 * 192 + 128 * 256))
+
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan", "fsdp"])
+@pytest.mark.parametrize("model", ["llama3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"])
+def test_a_layer_names_each_activation_term_once(model, framework):
+    # each term is one set of tensors: a name twice would count them twice (or hide a slip)
+    w = Workload(PRESETS[model], 4096, 512, framework=framework)
+    for kw in ({}, {"tp": 2, "dp": 4, "sequence_parallel": True}):
+        names = [n for n, _, _ in layer_activation_terms(w, plan(sharding="zero3", **kw), 1)]
+        assert len(names) == len(set(names)), names

@@ -75,6 +75,7 @@ CAPS = Capabilities(
     pp_split_counts_ends=True,
     pp_stage_recv_buffers=True,
     moe=True,
+    mla=True,
     moe_fp32_copies=True,
     sources=(
         ("mixtures of experts: parallelism.expert_parallel_degree; the experts' mesh borrows its ranks "
@@ -86,7 +87,9 @@ CAPS = Capabilities(
         ("the MoE layer: fp32 gate under autocast, top-k of softmax/sigmoid scores, argsort dispatch, "
          "grouped GEMMs (torch._grouped_mm), fp32-weighted combine by scatter_add; no capacity factor in the "
          "default all-to-all dispatcher", f"{TT} models/common/moe.py, token_dispatcher.py"),
-        ("registered MoE configs: qwen3_30b_a3b (Qwen3 30B-A3B), deepseek_v3_16b/671b (MLA)",
+        ("registered MoE configs: qwen3_30b_a3b (Qwen3 30B-A3B), deepseek_v3_671b (MLA, one shared expert, 3 dense "
+         "blocks first, sigmoid router over 8 expert groups; compile of the loss only, which --compile.components "
+         "widens to the model where jobctl compiles it)",
          f"{TT} models/qwen3/config_registry.py, models/deepseek_v3/config_registry.py"),
         ("the default pipeline split gives each of the p stages (L + 2) // p 'layers', the first "
          "(L + 2) % p stages one more, the embedding counting as one on the first stage and the norm "
@@ -147,7 +150,9 @@ CAPS = Capabilities(
 # The Llama 3 configs torchtitan registers (torchtitan/models/llama3/config_registry.py).
 KNOWN_CONFIGS = {"8b": "llama3_8b", "70b": "llama3_70b"}  # llama3_405b turns on float8 (torchao)
 # ... and the mixtures of experts jobctl plans for it (models/qwen3/config_registry.py)
-KNOWN_MOE_CONFIGS = {"qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b")}
+# models/deepseek_v3/config_registry.py: deepseek_v3_671b builds no multi-token-prediction module
+# (num_mtp_layers 0), as jobctl counts DeepSeek-V3
+KNOWN_MOE_CONFIGS = {"qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b")}
 
 
 def registry_config(model) -> tuple[str, str] | None:
@@ -270,8 +275,9 @@ def render(plan, w) -> Rendered:
     if plan.offload != "none":
         opt("training.enable_cpu_offload")
     opt("training.mixed_precision_param", "float32" if w.precision == "fp32" else "bfloat16")
-    if w.compiled:  # the model and the loss (CompileConfig.components' default)
-        opt("compile.enable")
+    if w.compiled:  # the model and the loss (CompileConfig.components' default, which a registry
+        opt("compile.enable")  # config may narrow: deepseek_v3_671b compiles the loss only)
+        opt("compile.components", "model,loss")
         if plan.tp > 1 and plan.sequence_parallel:
             # TP collectives pipelined with the matmuls; needs compile of the model (configs.py
             # CompileConfig.__post_init__), counted by the step model (planner/perf.py tp_overlap)

@@ -125,11 +125,22 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     if grouped and wide:
         dq, dv = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim) if m.mla else (m.head_dim,) * 2
         gk = a if m.mla else g  # MLA decompresses a key and a value per head
-        qkv = s * b * (a * dq + gk * dq + gk * dv)
-        terms.append(("q, k, v", e * qkv / t, f"Q and K after RoPE, V: 2·sb·(a·{dq} + {gk}·{dq} + {gk}·{dv}) /t"))
+        # MLA's V is a view of the decompressed [k_nope | v] tensor, which it keeps whole
+        kept_v = m.mla.qk_nope_head_dim + dv if m.mla else dv
+        qkv = s * b * (a * dq + gk * dq + gk * kept_v)
+        terms.append(("q, k, v", e * qkv / t, f"Q and K after RoPE, V: 2·sb·(a·{dq} + {gk}·{dq} + {gk}·{kept_v}) /t"
+                      + (" (V a view of the decompressed k_nope|v)" if m.mla else "")))
     else:
         terms.append(("q, k, v", e * sbh * (1 + kv) / t, "Q after RoPE 2·sbh, K and V 2·sbh·g/a each /t" if grouped
                       else "Q after RoPE, repeat_kv copies of K and V: 3 · 2·sbh /t"))
+    if m.mla:
+        x = m.mla
+        q_lat = (2 * e * x.q_lora_rank + 4) if x.q_lora_rank else 0
+        kv_lat = e * (x.kv_lora_rank + x.qk_rope_head_dim) + 4 + e * x.kv_lora_rank
+        terms.append(("mla latents", (q_lat + kv_lat) * s * b, f"the compressed query ({x.q_lora_rank}) and key/value "
+                      f"({x.kv_lora_rank} + the {x.qk_rope_head_dim}-wide RoPE key) latents: each norm's 16-bit input "
+                      f"and fp32 rstd, its output kept by the up-projection: ({q_lat} + {kv_lat}) B x sb (whole on "
+                      "every TP rank)"))
     if m.qk_norm and w.caps.qk_norm_counted:  # each head's query and key RMSNorm, as the block's norms
         qk, dh = s * b * (a + g), m.head_dim
         if fused:
