@@ -396,6 +396,19 @@ def _tracker_class():
             _PipelineStageBase.perform_reduce_grad = self._orig_reduce
             return super().__exit__(*args)
 
+        def _fsdp_state_pre_forward(self, fsdp_mod, orig):
+            # the output layer under torchtitan's ChunkedLossWrapper runs once per chunk at the top
+            # level, which FSDPMemTracker refuses ("multiple iterative calls"): its module stats
+            # (which nothing here reads) start again at each call
+            inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
+
+            def pre_forward(*a, **k):
+                if getattr(fsdp_mod, "_jobctl_called_per_chunk", False) and not self._mod_tracker.is_bw:
+                    self.memory_tracking.pop(fsdp_mod, None)
+                return inner(*a, **k)
+
+            return pre_forward
+
         def _track(self, reftype, t):
             if self._pp_reducing:  # tensors created by the post-schedule reduction
                 from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
@@ -673,10 +686,24 @@ def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, l
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, fused=True)
-    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+    if getattr(env, "loss", "ce") == "chunked":
+        # every registry config's loss (models/*/config_registry.py: ChunkedLossWrapper over
+        # CrossEntropyLoss, 8 chunks), wired as the Trainer wires it: the model stops before the
+        # output layer (_skip_lm_head), the wrapper runs it chunk by chunk (trainer.py __init__)
+        from torchtitan.components.loss import ChunkedLossWrapper
+        chunked = ChunkedLossWrapper(ChunkedLossWrapper.Config())
+        chunked.set_lm_head(model.lm_head)
+        model._skip_lm_head = True
+        model.lm_head._jobctl_called_per_chunk = True
+        loss_fn = chunked
+    else:
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len))
     labels = torch.randint(0, cfg.vocab_size, (batch, seq_len))
     n_tokens = torch.tensor(float(batch * seq_len))
+    # trainer.py train_step: zero_grad(set_to_none=training.disable_cuda_graphs), so under the
+    # default CUDA graphs (no PP, no EP) the sharded gradients stay allocated between steps
+    set_to_none = not getattr(env, "cuda_graphs", False)
 
     def step(probe=None):  # torchtitan/trainer.py _forward_backward_body + optimizer step
         if probe is not None:
@@ -688,7 +715,7 @@ def _build_torchtitan(env, model_name: str, batch: int, ac: str, seq_len: int, l
         del pred
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=set_to_none)
 
     return model, opt, step, (tokens, labels)
 
@@ -935,7 +962,8 @@ def record_allocations(env, model_name: str, batch: int, ac: str, seq_len: int, 
 
 
 def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1,
-             impl: str = "torchtitan", pp: int = 1, stage: str = "first", virtual: int = 1) -> dict:
+             impl: str = "torchtitan", pp: int = 1, stage: str = "first", virtual: int = 1,
+             cuda_graphs: bool = False) -> dict:
     from jobctl.planner.memory import Workload, estimate_stage, layer_activation_terms, stored_layer_bytes
     from jobctl.planner.models import PRESETS
     from jobctl.planner.plan import Plan
@@ -948,7 +976,7 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
     # the same layout under the framework jobctl would plan it for: torchtitan, or fsdp (HF
     # accelerate: eager HF layers, SDPA attention)
     w = Workload(spec, seq_len, batch * dp, framework="fsdp" if impl == "hf" else "torchtitan",
-                 attention="sdpa" if impl == "hf" else "flash")
+                 attention="sdpa" if impl == "hf" else "flash", cuda_graphs=cuda_graphs)
     # torchtitan's TP plan always shards the norms and the block boundaries by sequence
     # (SequenceParallel in models/llama3/model.py's parallelize plan)
     # under PP torchtitan's micro-batches are of one sample (pipeline_parallel_microbatch_size
@@ -1134,6 +1162,14 @@ def main() -> int:
                     choices=("partial_dtensor", "spmd_types", "full_dtensor"))
     ap.add_argument("--cpu-rmsnorm", action="store_true",
                     help="keep CPU's composite RMSNorm (saves fp32 copies) instead of CUDA's fused set")
+    ap.add_argument("--loss", default="ce", choices=("ce", "chunked"),
+                    help="torchtitan's loss: CrossEntropyLoss on the whole logits (ce, the default), or the "
+                         "ChunkedLossWrapper every 0.3.0 registry config uses (8 sequence chunks)")
+    ap.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"),
+                    help="zero the gradients as torchtitan 0.3.0's trainer does under CUDA graphs "
+                         "(zero_grad(set_to_none=False): they stay allocated between steps) or without them "
+                         "(set_to_none=True); auto (the default): as the trainer runs the layout, graphs on "
+                         "without PP (jobctl renders them off under PP and EP)")
     ap.add_argument("--json", action="store_true", help="raw numbers (bytes) as JSON")
     ap.add_argument("--allocator", action="store_true",
                     help="record every allocation of the build and --steps training steps and replay them "
@@ -1167,10 +1203,13 @@ def main() -> int:
 
     env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm, tp=args.tp, pp=args.pp,
                stage=args.stage, schedule=args.schedule)
+    env.loss = args.loss
+    env.cuda_graphs = args.cuda_graphs == "on" or (args.cuda_graphs == "auto" and args.pp == 1
+                                                   and args.impl == "torchtitan")
     out = {"meta": {"torch": torch.__version__, "model": args.model, "layers": args.layers,
                     "seq_len": args.seq_len, "ranks": args.ranks, "tp": args.tp, "pp": args.pp,
                     "stage": args.stage if args.pp > 1 else "only", "schedule": args.schedule if args.pp > 1 else None,
-                    "impl": args.impl,
+                    "impl": args.impl, "loss": args.loss, "cuda_graphs": env.cuda_graphs,
                     "spmd_backend": args.spmd_backend,
                     "rmsnorm": "cpu composite" if args.cpu_rmsnorm else "cuda-like saved set", "device": "cpu (fake)"},
            "layouts": []}
@@ -1193,7 +1232,7 @@ def main() -> int:
             rec = record_allocations(env, args.model, batch, ac, args.seq_len, args.layers, args.impl, args.steps)
             al = allocator_rows(rec)
             mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
-                          args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1)
+                          args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1, env.cuda_graphs)
             out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "allocator": al,
                                    "events": len(rec["events"]), "modelled_reserved": mo["reserved"]})
             if not args.json:
@@ -1205,7 +1244,7 @@ def main() -> int:
     for name, batch, ac in layouts:
         tr = trace(env, args.model, batch, ac, args.seq_len, args.layers, args.impl)
         mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
-                      args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1)
+                      args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1, env.cuda_graphs)
         rows = compare(tr, mo)
         out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "traced": tr,
                                "modelled": mo, "rows": rows})

@@ -185,3 +185,31 @@ def test_emit_needs_a_cluster(capsys):
     from jobctl.cli import main
 
     assert main(["plan", "recipes/llama8b.yaml", "--emit"]) == 2
+
+
+def test_torchtitan_cuda_graphs_keep_the_gradients_and_can_be_turned_off():
+    # torchtitan 0.3.0's trainer captures forward and backward as one CUDA graph unless
+    # --training.disable_cuda_graphs, and then zeroes gradients in place (trainer.py train_step:
+    # zero_grad(set_to_none=training.disable_cuda_graphs)): at the activation peak of a
+    # one-micro-batch FSDP step the sharded gradients exist. Llama 3.1 8B, FSDP over 8, b1:
+    # the sharded fp32 gradients are 8.03e9 x 4 B / 8 = 3.74 GiB
+    from jobctl.planner.memory import estimate
+
+    p = Plan(1, 8, 1, 1, 8, 1, "zero3", 1, 1, 8, "none", "none", False)
+    graphed = Workload(PRESETS["llama3.1-8b"], 8192, 8, framework="torchtitan")
+    freed = Workload(PRESETS["llama3.1-8b"], 8192, 8, framework="torchtitan", cuda_graphs=False)
+    grads = next(t.bytes for t in estimate(graphed, 80 << 30, p).terms if t.name == "gradients")
+    assert grads == pytest.approx(PRESETS["llama3.1-8b"].params() * 4 / 8)
+    gap = estimate(graphed, 80 << 30, p).total_bytes - estimate(freed, 80 << 30, p).total_bytes
+    assert gap == pytest.approx(grads, rel=0.01)
+    # off: rendered so; and never under PP or EP, where torchtitan cannot capture one
+    r = frameworks.get("torchtitan").render(p, freed)
+    assert "--training.disable_cuda_graphs" in r.args
+    assert "--training.disable_cuda_graphs" not in frameworks.get("torchtitan").render(p, graphed).args
+    pinned = Workload(PRESETS["llama3.1-8b"], 8192, 8, framework="torchtitan", cuda_graphs=True)
+    inv = load_inventory("h100", []).value
+    res = search(pinned, inputs.target(inv, inv.partitions[0], "bf16-mixed"), Constraints(pp=2))
+    assert res.best is None and any("captures no CUDA graph" in x for x in res.reasons)
+    other = Workload(PRESETS["llama3.1-8b"], 8192, 8, framework="megatron", cuda_graphs=True)
+    res = search(other, inputs.target(inv, inv.partitions[0], "bf16-mixed"), Constraints())
+    assert res.best is None and any("train.cuda_graphs=true" in x for x in res.reasons)

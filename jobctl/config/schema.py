@@ -146,6 +146,10 @@ class Train(_Strict):
     # auto turns it on where jobctl renders and models it (torchtitan, as its published benchmark
     # runs are compiled), off elsewhere; true where the framework has no compile is refused
     compile: Literal["auto"] | bool = "auto"
+    # the forward and backward captured as one CUDA graph (torchtitan 0.3.0's default, which it
+    # cannot do under pipeline or expert parallelism): auto leaves it on where the framework can;
+    # false renders --training.disable_cuda_graphs (the trainer then frees gradients each step)
+    cuda_graphs: Literal["auto"] | bool = "auto"
     # a trillion steps, a quintillion tokens: more is a typo, and a 400-digit number made the
     # time-to-train arithmetic overflow (OverflowError)
     steps: int | None = Field(default=None, gt=0, le=10**12)

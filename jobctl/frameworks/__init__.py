@@ -18,6 +18,7 @@ from jobctl.frameworks.base import (
     StateRecipe,
     file_path,
     fp8_param_gather,
+    graphed_step,
 )
 
 REGISTRY: dict[str, Framework] = {
@@ -48,4 +49,5 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
-           "Rendered", "Selective", "StateRecipe", "canonical", "file_path", "fp8_param_gather", "get"]
+           "Rendered", "Selective", "StateRecipe", "canonical", "file_path", "fp8_param_gather", "get",
+           "graphed_step"]

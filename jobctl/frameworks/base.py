@@ -110,6 +110,11 @@ class Capabilities:
     # the training loop frees the (sharded) gradients every step (zero_grad(set_to_none=True)),
     # so under FSDP they do not exist at the activation peak of a one-micro-batch step
     frees_grads_each_step: bool = False
+    # the forward and backward are captured as one CUDA graph unless the plan renders it off
+    # (torchtitan 0.3.0: on by default; jobctl turns it off under PP and EP, which it refuses),
+    # and under it the trainer zeroes the gradients in place (zero_grad(set_to_none=False)):
+    # they stay allocated through the step
+    cuda_graphs: bool = False
     # FSDP's root unit holds the embedding with the output layer (HF accelerate wraps the decoder
     # layers, then the root): at the loss both are gathered, and the last layer is prefetched
     fsdp_root_holds_embeddings: bool = False
@@ -287,3 +292,10 @@ def fp8_param_gather(caps: Capabilities, precision: str, fp8_recipe: str, shardi
     run (perf_recipes/llama/*: fp8_param_gather=True) for per-tensor and MXFP8 scaling."""
     return caps.fp8_param_gather and sharding == "zero1" and (
         precision == "mxfp8" or (precision == "fp8" and fp8_recipe in ("tensorwise", "delayed")))
+
+
+def graphed_step(w, plan) -> bool:
+    """The plan's forward and backward run as one CUDA graph (caps.cuda_graphs): torchtitan's
+    default, unless the recipe turns it off (train.cuda_graphs: false); jobctl renders it off under
+    pipeline and expert parallelism, where torchtitan cannot capture one."""
+    return w.caps.cuda_graphs and w.cuda_graphs is not False and plan.pp == 1 and plan.ep == 1

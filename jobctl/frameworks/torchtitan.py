@@ -22,6 +22,7 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     common_problems,
+    graphed_step,
     num,
     ratio,
 )
@@ -71,6 +72,7 @@ CAPS = Capabilities(
     async_tp=True,
     sp_keeps_gathered_input=True,
     frees_grads_each_step=True,
+    cuda_graphs=True,
     loss_parallel_logit_bytes=16.0,
     pp_split_counts_ends=True,
     pp_stage_recv_buffers=True,
@@ -101,9 +103,11 @@ CAPS = Capabilities(
          "backward (PipelineStage.perform_reduce_grad), when the activations are gone; traced on the "
          "first and last stages of 8B PP 2/4 and 405B TP 8 x PP 8 x FSDP 8",
          "torch distributed/pipelining/stage.py (fwd_cache, perform_reduce_grad)"),
-        ("the trainer zeroes gradients with set_to_none (optimizers.zero_grad()), so FSDP2's sharded "
-         "gradients are allocated block by block in backward: traced, none exist at the activation peak "
-         "of a one-micro-batch step", f"{TT} trainer.py, components/optimizer.py; torch optim/optimizer.py"),
+        ("the trainer zeroes gradients with zero_grad(set_to_none=training.disable_cuda_graphs): where "
+         "CUDA graphs are off (jobctl turns them off under PP and EP) FSDP2's sharded gradients are "
+         "allocated block by block in backward (traced: none exist at the activation peak of a "
+         "one-micro-batch step); under the default CUDA graphs they stay allocated (traced)",
+         f"{TT} trainer.py train_step, components/optimizer.py; torch optim/optimizer.py"),
         ("under TP the norms run on sequence shards and their outputs are redistributed to whole "
          "sequences (Shard(1) -> Replicate) before the column-parallel wqkv / w1, w3 and output "
          "matmuls, which keep that gathered tensor for backward; traced (70B, TP 8): per block -41% -> "
@@ -200,6 +204,9 @@ def problems(plan, w) -> list[str]:
         out.append("torchtitan refuses weight tying under pipeline parallelism (decoder.py)")
     if w.model.moe is not None:
         out += _moe_problems(plan, w)
+    if w.cuda_graphs is True and (plan.pp > 1 or plan.ep > 1):
+        out.append("train.cuda_graphs=true: torchtitan captures no CUDA graph under pipeline or expert parallelism "
+                   "(trainer.py _validate_cuda_graphs)")
     if v > 1:
         if layers_per_stage(plan, w) is None:
             out.append(f"Interleaved1F1B: {w.model.layers} layers + embedding + output = {w.model.layers + 2} "
@@ -265,10 +272,10 @@ def render(plan, w) -> Rendered:
         opt("training.disable_cuda_graphs")
     else:
         opt("training.local_batch_size", plan.micro_batch_size)
-    if plan.ep > 1 and plan.pp == 1:
-        # the all-to-all dispatcher syncs with the CPU for its split sizes, which CUDA graphs
-        # (on by default) refuse (Trainer.Config validation: "CUDA graphs support only expert
-        # parallel token dispatcher configurations without CPU synchronization")
+    if plan.pp == 1 and not graphed_step(w, plan):
+        # the recipe turned them off, or the all-to-all dispatcher syncs with the CPU for its split
+        # sizes, which CUDA graphs (on by default) refuse (Trainer.Config validation: "CUDA graphs
+        # support only expert parallel token dispatcher configurations without CPU synchronization")
         opt("training.disable_cuda_graphs")
     opt("training.global_batch_size", plan.global_batch_size)
     opt("training.seq_len", w.seq_len)

@@ -77,6 +77,7 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         fp8_recipe=t.fp8_recipe or "tensorwise",
         grad_reduce=t.grad_reduce,
         compile=t.compile,
+        cuda_graphs=t.cuda_graphs,
         formats=tuple(formats),
     )
 

@@ -104,6 +104,12 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         out.append(f"train.grad_reduce=bf16 is Megatron's --grad-reduce-in-bf16: jobctl renders and models it for "
                    f"megatron only, not {caps.name} (remove it, or use framework: megatron)")
     out += _moe_problems(w, t, c)
+    if w.cuda_graphs is True and not caps.cuda_graphs:
+        out.append(f"train.cuda_graphs=true: jobctl renders and models a CUDA-graphed step for torchtitan only, not "
+                   f"{caps.name} (use auto or false)")
+    if w.cuda_graphs is True and caps.cuda_graphs and ((c.pp or 1) > 1 or (c.ep or 1) > 1):
+        out.append("train.cuda_graphs=true: torchtitan captures no CUDA graph under pipeline or expert parallelism "
+                   "(trainer.py _validate_cuda_graphs): unpin pp/ep or use auto")
     if w.compile is True and not caps.compiles:
         out.append(f"train.compile=true is torch.compile of the model: jobctl renders and models it for torchtitan "
                    f"only, not {caps.name} (remove it, or use framework: torchtitan)")

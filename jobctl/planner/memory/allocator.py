@@ -4,6 +4,7 @@ earlier OOM taught (docs/memory-model.md, "Overheads")."""
 
 from __future__ import annotations
 
+from jobctl.frameworks import graphed_step
 from jobctl.planner.memory.buffers import _FsdpUnderPP
 from jobctl.planner.memory.stages import framework_vocab
 from jobctl.planner.memory.workload import GIB, Workload, _compute_bytes
@@ -110,7 +111,15 @@ def _phases(add, w: Workload, plan: Plan, stage: str, groups: dict, acts: float,
     if (w.caps.frees_grads_each_step and plan.sharding in ("zero3", "hsdp") and plan.pp == 1
             and plan.grad_accum_steps == 1 and w.method == "full" and plan.offload == "none"):
         head_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp * compute_b  # the output layer, gathered
-        at_acts = groups["activations"] + groups["logits"] + min(groups["buffers"], head_unit)
+        # under a CUDA-graphed step the trainer zeroes them in place: they exist at the activation
+        # peak too (torchtitan 0.3.0 without PP or EP; traced with --cuda-graphs)
+        kept = groups["grads"] if graphed_step(w, plan) else 0.0
+        at_acts = groups["activations"] + groups["logits"] + min(groups["buffers"], head_unit) + kept
+        if kept:
+            # and in the last block's backward, once the logits are freed, that block's gathered
+            # weights and gradients beside the activations: the peak where a block outweighs the
+            # logits (DeepSeek-V3's MoE blocks at ep 1, traced: 11.5B parameters each)
+            at_acts = max(at_acts, groups["activations"] + groups["buffers"] + kept)
         if w.caps.fsdp_root_holds_embeddings:
             # accelerate's root unit (embedding + output layer) stays gathered from forward to the
             # end of backward (FSDP2 does not reshard the root after forward). At the loss one
@@ -125,8 +134,11 @@ def _phases(add, w: Workload, plan: Plan, stage: str, groups: dict, acts: float,
         at_end = groups["grads"] + groups["buffers"]
         summed = groups["activations"] + groups["logits"] + groups["grads"] + groups["buffers"]
         add_phases(at_acts, at_end, summed, lambda which: (
-            f"FSDP2 frees gradients each step: at the activation peak activations + logits + the output "
-            f"layer gathered ({at_acts / GIB:.3g} GiB), at the end of backward gradients + gathered "
+            ("FSDP2 frees gradients each step: at the activation peak activations + logits + the output "
+             "layer gathered" if not kept else "under the CUDA-graphed step the gradients are zeroed in place, not "
+             "freed: at the activation peak activations + logits + the output layer gathered + the gradients "
+             "(or the last block's gathered weights and gradients with its activations)") + " "
+            f"({at_acts / GIB:.3g} GiB), at the end of backward gradients + gathered "
             f"buffers ({at_end / GIB:.3g} GiB); the peak is the {'activation peak' if which else 'end of backward'}"))
         return at_acts, at_end
     if w.caps.frees_grads_each_step and fsdp_pp is not None:

@@ -110,6 +110,7 @@ class Workload:
     grad_reduce: str = "fp32"  # fp32 | bf16 | auto: Megatron's main-grad buffer and gradient reduction
     formats: tuple[str, ...] = ()  # the low-precision formats the partition's GPU runs (catalog)
     compile: bool | str = False  # torch.compile of the model: True, False or "auto" (train.compile)
+    cuda_graphs: bool | str = "auto"  # the step as one CUDA graph where the framework does it (train.cuda_graphs)
 
     def __post_init__(self):
         if not isinstance(self.framework, Framework):  # a name: its table
