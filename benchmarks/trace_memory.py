@@ -963,7 +963,8 @@ def record_allocations(env, model_name: str, batch: int, ac: str, seq_len: int, 
 
 def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1,
              impl: str = "torchtitan", pp: int = 1, stage: str = "first", virtual: int = 1,
-             cuda_graphs: bool = False) -> dict:
+             cuda_graphs: bool = False, loss: str = "chunked") -> dict:
+    from jobctl import frameworks
     from jobctl.planner.memory import Workload, estimate_stage, layer_activation_terms, stored_layer_bytes
     from jobctl.planner.models import PRESETS
     from jobctl.planner.plan import Plan
@@ -975,8 +976,13 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
     dp = ranks // (tp * pp)
     # the same layout under the framework jobctl would plan it for: torchtitan, or fsdp (HF
     # accelerate: eager HF layers, SDPA attention)
-    w = Workload(spec, seq_len, batch * dp, framework="fsdp" if impl == "hf" else "torchtitan",
-                 attention="sdpa" if impl == "hf" else "flash", cuda_graphs=cuda_graphs)
+    framework = frameworks.get("fsdp" if impl == "hf" else "torchtitan")
+    if loss == "ce" and framework.caps.loss_chunks:
+        # the program traced computes the whole logits' loss at once (--loss ce: torchtitan's
+        # trainer before its registry configs chunked it): the model of that program
+        framework = dataclasses.replace(framework, caps=dataclasses.replace(framework.caps, loss_chunks=0))
+    w = Workload(spec, seq_len, batch * dp, framework=framework, attention="sdpa" if impl == "hf" else "flash",
+                 cuda_graphs=cuda_graphs)
     # torchtitan's TP plan always shards the norms and the block boundaries by sequence
     # (SequenceParallel in models/llama3/model.py's parallelize plan)
     # under PP torchtitan's micro-batches are of one sample (pipeline_parallel_microbatch_size
@@ -1162,9 +1168,11 @@ def main() -> int:
                     choices=("partial_dtensor", "spmd_types", "full_dtensor"))
     ap.add_argument("--cpu-rmsnorm", action="store_true",
                     help="keep CPU's composite RMSNorm (saves fp32 copies) instead of CUDA's fused set")
-    ap.add_argument("--loss", default="ce", choices=("ce", "chunked"),
-                    help="torchtitan's loss: CrossEntropyLoss on the whole logits (ce, the default), or the "
-                         "ChunkedLossWrapper every 0.3.0 registry config uses (8 sequence chunks)")
+    ap.add_argument("--loss", default="auto", choices=("auto", "ce", "chunked"),
+                    help="torchtitan's loss: the ChunkedLossWrapper every 0.3.0 registry config uses (chunked: "
+                         "8 sequence chunks), or CrossEntropyLoss on the whole logits (ce); auto (the default): "
+                         "chunked without PP, ce under PP (its last stage's chunked loss inside the schedule is "
+                         "not traced, and jobctl counts the whole logits there)")
     ap.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"),
                     help="zero the gradients as torchtitan 0.3.0's trainer does under CUDA graphs "
                          "(zero_grad(set_to_none=False): they stay allocated between steps) or without them "
@@ -1203,13 +1211,14 @@ def main() -> int:
 
     env = _Env(args.ranks, args.spmd_backend, cuda_rmsnorm=not args.cpu_rmsnorm, tp=args.tp, pp=args.pp,
                stage=args.stage, schedule=args.schedule)
-    env.loss = args.loss
+    env.loss = args.loss if args.loss != "auto" else ("chunked" if args.pp == 1 and args.impl == "torchtitan"
+                                                      else "ce")
     env.cuda_graphs = args.cuda_graphs == "on" or (args.cuda_graphs == "auto" and args.pp == 1
                                                    and args.impl == "torchtitan")
     out = {"meta": {"torch": torch.__version__, "model": args.model, "layers": args.layers,
                     "seq_len": args.seq_len, "ranks": args.ranks, "tp": args.tp, "pp": args.pp,
                     "stage": args.stage if args.pp > 1 else "only", "schedule": args.schedule if args.pp > 1 else None,
-                    "impl": args.impl, "loss": args.loss, "cuda_graphs": env.cuda_graphs,
+                    "impl": args.impl, "loss": env.loss, "cuda_graphs": env.cuda_graphs,
                     "spmd_backend": args.spmd_backend,
                     "rmsnorm": "cpu composite" if args.cpu_rmsnorm else "cuda-like saved set", "device": "cpu (fake)"},
            "layouts": []}
@@ -1232,7 +1241,8 @@ def main() -> int:
             rec = record_allocations(env, args.model, batch, ac, args.seq_len, args.layers, args.impl, args.steps)
             al = allocator_rows(rec)
             mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
-                          args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1, env.cuda_graphs)
+                          args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1, env.cuda_graphs,
+                          env.loss)
             out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "allocator": al,
                                    "events": len(rec["events"]), "modelled_reserved": mo["reserved"]})
             if not args.json:
@@ -1244,7 +1254,8 @@ def main() -> int:
     for name, batch, ac in layouts:
         tr = trace(env, args.model, batch, ac, args.seq_len, args.layers, args.impl)
         mo = modelled(args.model, batch, ac, args.seq_len, args.layers, args.ranks, args.tp, args.impl,
-                      args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1, env.cuda_graphs)
+                      args.pp, args.stage, 2 if args.schedule == "Interleaved1F1B" else 1, env.cuda_graphs,
+                      env.loss)
         rows = compare(tr, mo)
         out["layouts"].append({"name": name, "local_batch": batch, "ac": ac, "traced": tr,
                                "modelled": mo, "rows": rows})

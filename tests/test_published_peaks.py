@@ -44,13 +44,21 @@ XFAIL_405B = ("measured 2026-11-26: predicted 56.0 GiB for the published 1F1B sc
               "tensors and the model 50.1 (-0.3%); replayed through the caching-allocator model they reserve 56.8 "
               "GiB (trace_memory.py --allocator): the 26 GiB above that in the published max reserved come from "
               "torch.compile, Float8 and async TP, not modelled")
+XFAIL_8B = ("measured 2026-11-28: predicted 60.4 GiB (-27%; 77.6 before jobctl modelled torchtitan 0.3.0's chunked "
+            "loss): jobctl plans torchtitan 0.3.0, whose registry configs compute the loss in 8 sequence chunks "
+            "(ChunkedLossWrapper), while the December 2024 trainer of the published run took the whole logits "
+            "(2 x 8192 x 128,256 logits x 12 B = 23.5 GiB at the loss); that program, traced (--loss ce "
+            "--cuda-graphs off) and replayed, reserves within 10% of the published figure and jobctl's model of "
+            "it within 5% (tests/test_allocator_replay.py)")
 PUBLISHED = [
     # torchtitan's trainer of December 2024 captured no CUDA graph and freed the gradients each step
-    # (its train_step's optimizers.zero_grad()): train.cuda_graphs=false, as 0.3.0 then runs
+    # (its train_step's optimizers.zero_grad()): train.cuda_graphs=false, as 0.3.0 then runs; its
+    # loss took the whole logits, which 0.3.0's registry configs chunk (jobctl models 0.3.0)
     pytest.param("llama3.1-8b", 82.4, ["train.cuda_graphs=false", "train.global_batch_size=16", "parallelism.dp=8",
                                        "parallelism.tp=1",
                                        "parallelism.pp=1", "parallelism.micro_batch_size=2",
-                                       "parallelism.recompute=selective"], id="8b-fsdp-sac"),
+                                       "parallelism.recompute=selective"], id="8b-fsdp-sac",
+                 marks=pytest.mark.xfail(strict=True, reason=XFAIL_8B)),
     # 77.6 GiB since the allocator's caches are modelled (-5.8%; 71.3 with the 5% reserve): the
     # trace of torchtitan's code for this layout replayed through the caching-allocator model
     # reserves 78.0 GiB (tests/test_allocator_replay.py)

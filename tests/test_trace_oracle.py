@@ -24,14 +24,26 @@ def rows(layout: dict) -> dict:
 
 def check(layout: dict):
     r = rows(layout)
+    # torchtitan without PP: traced with the registry configs' chunked loss, as jobctl models it
+    chunked = any(t["name"] == "chunked loss copies" for t in layout["modelled"]["terms"])
     for g in ("weights", "grads", "optimizer"):  # byte counts of the sharded states
         assert r[g]["modelled"] == pytest.approx(r[g]["traced_max"], rel=1e-3), g
     # what backward keeps, each block and all of it with the logits
     assert r["per block"]["modelled"] == pytest.approx(r["per block"]["traced_max"], rel=0.01)
-    assert r["activations+logits"]["modelled"] == pytest.approx(r["activations+logits"]["traced_max"], rel=0.01)
     # the peak: FSDP2's gradients and the activations are never held together (the model takes
     # the larger phase); RoPE buffers (a few MiB here) are the only tensors it does not count
-    assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
+    total = r["total (tensors)"]
+    if chunked:
+        # torchtitan's chunked loss makes the logits small, so the end of backward (gradients and
+        # FSDP's gathered buffers) can be the peak, where the buffers term is an upper bound (two
+        # units in 16-bit and the largest's gradient in 16 and 32 bits: +25% of that term in these
+        # traces): the total may be that much high, not more than 2% low. The tracker files the
+        # output layer's fp32 gradient sum and the chunk's logit gradients as temporaries of the
+        # backward ("activations"), the model with the loss's peak: only the total is compared.
+        assert 0.98 * total["traced"] <= total["modelled"] <= 1.07 * total["traced"]
+        return
+    assert total["modelled"] == pytest.approx(total["traced"], rel=0.02)
+    assert r["activations+logits"]["modelled"] == pytest.approx(r["activations+logits"]["traced_max"], rel=0.01)
     # gathered FSDP buffers: the model keeps two layers and the unsharded gradient of the largest
     # unit, an upper bound of what FSDP2 allocates (+17% to +25% in the full-size tables)
     b = r["buffers"]

@@ -19,6 +19,7 @@ from jobctl.frameworks.base import (
     file_path,
     fp8_param_gather,
     graphed_step,
+    loss_chunks,
 )
 
 REGISTRY: dict[str, Framework] = {
@@ -50,4 +51,4 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
            "Rendered", "Selective", "StateRecipe", "canonical", "file_path", "fp8_param_gather", "get",
-           "graphed_step"]
+           "graphed_step", "loss_chunks"]

@@ -115,6 +115,10 @@ class Capabilities:
     # and under it the trainer zeroes the gradients in place (zero_grad(set_to_none=False)):
     # they stay allocated through the step
     cuda_graphs: bool = False
+    # the loss runs the output layer and the cross-entropy a sequence chunk at a time (torchtitan
+    # 0.3.0's ChunkedLossWrapper, in every registry config: 8 chunks), accumulating the hidden
+    # state's gradient in fp32 and the output layer's unsharded gradient across the chunks; 0: whole
+    loss_chunks: int = 0
     # FSDP's root unit holds the embedding with the output layer (HF accelerate wraps the decoder
     # layers, then the root): at the loss both are gathered, and the last layer is prefetched
     fsdp_root_holds_embeddings: bool = False
@@ -292,6 +296,13 @@ def fp8_param_gather(caps: Capabilities, precision: str, fp8_recipe: str, shardi
     run (perf_recipes/llama/*: fp8_param_gather=True) for per-tensor and MXFP8 scaling."""
     return caps.fp8_param_gather and sharding == "zero1" and (
         precision == "mxfp8" or (precision == "fp8" and fp8_recipe in ("tensorwise", "delayed")))
+
+
+def loss_chunks(w, pp: int) -> int:
+    """Sequence chunks the plan's loss runs in (caps.loss_chunks), 0 for one piece. Not under
+    pipeline parallelism, whose last stage's chunked loss inside the schedule is not traced (the
+    whole logits are counted there: an over-estimate), nor with the recipe's own fused loss."""
+    return w.caps.loss_chunks if pp == 1 and not w.fused_cross_entropy else 0
 
 
 def graphed_step(w, plan) -> bool:

@@ -73,6 +73,7 @@ CAPS = Capabilities(
     sp_keeps_gathered_input=True,
     frees_grads_each_step=True,
     cuda_graphs=True,
+    loss_chunks=8,
     loss_parallel_logit_bytes=16.0,
     pp_split_counts_ends=True,
     pp_stage_recv_buffers=True,

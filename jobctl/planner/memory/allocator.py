@@ -4,7 +4,7 @@ earlier OOM taught (docs/memory-model.md, "Overheads")."""
 
 from __future__ import annotations
 
-from jobctl.frameworks import graphed_step
+from jobctl.frameworks import graphed_step, loss_chunks
 from jobctl.planner.memory.buffers import _FsdpUnderPP
 from jobctl.planner.memory.stages import framework_vocab
 from jobctl.planner.memory.workload import GIB, Workload, _compute_bytes
@@ -110,16 +110,14 @@ def _phases(add, w: Workload, plan: Plan, stage: str, groups: dict, acts: float,
     # with accumulation the gradients of the earlier micro-batches are held.
     if (w.caps.frees_grads_each_step and plan.sharding in ("zero3", "hsdp") and plan.pp == 1
             and plan.grad_accum_steps == 1 and w.method == "full" and plan.offload == "none"):
-        head_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp * compute_b  # the output layer, gathered
+        # the output layer, gathered; through a chunked loss also its fp32 accumulated gradient
+        head_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp * (
+            compute_b + 4 if loss_chunks(w, plan.pp) else compute_b)
         # under a CUDA-graphed step the trainer zeroes them in place: they exist at the activation
         # peak too (torchtitan 0.3.0 without PP or EP; traced with --cuda-graphs)
         kept = groups["grads"] if graphed_step(w, plan) else 0.0
         at_acts = groups["activations"] + groups["logits"] + min(groups["buffers"], head_unit) + kept
-        if kept:
-            # and in the last block's backward, once the logits are freed, that block's gathered
-            # weights and gradients beside the activations: the peak where a block outweighs the
-            # logits (DeepSeek-V3's MoE blocks at ep 1, traced: 11.5B parameters each)
-            at_acts = max(at_acts, groups["activations"] + groups["buffers"] + kept)
+
         if w.caps.fsdp_root_holds_embeddings:
             # accelerate's root unit (embedding + output layer) stays gathered from forward to the
             # end of backward (FSDP2 does not reshard the root after forward). At the loss one

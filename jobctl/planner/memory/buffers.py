@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from jobctl.frameworks import GradBuffer
+from jobctl.frameworks import GradBuffer, loss_chunks
 from jobctl.planner.memory.stages import _stage_params_cached, framework_vocab
 from jobctl.planner.moe import routed_params
 from jobctl.planner.memory.states import state_bytes
@@ -73,9 +73,13 @@ def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding:
         fsdp_pp = _FsdpUnderPP(stage_bytes, layer_unit, root_unit, acc_b)
     elif sharding in ("zero3", "hsdp") or offload == "optimizer+params":
         unit = max(m.layer_params() / tp + routed_unit, m.vocab * m.hidden / tp)
-        add("gathered weights", unit * (2 * compute_b + compute_b + sb.grad), "buffers", lambda:
+        per_unit = 2 * compute_b + compute_b + sb.grad
+        head = m.vocab * m.hidden / tp * (compute_b + 4) if loss_chunks(w, pp) and stage in ("only", "last") else 0
+        add("gathered weights", max(unit * per_unit, head), "buffers", lambda:
             "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in 16-bit, "
-            "plus its unsharded gradient before reduce-scatter")
+            "plus its unsharded gradient before reduce-scatter" + (
+                "; or the output layer through the chunked loss: kept gathered across the chunks, its "
+                "gradient accumulated unsharded in fp32 (2 + 4 B per V·h/t)" if head > unit * per_unit else ""))
     elif data_parallel and w.method == "full" and offload == "none":
         if w.caps.grad_buffer is GradBuffer.DDP_BUCKETS and sharding == "none":
             add("ddp buckets", trainable * sb.grad, "buffers", lambda:

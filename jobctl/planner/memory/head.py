@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from jobctl.frameworks import loss_chunks
 from jobctl.planner.memory.stages import framework_vocab
 from jobctl.planner.memory.workload import GIB, Workload, _collector
 
@@ -42,6 +43,8 @@ def _loss_bytes(w: Workload, tp: int, pp: int = 1) -> tuple[float, str]:
     if tp > 1 and w.caps.loss_parallel_logit_bytes:
         return (w.caps.loss_parallel_logit_bytes + (w.act_bytes if pp > 1 else 0),
                 "loss parallel: fp32 log-probs, and in backward zeros, exp and their sum" + kept)
+    if loss_chunks(w, pp):  # the chunk loop holds its chunk's 16-bit logits through the chunk's backward
+        return w.act_bytes + 12.0, "a chunk's 16-bit logits, its fp32 log-probs and two fp32 gradients"
     if not w.caps.keeps_logits_through_loss and pp == 1:
         return 12.0, "fp32 log-probs and two fp32 gradients; the loop drops the 16-bit logits"
     return w.act_bytes + 12.0, "16-bit logits, fp32 log-probs and two fp32 gradients" + (
@@ -71,9 +74,29 @@ def _head_items(w: Workload, tp: int, cp: int, sp: bool, b: int, pp: int, stage:
         head_in += e_ * sbh_head * (1 - 1 / rep)
     add("final norm and output input", head_in, "activations",
         lambda: "final norm input and output kept for the output layer's backward: 4·sbh (8·sbh eager)")
-    add("logits and loss", elems * per, "logits", lambda:
-        f"s·b·V/t = {elems:.4g} logits x {per:g} B ({loss_label})")
-    excess = max(0.0, working_set - elems * per)
+    chunks = loss_chunks(w, pp)
+    if chunks:
+        # torchtitan's ChunkedLossWrapper (components/loss.py): the model stops at the final norm;
+        # the hidden state is cut into `chunks` contiguous copies along the sequence (replicated on
+        # the TP ranks first), each chunk's logits are made, lost and back-propagated in turn, and
+        # each chunk's hidden-state gradient lands in an fp32 accumulator (GradAccumulator)
+        whole = (w.seq_len / cp) * b * m.hidden
+        add("chunked loss copies", (e_ + 4) * whole, "activations", lambda:
+            f"the hidden state's {chunks} chunk copies (2·sbh, whole on every TP rank) and its fp32 gradient "
+            "accumulator (4·sbh)")
+        elems /= chunks
+        # a chunk's loss peaks in its cross-entropy's backward, or in the output layer's backward:
+        # the chunk's 16-bit logits and their gradient, the layer's new 16-bit weight gradient and
+        # its fp32 sum with the accumulated one (torch's FSDP to_accumulated_grad_if_needed)
+        head_w = vocab * m.hidden / tp
+        loss = max(elems * per, 2 * e_ * elems + (e_ + 4) * head_w)
+        label = (f"s·b·V/t / {chunks} chunks = {elems:.4g} logits; the larger of their loss ({per:g} B each: "
+                 f"{loss_label}) and the output layer's backward (2 · {e_} B per logit, and the layer's "
+                 f"{e_}-B gradient and its fp32 sum: {e_ + 4} B x {head_w:.4g} V·h/t)")
+    else:
+        loss, label = elems * per, f"s·b·V/t = {elems:.4g} logits x {per:g} B ({loss_label})"
+    add("logits and loss", loss, "logits", lambda: label)
+    excess = max(0.0, working_set - loss)
     if working_set:
         add("recompute working set", excess, "activations", lambda:
             f"one layer rematerialised in its backward, {working_set / GIB:.3g} GiB, after the logits are "
