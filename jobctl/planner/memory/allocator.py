@@ -34,7 +34,9 @@ def _fsdp2_allocator_terms(add, w: Workload, plan: Plan, stage: str, groups: dic
         asks for fp32 blocks twice their size (transformers' loop keeps the logits: no hole).
     If the end of backward is the tensors' peak, that much of the above is already in use."""
     m, o = w.model, w.overheads
-    grads = groups["grads"] if phases else 0.0  # without the phases the gradients are counted as held
+    # without the phases the gradients are counted as held; under a CUDA-graphed step they are
+    # zeroed in place, held (the phases count them), never freed to the cache
+    grads = groups["grads"] if phases and not graphed_step(w, plan) else 0.0
     if grads:
         add("cached gradients (reduce-scatter stream)", grads, "overhead", lambda:
             "the sharded gradients, freed by zero_grad before the activation peak, stay cached on "
@@ -65,8 +67,10 @@ def _fsdp2_allocator_terms(add, w: Workload, plan: Plan, stage: str, groups: dic
             f"the largest unit's fp32 reduce-scatter input ({fresh / GIB:.3g} GiB) does not fit the freed "
             "activations' blocks")
     hole = 0.0
+    # (a chunked loss keeps each chunk's logits through its backward, and the next chunk's, of the
+    # same size, take their block)
     if (stage in ("last", "only") and not w.caps.keeps_logits_through_loss and not w.fused_cross_entropy
-            and not w.caps.in_place_cross_entropy):
+            and not w.caps.in_place_cross_entropy and not loss_chunks(w, plan.pp)):
         elems = (w.seq_len / plan.cp) * plan.micro_batch_size * framework_vocab(w, plan.tp) / plan.tp
         hole = elems * w.act_bytes
         add("freed 16-bit logits block", hole, "overhead", lambda:
@@ -117,6 +121,11 @@ def _phases(add, w: Workload, plan: Plan, stage: str, groups: dict, acts: float,
         # peak too (torchtitan 0.3.0 without PP or EP; traced with --cuda-graphs)
         kept = groups["grads"] if graphed_step(w, plan) else 0.0
         at_acts = groups["activations"] + groups["logits"] + min(groups["buffers"], head_unit) + kept
+        if kept:
+            # and in the last block's backward, once the logits are freed, that block's gathered
+            # weights and gradients beside the activations: the peak where a block outweighs the
+            # logits (DeepSeek-V3's MoE blocks at ep 1, traced: 11.5B parameters each)
+            at_acts = max(at_acts, groups["activations"] + groups["buffers"] + kept)
 
         if w.caps.fsdp_root_holds_embeddings:
             # accelerate's root unit (embedding + output layer) stays gathered from forward to the
