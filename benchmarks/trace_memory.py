@@ -55,6 +55,18 @@ The other stages exist only through the fake process group's send/recv (shaped b
 data); _patch_for_pp stands in for the metadata they would exchange at the first step.  The
 tracker then also files FSDP2's fp32 accumulated unsharded gradients as unsharded grads and the
 post-schedule reduction's tensors as reduce-scatter buffers (see _tracker_class).
+With --model 30B-A3B or 671B it builds torchtitan's own Qwen3 30B-A3B or DeepSeek-V3 671B (MoE
+blocks, DeepSeek's MLA, shared expert and dense first blocks) with expert parallelism 1 (the local
+dispatcher: the all-to-all's split sizes come from the routing, which fake tensors do not have),
+and also compares, term by term, what one MoE block's router, dispatcher, experts, attention and
+norms save for backward (_MoeTerms). Two more stand-ins there: the router's gate runs under
+autocast(float32), which CPU autocast refuses, so it runs as CUDA's would, on fp32 copies
+(_patch_router_for_cuda_autocast); MLA's 192-wide queries and keys against 128-wide values send
+CPU SDPA to its math path (a x s x s fp32 probabilities), so a stand-in keeps what
+FlexAttention keeps on CUDA (_patch_attention_for_mla).
+The step is the 0.3.0 trainer's: the registry configs' chunked loss (--loss auto: chunked
+without PP) and, under its default CUDA graphs, gradients zeroed in place rather than freed
+(--cuda-graphs auto: on without PP); --loss ce --cuda-graphs off traces its earlier loop.
 Needs torch (a CPU build is enough) and torchtitan; both are imported only here.
 
 What it cannot see, and the workarounds it needs:

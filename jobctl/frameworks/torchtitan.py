@@ -4,7 +4,9 @@ Read from the torchtitan 0.3.0 wheel: torchtitan/config/configs.py (TrainingConf
 ParallelismConfig), config/manager.py (ConfigManager: `--module`, `--config`, tyro overrides),
 trainer.py (batch arithmetic, CUDA-graph and micro-batch checks),
 distributed/activation_checkpoint.py (the AC policies), distributed/fsdp.py (reshard policy),
-distributed/pipeline_parallel.py (schedules, stages per rank), distributed/parallel_dims.py.
+distributed/pipeline_parallel.py (schedules, stages per rank), distributed/parallel_dims.py,
+components/loss.py (ChunkedLossWrapper), models/qwen3 and models/deepseek_v3 (MoE, MLA, their
+registry configs), models/common/moe.py and token_dispatcher.py.
 
 0.3.0 has no TOML job file: a run is `python -m torchtitan.train --module M --config F` plus
 `--section.key=value` overrides, the activation-checkpointing policy a trailing subcommand.
