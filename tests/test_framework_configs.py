@@ -11,6 +11,7 @@ dumped from tag core_v0.16.1) stands in for its argparse, and megatron-core's Tr
 runs its own checks.
 """
 
+import functools
 import importlib.util
 import json
 import os
@@ -104,6 +105,12 @@ MATRIX = {
 
 
 def plans(framework: str) -> list[dict]:
+    """The matrix's plans for `framework` (planned once per test session; callers copy, not edit)."""
+    return list(_plans(framework))
+
+
+@functools.cache
+def _plans(framework: str) -> tuple[dict, ...]:
     out = []
     for recipe, cluster, overrides in MATRIX[framework]:
         inv_over = [o for o in overrides if o.startswith("partitions.")]
@@ -114,7 +121,7 @@ def plans(framework: str) -> list[dict]:
         assert data["feasible"], (recipe, cluster, overrides, data["reasons"])
         assert data["framework"]["name"] == framework
         out.append({"plan": data["plan"], "framework": data["framework"], "case": [recipe, cluster, overrides]})
-    return out
+    return tuple(out)
 
 
 def test_megatron_accepts_what_jobctl_renders():
@@ -264,33 +271,31 @@ def test_torchtitan_accepts_what_jobctl_renders():
     assert sum(c["plan"]["ep"] > 1 for c in cases) == 3
 
 
-def test_torchtitan_checker_refuses_an_expert_parallel_size_that_does_not_fold():
-    """ep must divide dp_shard x cp x tp (the experts' mesh is carved from those ranks)."""
+def test_torchtitan_checker_refuses_wrong_values():
+    """Each checked by torchtitan's own code, in one checker run: async TP without the model
+    compiled (CompileConfig.__post_init__), a global batch the data-parallel degree does not
+    divide (the trainer's arithmetic), an expert-parallel size that does not fold into
+    dp_shard x cp x tp (ParallelDims.build_mesh cannot carve the experts' mesh from those ranks)."""
     _need("torchtitan")
-    base = next(c for c in plans("torchtitan") if c["plan"]["ep"] > 1)
-    p = base["plan"]
+    cases = plans("torchtitan")
+
+    def with_args(case, edit):
+        return dict(case, framework=dict(case["framework"], args=[edit(a) for a in case["framework"]["args"]]))
+
+    async_tp = next(c for c in cases if "--compile.enable_async_tensor_parallel" in c["framework"]["args"])
+    no_compile = dict(async_tp, framework=dict(async_tp["framework"], args=[
+        a for a in async_tp["framework"]["args"] if a != "--compile.enable"]))
+    batch = with_args(cases[0], lambda a: "--training.global_batch_size=7"
+                      if a.startswith("--training.global_batch_size=") else a)
+    moe = next(c for c in cases if c["plan"]["ep"] > 1)
+    p = moe["plan"]
     assert (p["dp"] * p["cp"] * p["tp"]) % 3
-    args = [a if not a.startswith("--parallelism.expert_parallel_degree=") else
-            "--parallelism.expert_parallel_degree=3" for a in base["framework"]["args"]]
-    r = run_checker("torchtitan", [dict(base, framework=dict(base["framework"], args=args))])[0]
-    assert not r["ok"] and "mesh_sizes" in r["error"], r  # build_mesh cannot unflatten the ranks
-
-
-def test_torchtitan_checker_refuses_async_tp_without_compile():
-    _need("torchtitan")
-    base = next(c for c in plans("torchtitan") if "--compile.enable_async_tensor_parallel" in c["framework"]["args"])
-    args = [a for a in base["framework"]["args"] if a != "--compile.enable"]
-    r = run_checker("torchtitan", [dict(base, framework=dict(base["framework"], args=args))])[0]
-    assert not r["ok"] and "Async TP requires" in r["error"]
-
-
-def test_torchtitan_checker_refuses_a_batch_that_does_not_divide():
-    _need("torchtitan")
-    base = plans("torchtitan")[0]
-    args = [a if not a.startswith("--training.global_batch_size=") else "--training.global_batch_size=7"
-            for a in base["framework"]["args"]]
-    r = run_checker("torchtitan", [dict(base, framework=dict(base["framework"], args=args))])[0]
-    assert not r["ok"]
+    ep = with_args(moe, lambda a: "--parallelism.expert_parallel_degree=3"
+                   if a.startswith("--parallelism.expert_parallel_degree=") else a)
+    r_compile, r_batch, r_ep = run_checker("torchtitan", [no_compile, batch, ep])
+    assert not r_compile["ok"] and "Async TP requires" in r_compile["error"]
+    assert not r_batch["ok"]
+    assert not r_ep["ok"] and "mesh_sizes" in r_ep["error"], r_ep  # build_mesh cannot unflatten the ranks
 
 
 def test_deepspeed_accepts_what_jobctl_renders():
