@@ -543,10 +543,6 @@ class _MoeTerms:
                   blk.moe.routed_experts.inner_experts: "experts"}
         if blk.moe.shared_experts is not None:
             labels[blk.moe.shared_experts] = "shared"
-        self.names = {lab: [] for lab in labels.values()}
-        for name, mod in blk.named_modules():
-            if mod in labels:
-                self.names[labels[mod]].append(name)
         for mod, label in labels.items():
             mod.register_forward_pre_hook(self._enter(label))
             mod.register_forward_hook(self._leave)
