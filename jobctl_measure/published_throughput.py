@@ -209,7 +209,7 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
 # Megatron-Bridge's MoE settings jobctl does not model (each row of published_moe_2025.yaml says
 # which it ran): the run is scored as jobctl would plan it, and the table names these beside it.
 MOE_UNMODELLED = (("dispatcher", lambda v: v not in (None, "alltoall"), "HybridEP/DeepEP"),
-                  ("overlap_ep_comm", bool, "EP overlap"), ("cuda_graphs", lambda v: v not in (None, "none"), "graphs"),
+                  ("cuda_graphs", lambda v: v not in (None, "none"), "graphs"),
                   ("paged_stash", lambda v: v not in (None, "none"), "stash"), ("mtp_layers", bool, "MTP"))
 
 
@@ -246,6 +246,8 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         fw = frameworks.get("megatron")
         if not r.get("tp_comm_overlap"):
             fw = fw.with_caps(tp_comm_overlap=False)
+        if not s.get("overlap_ep_comm"):  # jobctl turns it on wherever Megatron accepts it
+            fw = fw.with_caps(ep_overlap=False)
         gpu = lookup_gpu(r["gpu"])
         seq, gb = r["seq_len"], p["global_batch"]
         w = Workload(model, seq, gb, precision=precision, framework=fw, fp8_recipe=r.get("fp8_recipe") or "tensorwise",

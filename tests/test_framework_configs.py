@@ -168,12 +168,18 @@ def test_megatron_accepts_what_jobctl_renders():
             assert r["qk_layernorm"] == (model.mla is not None or model.qk_norm)
             # DeepSeek-V3's sequence-wise balancing beside its expert bias; the others' aux loss
             assert r["moe_router_load_balancing_type"] == ("seq_aux_loss" if model.moe.score_bias else "aux_loss")
+            # the all-to-alls under the paired micro-batch's compute wherever megatron-core's
+            # TransformerConfig takes it (its __post_init__): experts split, no full recompute,
+            # virtual stages when pipelined; the experts' weight gradients delayed with it
+            combined = p["ep"] > 1 and p["recompute"] != "full" and (p["pp"] == 1 or p["virtual_stages"] > 1)
+            assert (r["overlap_moe_expert_parallel_comm"], r["delay_wgrad_compute"]) == (combined, combined)
         # FP8 weights gathered in FP8 under the distributed optimizer (per-tensor and MXFP8 scaling)
         fp8_weights = p["sharding"] == "zero1" and (precision == "mxfp8" or (
             precision == "fp8" and (recipe or "tensorwise") in ("tensorwise", "delayed")))
         assert r["fp8_param"] == fp8_weights, case["case"]
         assert r["reuse_grad_buf_for_mxfp8_param_ag"] == (fp8_weights and precision == "mxfp8")
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)  # the interleaved schedule was exercised
+    assert any("--overlap-moe-expert-parallel-comm" in c["framework"]["args"] for c in cases)
 
 
 def _without(args, *flags):
@@ -206,6 +212,12 @@ WRONG_MEGATRON = [
      "num_moe_experts must be non None to use expert-parallel"),
     ("--moe-router-enable-expert-bias", lambda a: _without_value(a, "--moe-router-score-function"),
      "Expert bias for aux-loss-free routing only supports sigmoid score function"),
+    # the combined 1F1B schedule: not with full recompute; the delayed weight gradients not without it
+    ("--overlap-moe-expert-parallel-comm", lambda a: a + ["--recompute-granularity", "full", "--recompute-method",
+                                                          "uniform", "--recompute-num-layers", "1"],
+     "disable full recomputation when enabling overlap_moe_expert_parallel_comm"),
+    ("--delay-wgrad-compute", lambda a: _without(a, "--overlap-moe-expert-parallel-comm"),
+     "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute"),
 ]
 
 

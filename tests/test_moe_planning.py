@@ -14,6 +14,7 @@ import json
 import pytest
 from jobctl_run import jobctl
 
+from jobctl import frameworks
 from jobctl.frameworks import megatron
 from jobctl.planner import inputs
 from jobctl.planner.memory import GIB, Workload, estimate, layer_activation_terms
@@ -94,6 +95,43 @@ def test_all_to_alls_cost_nothing_without_ep_and_more_across_nodes():
     assert one.ep_comm_s == 0
     assert 0 < inside.ep_comm_s < across.ep_comm_s  # NVLink inside the node, the network across
     assert inside.to_dict()["parts"]["ep_comm_s"] == inside.ep_comm_s
+
+
+def test_the_combined_schedule_hides_the_all_to_alls_and_holds_one_layer_more():
+    # Megatron's --overlap-moe-expert-parallel-comm (model_chunk_schedule_plan.py run): after one
+    # micro-batch's forward, each step runs layer i's forward of the next one before layer
+    # L-1-i's backward of this one frees it: L + 1 layers at the peak, not 2·L; pipelined, the
+    # schedule adds one warm-up chunk forward (schedules.py num_warmup_microbatches + 1)
+    w = Workload(PRESETS["mixtral-8x7b"], 4096, 256, framework="megatron")
+    apart = Workload(PRESETS["mixtral-8x7b"], 4096, 256, framework=megatron.FRAMEWORK.with_caps(ep_overlap=False))
+    flat = plan(ep=8)
+    assert term(estimate(w, 80 * GIB, flat), "layer activations") == pytest.approx(
+        term(estimate(apart, 80 * GIB, flat), "layer activations") * 33 / 32)  # 32 layers, one more
+    # pp 4, v 2, 32 micro-batches: the first stage ran (p-1)·2 + (v-1)·p + 1 = 11 chunk forwards
+    # before its first backward (5.5 stages' worth); combined, 12 (6 stages' worth)
+    piped = plan(ep=8, pp=4, dp=2, virtual_stages=2)
+    assert term(estimate(w, 80 * GIB, piped), "layer activations") == pytest.approx(
+        term(estimate(apart, 80 * GIB, piped), "layer activations") * 6 / 5.5)
+    # pipelined without virtual stages megatron-core refuses it: jobctl leaves it off
+    assert not frameworks.ep_overlap(w, plan(ep=8, pp=4, dp=2))
+    assert not frameworks.ep_overlap(w, plan(ep=8, recompute="full"))
+
+    # time: of each layer's all-to-alls E only what the paired micro-batch's compute C does not
+    # cover shows, max(0, E - C), in all but the first forward and last backward of m (E and C:
+    # the step model's own per-layer costs, perf._layer_costs, which the overlap does not change)
+    from jobctl.planner import perf
+
+    t, m, qwen = h100(), 8, PRESETS["qwen3-30b-a3b"]  # 48 layers of 128 small experts (top 8)
+    w, apart = (Workload(qwen, 4096, 512, framework=f) for f in ("megatron", apart.framework))
+    for nodes in (1, 2):  # inside NVLink (compute covers the all-to-alls), and across the network
+        p = plan(nodes=nodes, dp=8 * nodes, ep=8 * nodes, grad_accum_steps=m, global_batch_size=m * 8 * nodes)
+        on, off = estimate_step(w, p, t.links, 8), estimate_step(apart, p, t.links, 8)
+        c, _, _, e, _, _ = perf._layer_costs(qwen, 4096, w.act_bytes, w.attention, None, False, (True, False),
+                                             t.links, 8, 1, 1, 1, False, "none", 0.0, p.ep)
+        assert off.ep_comm_s == pytest.approx(m * 48 * e)
+        assert on.ep_comm_s == pytest.approx(m * 48 * (e / m + (1 - 1 / m) * max(0.0, e - c)))
+        assert on.step_time_s == pytest.approx(off.step_time_s - off.ep_comm_s + on.ep_comm_s)
+        assert (e > c) == (nodes == 2)  # across the network the all-to-alls outrun the compute: the excess shows
 
 
 def test_the_search_splits_the_experts_and_renders_megatrons_moe_flags():

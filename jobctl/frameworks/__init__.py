@@ -17,6 +17,7 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     file_path,
+    ep_overlap,
     fp8_param_gather,
     graphed_step,
     loss_chunks,
@@ -50,5 +51,5 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
-           "Rendered", "Selective", "StateRecipe", "canonical", "file_path", "fp8_param_gather", "get",
+           "Rendered", "Selective", "StateRecipe", "canonical", "ep_overlap", "file_path", "fp8_param_gather", "get",
            "graphed_step", "loss_chunks"]

@@ -137,6 +137,10 @@ class Capabilities:
     # modelled; DeepSeek's multi-head latent attention (mla)
     moe: bool = False
     mla: bool = False
+    # one micro-batch's expert-parallel all-to-alls under another's compute (Megatron-Core's
+    # --overlap-moe-expert-parallel-comm with --delay-wgrad-compute: the combined 1F1B schedule;
+    # planner/perf.py and memory, ep_overlap below)
+    ep_overlap: bool = False
     # the MoE layer is torchtitan's eager one (models/common/moe.py, token_dispatcher.py): the
     # router's gate runs under autocast to fp32 and keeps an fp32 copy of its input and the
     # probabilities; the dispatcher sorts the copies by expert with int64 indices; the combine
@@ -303,6 +307,17 @@ def loss_chunks(w, pp: int) -> int:
     pipeline parallelism, whose last stage's chunked loss inside the schedule is not traced (the
     whole logits are counted there: an over-estimate), nor with the recipe's own fused loss."""
     return w.caps.loss_chunks if pp == 1 and not w.fused_cross_entropy else 0
+
+
+def ep_overlap(w, plan) -> bool:
+    """The plan runs Megatron-Core's combined 1F1B schedule, each layer's forward of one
+    micro-batch beside its mirror layer's backward of the previous one, so that one's dispatch
+    and combine all-to-alls run under the other's compute (caps.ep_overlap). Turned on wherever
+    megatron-core's TransformerConfig accepts it (transformer_config.py __post_init__,
+    core_v0.16.1): expert parallelism, no full recompute, virtual stages when pipelined, a 16-bit
+    model (FP8 trains a BF16 one). w: a Workload (duck-typed: the planner's layer is above this one)."""
+    return (w.caps.ep_overlap and w.model.moe is not None and plan.ep > 1 and plan.recompute != "full"
+            and (plan.pp == 1 or plan.virtual_stages > 1) and w.precision != "fp32")
 
 
 def graphed_step(w, plan) -> bool:

@@ -16,6 +16,7 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     common_problems,
+    ep_overlap,
     fp8_param_gather,
     num,
 )
@@ -55,6 +56,7 @@ CAPS = Capabilities(
     fused_cross_entropy_logit_bytes=10.0,
     moe=True,
     mla=True,
+    ep_overlap=True,
     qk_norm_counted=False,
     sources=(
         ("--cross-entropy-loss-fusion (native impl) runs the same steps as jit-compiled functions "
@@ -98,6 +100,16 @@ CAPS = Capabilities(
          "validate_args requires --sequence-parallel with it; one registered buffer of (seq·micro-batch/cp, "
          "hidden) per overlapped GEMM, 10 in all", f"{ARGS} validate_args; megatron/training/initialize.py "
          "_initialize_tp_communicators; transformer_engine/pytorch/module/base.py initialize_ub"),
+        ("--overlap-moe-expert-parallel-comm: after one micro-batch's forward, each step pairs layer i's "
+         "forward of the next micro-batch with layer L-1-i's backward of this one (attention forward, MLP "
+         "backward, dispatch forward, dispatch backward, MLP forward, combine forward, attention backward), "
+         "so one's all-to-alls run under the other's compute and a stage holds one layer more (one model "
+         "chunk more when pipelined: one more warm-up forward); --delay-wgrad-compute moves the experts' "
+         "weight gradients under the backward dispatch. TransformerConfig requires ep > 1, the alltoall or "
+         "flex dispatcher, no full recompute, virtual stages with pp > 1, a bf16/fp16 model",
+         "megatron/core/models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run; "
+         "pipeline_parallel/combined_1f1b.py; schedules.py (num_warmup_microbatches + 1); "
+         "transformer/transformer_config.py __post_init__"),
     ),
 )
 
@@ -216,6 +228,9 @@ def _moe_flags(plan, w) -> list:
     a += ["--num-experts", x.experts, "--moe-ffn-hidden-size", x.expert_ffn, "--moe-router-topk", x.top_k,
           "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", 1,
           "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+    if ep_overlap(w, plan):  # paired as Megatron-Bridge's MoE perf recipes pair them
+        # (perf_recipes/deepseek/common.py:76-77 @067f987df0)
+        a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     # the load-balancing loss the model was trained with: DeepSeek-V3's small sequence-wise loss
     # beside its expert bias, the others' auxiliary loss (Megatron-LM's default is none; jobctl
     # models a balanced router, so the rendered run balances it)
@@ -333,6 +348,9 @@ def _overlaps_on(plan, w) -> list[str]:
             out.append("param gather (--overlap-param-gather, under the forward"
                        + ("; in FP8: --fp8-param-gather)" if fp8_param_gather(CAPS, w.precision, w.fp8_recipe,
                                                                              plan.sharding) else ")"))
+    if ep_overlap(w, plan):
+        out.append("EP all-to-alls (--overlap-moe-expert-parallel-comm: one micro-batch's dispatch and combine "
+                   "under the next one's compute)")
     if plan.pp > 1 and plan.virtual_stages > 1:
         out.append("P2P sends (overlap_p2p_comm under the interleaved stages, Megatron's default)")
     return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from functools import lru_cache
 
-from jobctl.frameworks import Selective
+from jobctl.frameworks import Selective, ep_overlap
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
 from jobctl.planner.memory.workload import fp8_params, tp_overlap
 from jobctl.planner.plan import Plan
@@ -358,17 +358,31 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
     return _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, tp_overlap(w, plan),
                            (w.caps.te_layernorm_mlp, w.compiled), links, gpus_per_node, plan.tp, plan.pp,
                            plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, max(plan.virtual_stages, 1),
-                           plan.recompute, rc, plan.ep)
+                           plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan))
+
+
+def _ep_hidden_share(w: Workload, plan) -> float:
+    """The share of a stage's chunk forwards and backwards that Megatron's combined 1F1B
+    schedule pairs (frameworks.ep_overlap; 0 without it): all but the warm-up forwards of the
+    first stage and as many cool-down backwards, of m·v each (one of m unpipelined; pipelined,
+    (p-1)·2 + (v-1)·p + 2 with the schedule's extra warm-up forward)."""
+    if plan.ep <= 1 or not ep_overlap(w, plan):
+        return 0.0
+    p, v, m = plan.pp, max(plan.virtual_stages, 1), plan.grad_accum_steps
+    warm = 1 if p == 1 else (p - 1) * 2 + (v - 1) * p + 2
+    return max(0.0, 1 - warm / (m * v))
 
 
 @lru_cache(maxsize=1 << 15)
 def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: bool,
                     stack: tuple[bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int,
-                    recompute: str, rc: float, ep: int = 1) -> tuple:
+                    recompute: str, rc: float, ep: int = 1, ep_hidden: float = 0.0) -> tuple:
     layers_max = stage_layers(m.layers, p)[1]
     layer_compute, layer_tp, layer_cp, layer_ep, msg, head = _layer_costs(
         m, s, act_bytes, attention, op_sac, overlap, stack, links, gpus_per_node, t, c, b, sequence_parallel, recompute,
         rc, ep)
+    if ep_hidden:  # paired steps: one's all-to-alls under the other's compute, only the excess shows
+        layer_ep = (1 - ep_hidden) * layer_ep + ep_hidden * max(0.0, layer_ep - layer_compute)
     stage_mb, p2p, bubble = _pipeline(m.layers, t, p, c, dp, sequence_parallel, v, layers_max,
                                       layer_compute + layer_tp + layer_cp + layer_ep, head, msg, links, gpus_per_node)
     return layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble
@@ -469,8 +483,8 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     (MEMBOUND_BYTES_F). Dispatch and combine are two all-to-alls forward and two backward (two
     more with the forward recomputed), each moving the rank's top_k·T token copies: to the
     other ranks of the NVLink domain over NVLink, to the ranks beyond it over the network, at
-    the same time (the slower one counts). Not overlapped with compute (Megatron-Core's
-    --overlap-moe-expert-parallel-comm is not rendered)."""
+    the same time (the slower one counts). Under Megatron-Core's --overlap-moe-expert-parallel-comm
+    only what the paired micro-batch's compute does not cover counts (_pipeline_costs)."""
     x = m.moe
     share = m.moe_layers / m.layers
     tokens = tokens_rank / t  # this rank's tokens into the router

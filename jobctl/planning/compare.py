@@ -81,8 +81,9 @@ def framework_advice_for(recipe_loaded, inv_loaded, current: str, report: PlanRe
     if not est.get("tokens_per_s"):
         return []
     floor = FRAMEWORK_GAP * est["tokens_per_s"]
+    per_gpu = est.get("tokens_per_s_per_gpu") or 0.0
     rows = [_framework_row(name, _best_on(recipe, inv, objective, learn, name)) for name in framework_names()
-            if name != current and _could_be_faster(recipe, inv, learn, name, floor)]
+            if name != current and _could_be_faster(recipe, inv, learn, name, floor, per_gpu)]
     return framework_advice(current, rows, True, est.get("step_time_s"), est.get("tokens_per_s_per_gpu"),
                             report.plan["world_size"])
 
@@ -98,15 +99,18 @@ def _fits_at_all(recipe, inv, learn: bool, framework: str) -> bool:
                for w, tgt, _, _ in _workloads(recipe, inv, parts, learn, framework))
 
 
-def _could_be_faster(recipe, inv, learn: bool, framework: str, tokens_per_s: float) -> bool:
-    """Whether `framework` has a plan faster than `tokens_per_s` on some partition of `inv`."""
+def _could_be_faster(recipe, inv, learn: bool, framework: str, tokens_per_s: float, per_gpu: float = 0.0) -> bool:
+    """Whether `framework` has a plan faster than `tokens_per_s` on some partition of `inv`, at
+    least `per_gpu` tokens/s per GPU (the advice names no framework faster only for taking more
+    GPUs): among the plans its fastest-plan search finds, those slower than a faster one that
+    misses `per_gpu` are not looked for (the advice then stays silent)."""
     parts = _partitions(recipe, inv)
     if isinstance(parts, str):
         return False
     cons, steps = inputs.constraints(recipe), train_steps(recipe)
     for w, tgt, _, _ in _workloads(recipe, inv, parts, learn, framework):
         res = search(w, tgt, cons, objective="time", steps=steps, faster_than=tokens_per_s)
-        if any(c.tokens_per_s > tokens_per_s for c in res.ranked):
+        if any(c.tokens_per_s > tokens_per_s and c.tokens_per_s_per_gpu >= per_gpu for c in res.ranked):
             return True
     return False
 

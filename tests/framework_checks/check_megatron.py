@@ -54,6 +54,8 @@ def check(case):
             raise ValueError("--overlap-param-gather only supported with distributed optimizer")
         if not ns.get("overlap_grad_reduce"):
             raise ValueError("Must use --overlap-param-gather with --overlap-grad-reduce")
+    if ns.get("delay_wgrad_compute") and ns.get("transformer_impl", "transformer_engine") != "transformer_engine":
+        raise ValueError("Delaying wgrad compute is only supported with transformer_engine implementation")  # validate_args
     if ns.get("tp_comm_overlap") and not ns.get("sequence_parallel"):  # validate_args, word for word
         raise ValueError("Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is "
                          "enabled")
@@ -95,6 +97,8 @@ def check(case):
             "overlap_grad_reduce": bool(ns.get("overlap_grad_reduce")),
             "overlap_param_gather": bool(ns.get("overlap_param_gather")),
             "tp_comm_overlap": cfg.tp_comm_overlap, "fp8_param": cfg.fp8_param,
+            "overlap_moe_expert_parallel_comm": cfg.overlap_moe_expert_parallel_comm,
+            "delay_wgrad_compute": cfg.delay_wgrad_compute,
             "reuse_grad_buf_for_mxfp8_param_ag": ddp.reuse_grad_buf_for_mxfp8_param_ag,
             "num_moe_experts": cfg.num_moe_experts, "ep": cfg.expert_model_parallel_size,
             "etp": cfg.expert_tensor_parallel_size, "moe_layer_freq": cfg.moe_layer_freq,

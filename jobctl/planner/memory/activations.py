@@ -315,7 +315,7 @@ def stored_layer_bytes(w: Workload, plan: Plan, b: int) -> float:
     return layer_activation_bytes(w, plan, b)
 
 
-def pipeline_in_flight(plan: Plan, stage: str) -> float:
+def pipeline_in_flight(plan: Plan, stage: str, combined_layers: float = 0) -> float:
     """Micro-batches of a stage's activations held at once (in units of the whole stage).
 
     1F1B: stage r holds min(m, p − r) micro-batches (the first p, the second p − 1, the last 1).
@@ -325,14 +325,20 @@ def pipeline_in_flight(plan: Plan, stage: str) -> float:
     torch distributed/pipelining/schedules.py _get_warmup_ops, p micro-batches per round); in
     stages that is ((p − r − 1)·2 + (v − 1)·p + 1)/v:
     p·(1 + (p − 1)/(p·v)) on the first (Korthikanti et al. 2022 §4.2.3) and ((v − 1)·p + 1)/v
-    on the last, where 1F1B holds one."""
+    on the last, where 1F1B holds one.
+
+    combined_layers: the stage's layers when Megatron's combined 1F1B schedule runs
+    (frameworks.ep_overlap): each of its steps runs layer i's forward of one micro-batch before
+    layer L-1-i's backward of the one before frees it (model_chunk_schedule_plan.py), one layer
+    more than a micro-batch at its peak; pipelined, one more chunk forward in the warm-up
+    (schedules.py: num_warmup_microbatches + 1)."""
     p, v, m = plan.pp, plan.virtual_stages, plan.grad_accum_steps
     if p == 1:
-        return 1.0
+        return 1.0 + (1 / combined_layers if combined_layers and m > 1 else 0.0)
     r = {"first": 0, "middle": 1, "last": p - 1}.get(stage, 0)
     if v <= 1:
         return float(min(m, p - r))
-    chunks = min((p - r - 1) * 2 + (v - 1) * p + 1, m * v)
+    chunks = min((p - r - 1) * 2 + (v - 1) * p + 1 + (1 if combined_layers else 0), m * v)
     return chunks / v
 
 

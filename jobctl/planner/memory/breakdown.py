@@ -3,6 +3,7 @@ that holds the most (`estimate`); `estimate_stage` for one pipeline stage."""
 
 from __future__ import annotations
 
+from jobctl import frameworks
 from jobctl.planner.memory.activations import (
     _activation_items,
     _pipeline_items,
@@ -105,7 +106,7 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
             groups[group] += value
 
     tp, pp, cp, sp, b = plan.tp, plan.pp, plan.cp, plan.sequence_parallel, plan.micro_batch_size
-    in_flight = pipeline_in_flight(plan, stage)
+    in_flight = pipeline_in_flight(plan, stage, w.model.layers if frameworks.ep_overlap(w, plan) else 0)
     apply(_state_items(w, tp, pp, stage, plan.sharding, plan.shard_group, plan.offload, plan.ep))
     buffers, fsdp_pp = _framework_buffer_items(w, tp, pp, stage, plan.sharding, plan.offload, plan.dp * cp > 1,
                                                   plan.ep)
