@@ -204,14 +204,15 @@ def _with(what: str) -> str:
 
 def search(w: Workload, t: Target, c: Constraints, objective: str = DEFAULT_OBJECTIVE, steps: int | None = None,
            keep_all: bool = False, evaluations: Evaluations | None = None,
-           faster_than: float | None = None) -> SearchResult:
+           faster_than: float | None = None, per_gpu_floor: float = 0.0) -> SearchResult:
     """Find the plans that fit on `t`, estimate their step time, rank them by `objective`.
 
     `evaluations`: the space of (w, t, c, steps) as an earlier search left it (its result's
     `evaluations`, or `.pinned(...)` of it): layouts it evaluated are not evaluated again.
     `faster_than` (objective "time" only): tokens/s a plan must beat to be worth finding; layouts
     whose bound does not reach it are not evaluated (the result may hold slower plans found on
-    the way: the caller compares)."""
+    the way: the caller compares). `per_gpu_floor` (with faster_than): tokens/s per GPU such a
+    plan must also reach; layouts whose bound per GPU does not are not evaluated either."""
     if faster_than is not None and objective != "time":
         raise ValueError("search: faster_than is for objective time")
     # The search makes tens of thousands of small objects (plans, keys, breakdowns), none of them
@@ -220,14 +221,14 @@ def search(w: Workload, t: Target, c: Constraints, objective: str = DEFAULT_OBJE
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _search(w, t, c, objective, steps, keep_all, evaluations, faster_than)
+        return _search(w, t, c, objective, steps, keep_all, evaluations, faster_than, per_gpu_floor)
     finally:
         if collecting:
             gc.enable()
 
 
 def _search(w: Workload, t: Target, c: Constraints, objective: str, steps: int | None, keep_all: bool,
-            evaluations: Evaluations | None, faster_than: float | None) -> SearchResult:
+            evaluations: Evaluations | None, faster_than: float | None, per_gpu_floor: float = 0.0) -> SearchResult:
     result = SearchResult(target=t, best=None, objective=objective)
     problems = pinned_problems(w, t, c)
     if problems:
@@ -248,7 +249,8 @@ def _search(w: Workload, t: Target, c: Constraints, objective: str, steps: int |
     # the pruned search against an unpruned one.
     order = ev.layouts
     if faster_than is not None and t.links is not None:  # those that cannot reach it, without their bound
-        order = [layout for layout in order if ev.time_bound_above(layout, faster_than)]
+        order = [layout for layout in order if ev.time_bound_above(layout, faster_than)
+                 and (not per_gpu_floor or ev.bound(layout, "throughput") >= per_gpu_floor)]
         if len(order) < len(ev.layouts):
             result.rejected["slower than the best (bound)"] += len(ev.layouts) - len(order)
     order = sorted(order, key=lambda layout: -ev.bound(layout, objective))

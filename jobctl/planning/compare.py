@@ -102,14 +102,15 @@ def _fits_at_all(recipe, inv, learn: bool, framework: str) -> bool:
 def _could_be_faster(recipe, inv, learn: bool, framework: str, tokens_per_s: float, per_gpu: float = 0.0) -> bool:
     """Whether `framework` has a plan faster than `tokens_per_s` on some partition of `inv`, at
     least `per_gpu` tokens/s per GPU (the advice names no framework faster only for taking more
-    GPUs): among the plans its fastest-plan search finds, those slower than a faster one that
-    misses `per_gpu` are not looked for (the advice then stays silent)."""
+    GPUs): layouts whose bounds reach neither are not evaluated; among the plans the search
+    finds, those slower than a faster one that misses `per_gpu` are not looked for (the advice
+    then stays silent)."""
     parts = _partitions(recipe, inv)
     if isinstance(parts, str):
         return False
     cons, steps = inputs.constraints(recipe), train_steps(recipe)
     for w, tgt, _, _ in _workloads(recipe, inv, parts, learn, framework):
-        res = search(w, tgt, cons, objective="time", steps=steps, faster_than=tokens_per_s)
+        res = search(w, tgt, cons, objective="time", steps=steps, faster_than=tokens_per_s, per_gpu_floor=per_gpu)
         if any(c.tokens_per_s > tokens_per_s and c.tokens_per_s_per_gpu >= per_gpu for c in res.ranked):
             return True
     return False
