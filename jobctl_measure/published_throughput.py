@@ -210,7 +210,38 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
 # which it ran): the run is scored as jobctl would plan it, and the table names these beside it.
 MOE_UNMODELLED = (("dispatcher", lambda v: v not in (None, "alltoall"), "HybridEP/DeepEP"),
                   ("cuda_graphs", lambda v: v not in (None, "none"), "graphs"),
+                  ("fused_grouped_mlp", bool, "fused MLP"),
                   ("paged_stash", lambda v: v not in (None, "none"), "stash"), ("mtp_layers", bool, "MTP"))
+
+
+# The settings each Qwen3 row's own Megatron-Bridge release ran with (read per release tag; the
+# file's header says how), which replace the attached recipe's of today; they also describe rows
+# whose layout today's recipes lack and the 25.09 token-dropping runs (capacity factor 1.0 with
+# padding: each expert computes exactly its balanced share).
+RELEASE_SETTINGS = "published_moe_release_settings.yaml"
+# CUDA graphs that capture the routed experts: Megatron-Bridge's full-iteration graph, and
+# Megatron-Core 0.14's layer-wise graphs of whole layers (enable_cuda_graph, scope "full": the
+# 25.09 token-dropping runs, whose padded shapes are static); Transformer Engine's scoped graphs
+# (attn, moe_router, moe_preprocess) leave the experts' GEMMs to the host
+EXPERTS_GRAPHED = ("full_iteration", "local:full")
+RELEASE_DESCRIBES = ("no Megatron-Bridge perf recipe", "token-dropping run (table label 'Qwen3")
+
+
+def _release_settings(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    return {r["id"]: r for r in yaml.safe_load(path.read_text())["rows"]}
+
+
+def _as_moe_settings(rel: dict) -> dict:
+    """A release's settings in published_moe_2025.yaml's moe_settings terms."""
+    impl, scope = rel["cuda_graph_impl"] or "none", rel.get("cuda_graph_scope")
+    scope = scope if isinstance(scope, str) else ",".join(scope or [])
+    graphs = impl if impl in ("none", "full_iteration") else f"{impl}:{scope}"
+    stash = rel["paged_stash"] if rel["paged_stash"] in ("cuda", "cuda+host") else "none"
+    return {"dispatcher": "alltoall" if rel["dispatcher"] == "alltoall" else f"flex-{rel['flex_backend']}",
+            "overlap_ep_comm": bool(rel["overlap_ep_comm"]), "cuda_graphs": graphs, "paged_stash": stash,
+            "fused_grouped_mlp": bool(rel.get("fused_grouped_mlp"))}
 
 
 def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -223,22 +254,36 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
     from jobctl.planner.models import PRESETS
 
     doc = yaml.safe_load(Path(path).read_text())
+    releases = _release_settings(Path(path).with_name(RELEASE_SETTINGS))
     rows, skipped = [], []
     for r in doc["rows"]:
-        if r.get("not_modelled"):
-            skipped.append((r["id"], r["not_modelled"]))
+        rel = releases.get(r["id"])
+        why = r.get("not_modelled")
+        if why and not (rel and why.startswith(RELEASE_DESCRIBES)):
+            skipped.append((r["id"], why))
+            continue
+        if rel and (rel.get("not_modelled") or not rel["layout_match"]):
+            skipped.append((r["id"], rel.get("not_modelled") or f"the {rel['release']} release's perf preset has another "
+                                     f"layout than the row prints ({rel['values_confidence']})"))
             continue
         model = PRESETS.get(r.get("model") or "")
         if model is None or model.attention_sinks or model.attention_bias:
             skipped.append((r["id"], f"{r.get('model') or r.get('model_other')}: not planned by jobctl "
                                      "(attention sinks and biases are not rendered)"))
             continue
-        p, s = r["parallel"], r.get("moe_settings") or {}
+        p, s = dict(r["parallel"]), dict(r.get("moe_settings") or {})
+        if rel:  # what the row's own release ran, not today's recipe
+            s.update(_as_moe_settings(rel))
+            p["sequence_parallel"] = rel["sequence_parallel"]
+            p["recompute"] = rel["recompute"].split(" ")[0]
+            r = dict(r, tp_comm_overlap=rel["tp_comm_overlap"], grad_reduce=rel["grad_reduce"])
         if stage_layers(model.layers, p["pp"]) is None:
             skipped.append((r["id"], f"{model.layers} layers over pp={p['pp']}: an uneven pipeline layout "
                                      "(Megatron's pipeline_model_parallel_layout), which jobctl does not model"))
             continue
         assumed = []
+        if s.get("token_drop"):
+            assumed.append("capacity factor 1.0, padded, as a balanced dropless router (the same tokens per expert)")
         if p.get("recompute") == "selective":
             assumed.append("recompute of " + "+".join(p.get("recompute_modules") or ["modules"]) + " as none")
         recompute = {"selective": "none", "full": "full", "none": "none", None: "none"}[p.get("recompute")]
@@ -248,6 +293,8 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
             fw = fw.with_caps(tp_comm_overlap=False)
         if not s.get("overlap_ep_comm"):  # jobctl turns it on wherever Megatron accepts it
             fw = fw.with_caps(ep_overlap=False)
+        if s.get("cuda_graphs") in EXPERTS_GRAPHED:  # replayed: no host launches per expert
+            fw = fw.with_caps(moe_expert_launches=False)
         gpu = lookup_gpu(r["gpu"])
         seq, gb = r["seq_len"], p["global_batch"]
         w = Workload(model, seq, gb, precision=precision, framework=fw, fp8_recipe=r.get("fp8_recipe") or "tensorwise",

@@ -126,12 +126,33 @@ def test_the_combined_schedule_hides_the_all_to_alls_and_holds_one_layer_more():
     for nodes in (1, 2):  # inside NVLink (compute covers the all-to-alls), and across the network
         p = plan(nodes=nodes, dp=8 * nodes, ep=8 * nodes, grad_accum_steps=m, global_batch_size=m * 8 * nodes)
         on, off = estimate_step(w, p, t.links, 8), estimate_step(apart, p, t.links, 8)
-        c, _, _, e, _, _ = perf._layer_costs(qwen, 4096, w.act_bytes, w.attention, None, False, (True, False),
+        c, _, _, e, _, _ = perf._layer_costs(qwen, 4096, w.act_bytes, w.attention, None, False, (True, False, True),
                                              t.links, 8, 1, 1, 1, False, "none", 0.0, p.ep)
         assert off.ep_comm_s == pytest.approx(m * 48 * e)
         assert on.ep_comm_s == pytest.approx(m * 48 * (e / m + (1 - 1 / m) * max(0.0, e - c)))
         assert on.step_time_s == pytest.approx(off.step_time_s - off.ep_comm_s + on.ep_comm_s)
         assert (e > c) == (nodes == 2)  # across the network the all-to-alls outrun the compute: the excess shows
+
+
+def test_megatrons_experts_launched_one_by_one_cost_host_time_per_local_expert():
+    # Megatron-Core's GroupedLinear launches each local expert's GEMMs and casts from the host,
+    # after the alltoall dispatcher has synced the token counts to it: MOE_HOST_S_PER_EXPERT per
+    # local expert, per MoE layer, per micro-batch; replayed CUDA graphs launch none of it
+    from jobctl.planner import perf
+
+    qwen, t = PRESETS["qwen3-30b-a3b"], h100()
+    # (without the combined schedule, whose all-to-alls the host time would partly cover)
+    apart = megatron.FRAMEWORK.with_caps(ep_overlap=False)
+    launched = Workload(qwen, 4096, 512, framework=apart)
+    replayed = Workload(qwen, 4096, 512, framework=apart.with_caps(moe_expert_launches=False))
+    for ep, mbs in ((8, 1), (16, 1), (8, 4)):
+        p = plan(nodes=2, dp=16, ep=ep, micro_batch_size=mbs, grad_accum_steps=32 // mbs, global_batch_size=512)
+        extra = estimate_step(launched, p, t.links, 8).step_time_s - estimate_step(replayed, p, t.links, 8).step_time_s
+        micro, local_experts = 32 // mbs, 128 // ep
+        assert extra == pytest.approx(micro * 48 * local_experts * perf.MOE_HOST_S_PER_EXPERT, rel=1e-6)
+    assert perf.MOE_HOST_S_PER_EXPERT > 0
+    # torchtitan runs all its experts in one grouped kernel (torch._grouped_mm)
+    assert not Workload(qwen, 4096, 512, framework="torchtitan").caps.moe_expert_launches
 
 
 def test_the_search_splits_the_experts_and_renders_megatrons_moe_flags():

@@ -57,6 +57,7 @@ CAPS = Capabilities(
     moe=True,
     mla=True,
     ep_overlap=True,
+    moe_expert_launches=True,
     qk_norm_counted=False,
     sources=(
         ("--cross-entropy-loss-fusion (native impl) runs the same steps as jit-compiled functions "

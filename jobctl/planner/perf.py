@@ -124,8 +124,15 @@ LATENCY_INTER_NODE_S = 35e-6
 # copy moves in memory-bound kernels per unit of h, forward and backward: permuted into expert
 # order and back (a read and a write of h each way, 16-bit: 8·h forward), about twice that in
 # backward.
-MOE_GEMM_EFFICIENCY = {"hopper": 1.0, "blackwell": 1.0}
+MOE_GEMM_EFFICIENCY = {"hopper": 1.0, "blackwell": 0.54}
 MOE_PERMUTE_BYTES_H = 24
+# ... and where the framework launches the routed experts' work expert by expert from the host
+# (caps.moe_expert_launches: Megatron-Core's Transformer Engine GroupedLinear, behind the
+# alltoall dispatcher's device-to-host sync of the token counts, so the host cannot run ahead),
+# host seconds per local expert, per MoE layer, per micro-batch (forward and backward), which
+# the GPU waits for; none where CUDA graphs capture the experts (Megatron-Bridge's
+# full-iteration graphs replay the step without the host). Fitted with MOE_GEMM_EFFICIENCY.
+MOE_HOST_S_PER_EXPERT = 0.15e-3
 # DDP / Megatron gradient buckets: one collective per ~25 MB (DDP's bucket_cap_mb default 25).
 BUCKET_BYTES = 25e6
 
@@ -356,7 +363,8 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
     op_sac = (w.caps.fused_qkv,) if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC else None
     # te: the frameworks that run Transformer Engine's layers (Megatron-Core)
     return _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, tp_overlap(w, plan),
-                           (w.caps.te_layernorm_mlp, w.compiled), links, gpus_per_node, plan.tp, plan.pp,
+                           (w.caps.te_layernorm_mlp, w.compiled, w.caps.moe_expert_launches), links, gpus_per_node,
+                           plan.tp, plan.pp,
                            plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, max(plan.virtual_stages, 1),
                            plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan))
 
@@ -375,7 +383,7 @@ def _ep_hidden_share(w: Workload, plan) -> float:
 
 @lru_cache(maxsize=1 << 15)
 def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: bool,
-                    stack: tuple[bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int,
+                    stack: tuple[bool, bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int,
                     recompute: str, rc: float, ep: int = 1, ep_hidden: float = 0.0) -> tuple:
     layers_max = stage_layers(m.layers, p)[1]
     layer_compute, layer_tp, layer_cp, layer_ep, msg, head = _layer_costs(
@@ -390,14 +398,15 @@ def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | N
 
 @lru_cache(maxsize=1 << 14)
 def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: bool,
-                 stack: tuple[bool, bool], links: Links, gpus_per_node: int, t: int, c: int, b: int, sequence_parallel: bool, recompute: str,
+                 stack: tuple[bool, bool, bool], links: Links, gpus_per_node: int, t: int, c: int, b: int, sequence_parallel: bool, recompute: str,
                  rc: float, ep: int = 1) -> tuple:
     """One layer's (compute, tensor-parallel, context-parallel) seconds for one micro-batch on
     one rank, the tensor-parallel message (bytes) and the output layer with the loss (seconds).
     op_sac: (fused_qkv,) when "selective" is torchtitan's op-level SAC, else None; overlap: the
     TP collectives run under the GEMMs (tp_overlap); stack: (Transformer Engine, whose BF16 GEMMs
-    reach links.te_gemm_efficiency where fitted; torch.compile, which fuses memory-bound kernels)."""
-    te, compiled = stack
+    reach links.te_gemm_efficiency where fitted; torch.compile, which fuses memory-bound kernels;
+    the routed experts launched one by one from the host, caps.moe_expert_launches)."""
+    te, compiled, launches = stack
     peak = links.peak_tflops * 1e12
     sp = sequence_parallel and t > 1
     tokens_rank = b * s / c  # tokens of one micro-batch on one rank
@@ -428,7 +437,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     layer_ep = 0.0
     if m.moe is not None:  # the routed experts (matrix_params has the rest: attention, router, shared experts)
         gemm_moe, layer_ep = _routed_experts(m, act_bytes, links, gpus_per_node, t, tokens_rank, passes_gemm, rc, ep,
-                                             ceiling)
+                                             ceiling, launches)
         gemm_s += gemm_moe
     layer_compute = gemm_s + fwd_attn * passes_attn / (peak * att_eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
@@ -470,7 +479,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
 
 
 def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int, tokens_rank: float,
-                    passes_gemm: float, rc: float, ep: int, ceiling: float) -> tuple[float, float]:
+                    passes_gemm: float, rc: float, ep: int, ceiling: float, launches: bool = False) -> tuple[float, float]:
     """One layer's routed experts on one rank, averaged over the layers (moe_layers / layers of
     them route): (their GEMM and memory-bound seconds, the token all-to-all seconds).
 
@@ -480,7 +489,8 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     links.moe_efficiency (MOE_GEMM_EFFICIENCY) of the efficiency of a GEMM of that many rows (gemm_efficiency: small
     expert batches run below the ceiling). Each copy is permuted into expert order and back
     (MOE_PERMUTE_BYTES_H·h bytes moved, forward and backward) and its SwiGLU runs on expert_ffn
-    (MEMBOUND_BYTES_F). Dispatch and combine are two all-to-alls forward and two backward (two
+    (MEMBOUND_BYTES_F); where launches (caps.moe_expert_launches), the host's
+    MOE_HOST_S_PER_EXPERT per local expert adds to it. Dispatch and combine are two all-to-alls forward and two backward (two
     more with the forward recomputed), each moving the rank's top_k·T token copies: to the
     other ranks of the NVLink domain over NVLink, to the ranks beyond it over the network, at
     the same time (the slower one counts). Under Megatron-Core's --overlap-moe-expert-parallel-comm
@@ -496,6 +506,8 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     rate = (links.low_tflops if links.low_tflops else links.peak_tflops) * 1e12 * eff
     membound = copies * (MOE_PERMUTE_BYTES_H * m.hidden + MEMBOUND_BYTES_F * x.expert_ffn) * (1 + rc / 3)
     compute_s = share * (fwd * passes_gemm / rate + membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY))
+    if launches:  # the host launching each local expert's work, which the GPU waits for
+        compute_s += share * x.experts / ep * MOE_HOST_S_PER_EXPERT * (1 + rc / 3)
     if ep <= 1:
         return compute_s, 0.0
     local = min(ep, gpus_per_node)  # the EP group's ranks inside this rank's NVLink domain
