@@ -147,9 +147,13 @@ def test_megatrons_experts_launched_one_by_one_cost_host_time_per_local_expert()
     replayed = Workload(qwen, 4096, 512, framework=apart.with_caps(moe_expert_launches=False))
     for ep, mbs in ((8, 1), (16, 1), (8, 4)):
         p = plan(nodes=2, dp=16, ep=ep, micro_batch_size=mbs, grad_accum_steps=32 // mbs, global_batch_size=512)
-        extra = estimate_step(launched, p, t.links, 8).step_time_s - estimate_step(replayed, p, t.links, 8).step_time_s
+        on, off = estimate_step(launched, p, t.links, 8), estimate_step(replayed, p, t.links, 8)
         micro, local_experts = 32 // mbs, 128 // ep
-        assert extra == pytest.approx(micro * 48 * local_experts * perf.MOE_HOST_S_PER_EXPERT, rel=1e-6)
+        host = micro * 48 * local_experts * perf.MOE_HOST_S_PER_EXPERT
+        assert on.step_time_s - off.step_time_s == pytest.approx(host, rel=1e-6)
+        # reported as its own part of the step (the "why not" lines name it), not as compute
+        assert (on.moe_host_s, off.moe_host_s) == (pytest.approx(host), 0.0)
+        assert on.compute_s == pytest.approx(off.compute_s)
     assert perf.MOE_HOST_S_PER_EXPERT > 0
     # torchtitan runs all its experts in one grouped kernel (torch._grouped_mm)
     assert not Workload(qwen, 4096, 512, framework="torchtitan").caps.moe_expert_launches

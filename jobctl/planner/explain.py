@@ -27,6 +27,8 @@ PARTS = {
     "pp_p2p_s": "pipeline sends",
     "dp_comm_s": "exposed data-parallel communication",
     "cp_comm_s": "exposed context-parallel exchange",
+    "ep_comm_s": "exposed expert-parallel all-to-alls",
+    "moe_host_s": "the host launching the experts' work",
     "offload_s": "offload transfers over PCIe",
     "optimizer_s": "optimizer step",
 }

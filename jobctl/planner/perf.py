@@ -180,13 +180,14 @@ class StepEstimate:
     time_to_train_s: float | None
     gpu_hours: float | None
     ep_comm_s: float = 0.0  # a mixture of experts' token all-to-alls (dispatch and combine)
+    moe_host_s: float = 0.0  # the host launching the routed experts' work (MOE_HOST_S_PER_EXPERT)
 
     def to_dict(self) -> dict:
         keys = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "time_to_train_s", "gpu_hours")
         out = {k: getattr(self, k) for k in keys}
         out["parts"] = {k: getattr(self, k) for k in ("compute_s", "tp_comm_s", "pp_bubble_s", "pp_p2p_s",
-                                                        "dp_comm_s", "cp_comm_s", "ep_comm_s", "offload_s",
-                                                        "optimizer_s")}
+                                                        "dp_comm_s", "cp_comm_s", "ep_comm_s", "moe_host_s",
+                                                        "offload_s", "optimizer_s")}
         out["steps"] = self.steps
         out["model_flops_per_step"] = self.model_flops_per_step
         return out
@@ -266,8 +267,11 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     flops = model_flops_per_token(w) * tokens
     mfu = flops / (step * world * peak) if step > 0 else 0.0
     ttt = steps * step if steps else None
+    host = micro * layers_max * _moe_host(w.model, plan.ep, recomputed_layers(plan, layers_max) / layers_max) \
+        if w.caps.moe_expert_launches and w.model.moe is not None else 0.0
     return StepEstimate(
-        step_time_s=step, compute_s=micro * stage_mb - micro * layers_max * (layer_tp + layer_cp + layer_ep),
+        step_time_s=step, compute_s=micro * stage_mb - micro * layers_max * (layer_tp + layer_cp + layer_ep) - host,
+        moe_host_s=host,
         tp_comm_s=micro * layers_max * layer_tp, pp_bubble_s=bubble, pp_p2p_s=micro * p2p, dp_comm_s=dp,
         cp_comm_s=micro * layers_max * layer_cp, offload_s=offload, optimizer_s=optimizer,
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, mfu=mfu,
@@ -507,7 +511,7 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     membound = copies * (MOE_PERMUTE_BYTES_H * m.hidden + MEMBOUND_BYTES_F * x.expert_ffn) * (1 + rc / 3)
     compute_s = share * (fwd * passes_gemm / rate + membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY))
     if launches:  # the host launching each local expert's work, which the GPU waits for
-        compute_s += share * x.experts / ep * MOE_HOST_S_PER_EXPERT * (1 + rc / 3)
+        compute_s += _moe_host(m, ep, rc)
     if ep <= 1:
         return compute_s, 0.0
     local = min(ep, gpus_per_node)  # the EP group's ranks inside this rank's NVLink domain
@@ -517,6 +521,13 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     gbs = links.intra_node_gbs if ep <= gpus_per_node else links.inter_node_gbs
     one = max(inside, beyond) + _latency(gbs, links)
     return compute_s, share * (4 + 2 * rc) * one
+
+
+def _moe_host(m, ep: int, rc: float) -> float:
+    """One layer's host time launching its routed experts' work on one rank for one micro-batch,
+    averaged over the layers (moe_layers / layers of them route): MOE_HOST_S_PER_EXPERT per local
+    expert, a third more for a recomputed forward."""
+    return m.moe_layers / m.layers * m.moe.experts / ep * MOE_HOST_S_PER_EXPERT * (1 + rc / 3)
 
 
 def _expert_data_parallel(w: Workload, plan, links: Links, gpus_per_node: int, stage_mb: float,
