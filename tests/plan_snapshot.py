@@ -15,6 +15,7 @@ import contextlib
 import gzip
 import io
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT = ROOT / "tests" / "data" / "plan_snapshot.json.gz"
+WORKERS = 2  # processes planning the commands (at most the machine's cores)
 # the largest search the planner is asked for: Llama 3.1 405B on 2,048 nodes of 8 H100s
 BIG_CLUSTER = """name: h100-16k
 scheduler: slurm
@@ -77,13 +79,19 @@ def collect(explain: bool = False) -> dict:
         cwd = os.getcwd()
         os.chdir(ROOT)
         try:
-            out = {}
-            for argv in commands(str(big)):
-                if explain and not with_explain(argv):
-                    continue
-                code, data = _cli_json(argv + ["--explain"] if explain else argv)
-                out[" ".join(argv).replace(str(big), "h100-16k.yaml")] = [code, _portable(data, str(big))]
-            return out
+            todo = [a for a in commands(str(big)) if not explain or with_explain(a)]
+            # the commands are independent: split over the machine's cores (two on CI's), each
+            # worker a fresh interpreter planning its share in-process, as one process would
+            workers = max(1, min(WORKERS, os.cpu_count() or 1))
+            shares = [todo[i::workers] for i in range(workers)]
+            if workers == 1:
+                results = [_plan_all(shares[0], explain, str(big))]
+            else:
+                ctx = multiprocessing.get_context("spawn")
+                with ctx.Pool(workers) as pool:
+                    results = pool.starmap(_plan_all, [(share, explain, str(big)) for share in shares])
+            got = {k: v for part in results for k, v in part.items()}
+            return {key: got[key] for key in (" ".join(a).replace(str(big), "h100-16k.yaml") for a in todo)}
         finally:
             os.chdir(cwd)
             for k, v in old.items():
@@ -91,6 +99,15 @@ def collect(explain: bool = False) -> dict:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def _plan_all(todo: list[list[str]], explain: bool, big: str) -> dict:
+    """{command line: [exit code, JSON]} for `todo`, planned in this process."""
+    out = {}
+    for argv in todo:
+        code, data = _cli_json(argv + ["--explain"] if explain else argv)
+        out[" ".join(argv).replace(big, "h100-16k.yaml")] = [code, _portable(data, big)]
+    return out
 
 
 def _portable(value, big: str):

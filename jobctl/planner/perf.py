@@ -494,11 +494,12 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     expert batches run below the ceiling). Each copy is permuted into expert order and back
     (MOE_PERMUTE_BYTES_H·h bytes moved, forward and backward) and its SwiGLU runs on expert_ffn
     (MEMBOUND_BYTES_F); where launches (caps.moe_expert_launches), the host's
-    MOE_HOST_S_PER_EXPERT per local expert adds to it. Dispatch and combine are two all-to-alls forward and two backward (two
-    more with the forward recomputed), each moving the rank's top_k·T token copies: to the
-    other ranks of the NVLink domain over NVLink, to the ranks beyond it over the network, at
-    the same time (the slower one counts). Under Megatron-Core's --overlap-moe-expert-parallel-comm
-    only what the paired micro-batch's compute does not cover counts (_pipeline_costs)."""
+    MOE_HOST_S_PER_EXPERT per local expert adds to it. Dispatch and combine are two all-to-alls
+    forward and two backward (two more with the forward recomputed), each moving the rank's
+    top_k·T token copies: to the other ranks of the NVLink domain over NVLink, to the ranks
+    beyond it over the network, at the same time (the slower one counts). Under Megatron-Core's
+    --overlap-moe-expert-parallel-comm only what the paired micro-batch's compute does not cover
+    counts (_pipeline_costs)."""
     x = m.moe
     share = m.moe_layers / m.layers
     tokens = tokens_rank / t  # this rank's tokens into the router
