@@ -378,7 +378,9 @@ def _activation_items(w: Workload, tp: int, cp: int, sp: bool, recompute: str, r
         return "; ".join(f"{n_} {v / GIB:.3g}" for n_, v, _ in layer_activation_terms(w, plan, b))
     add("layer activations", acts, "activations", lambda:
         f"{per_layer / GIB:.3g} GiB/layer x {layers:g} layers x {in_flight:g} in flight; the micro-batches whose "
-        f"activations the schedule holds at once [{label()}]")
+        f"activations the schedule holds at once" + (" (the combined 1F1B schedule of --overlap-moe-expert-parallel-"
+                                                     "comm: one layer more)" if pp == 1 and in_flight > 1 else "")
+        + f" [{label()}]")
     # One layer's activations are rematerialised during its backward. On the stage that computes
     # the loss that happens after the logits and their gradients are freed (the output layer's
     # backward runs first): the two peaks never coexist, only the excess counts (the torchtitan
