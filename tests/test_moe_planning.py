@@ -136,7 +136,7 @@ def test_the_combined_schedule_hides_the_all_to_alls_and_holds_one_layer_more():
 
 def test_megatrons_experts_launched_one_by_one_cost_host_time_per_local_expert():
     # Megatron-Core's GroupedLinear launches each local expert's GEMMs and casts from the host,
-    # after the alltoall dispatcher has synced the token counts to it: MOE_HOST_S_PER_EXPERT per
+    # after TEGroupedMLP.forward has synced the token counts to it: MOE_HOST_S_PER_EXPERT per
     # local expert, per MoE layer, per micro-batch; replayed CUDA graphs launch none of it
     from jobctl.planner import perf
 

@@ -138,10 +138,11 @@ class Capabilities:
     moe: bool = False
     mla: bool = False
     # the routed experts' work is launched expert by expert from the host at each micro-batch,
-    # and the dispatcher's device-to-host sync of the token counts keeps the host from running
-    # ahead (Megatron-Core: Transformer Engine's GroupedLinear loops over the local experts'
-    # GEMMs and casts; the alltoall dispatcher reads tokens_per_expert on the host); planner/perf.py
-    # MOE_HOST_S_PER_EXPERT. False: one grouped kernel for all (torchtitan's torch._grouped_mm)
+    # after a device-to-host sync of the token counts that keeps the host from running ahead
+    # (Megatron-Core 0.16.1 moe/experts.py TEGroupedMLP.forward: tokens_per_expert.tolist(), the
+    # m_splits of Transformer Engine's GroupedLinear, which loops over the local experts' GEMMs
+    # and casts; whatever the dispatcher); planner/perf.py MOE_HOST_S_PER_EXPERT. False: one
+    # grouped kernel for all (torchtitan's torch._grouped_mm)
     moe_expert_launches: bool = False
     # one micro-batch's expert-parallel all-to-alls under another's compute (Megatron-Core's
     # --overlap-moe-expert-parallel-comm with --delay-wgrad-compute: the combined 1F1B schedule;

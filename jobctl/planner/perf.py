@@ -128,7 +128,8 @@ MOE_GEMM_EFFICIENCY = {"hopper": 1.0, "blackwell": 0.54}
 MOE_PERMUTE_BYTES_H = 24
 # ... and where the framework launches the routed experts' work expert by expert from the host
 # (caps.moe_expert_launches: Megatron-Core's Transformer Engine GroupedLinear, behind the
-# alltoall dispatcher's device-to-host sync of the token counts, so the host cannot run ahead),
+# device-to-host sync of its tokens per expert, moe/experts.py TEGroupedMLP.forward's
+# tokens_per_expert.tolist(), so the host cannot run ahead),
 # host seconds per local expert, per MoE layer, per micro-batch (forward and backward), which
 # the GPU waits for; none where CUDA graphs capture the experts (Megatron-Bridge's
 # full-iteration graphs replay the step without the host). Fitted with MOE_GEMM_EFFICIENCY.
