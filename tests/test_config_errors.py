@@ -173,7 +173,7 @@ def test_golden_unknown_keys_stderr(capsys):
     assert err == (
         "error: tests/data/bad/unknown_keys.yaml:7: train.optimiser: unknown key; did you mean 'optimizer'? "
         "(allowed here: adam_beta1, adam_beta2, adam_eps, attention, checkpoint_interval, compile, cuda_graphs, "
-        "fp8_recipe, "
+        "ep_overlap, fp8_recipe, "
         "fused_cross_entropy, "
         "global_batch_size, "
         "grad_clip, grad_reduce, lora_rank, lora_targets, lr, lr_schedule, method, min_lr, optimizer, precision, seed, "

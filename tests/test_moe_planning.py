@@ -134,6 +134,21 @@ def test_the_combined_schedule_hides_the_all_to_alls_and_holds_one_layer_more():
         assert (e > c) == (nodes == 2)  # across the network the all-to-alls outrun the compute: the excess shows
 
 
+def test_the_recipe_can_turn_the_combined_schedule_off_and_asks_megatron_for_it():
+    on = json.loads(jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "gb200", "--json").stdout)
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "gb200", "train.ep_overlap=false", "--json")
+    assert r.returncode == 0, r.stderr
+    off = json.loads(r.stdout)
+    assert "--overlap-moe-expert-parallel-comm" in on["framework"]["args"]
+    assert not {"--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"} & set(off["framework"]["args"])
+    assert not any("EP all-to-alls" in o for o in off["framework"]["overlaps"])
+    # true is auto's meaning for Megatron, and refused for a framework without it
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "gb200", "train.ep_overlap=true",
+               "framework=torchtitan", "--json")
+    assert r.returncode == 3
+    assert any("train.ep_overlap=true" in x and "megatron only" in x for x in json.loads(r.stdout)["reasons"])
+
+
 def test_megatrons_experts_launched_one_by_one_cost_host_time_per_local_expert():
     # Megatron-Core's GroupedLinear launches each local expert's GEMMs and casts from the host,
     # after TEGroupedMLP.forward has synced the token counts to it: MOE_HOST_S_PER_EXPERT per

@@ -150,6 +150,11 @@ class Train(_Strict):
     # cannot do under pipeline or expert parallelism): auto leaves it on where the framework can;
     # false renders --training.disable_cuda_graphs (the trainer then frees gradients each step)
     cuda_graphs: Literal["auto"] | bool = "auto"
+    # a mixture of experts' all-to-alls under the next micro-batch's compute (Megatron's
+    # --overlap-moe-expert-parallel-comm, its combined 1F1B schedule): auto turns it on wherever
+    # megatron-core accepts it (true: the same, refused for a framework without it); false leaves
+    # it off (one layer less held, every all-to-all exposed)
+    ep_overlap: Literal["auto"] | bool = "auto"
     # a trillion steps, a quintillion tokens: more is a typo, and a 400-digit number made the
     # time-to-train arithmetic overflow (OverflowError)
     steps: int | None = Field(default=None, gt=0, le=10**12)

@@ -322,8 +322,10 @@ def ep_overlap(w, plan) -> bool:
     and combine all-to-alls run under the other's compute (caps.ep_overlap). Turned on wherever
     megatron-core's TransformerConfig accepts it (transformer_config.py __post_init__,
     core_v0.16.1): expert parallelism, no full recompute, virtual stages when pipelined, a 16-bit
-    model (FP8 trains a BF16 one). w: a Workload (duck-typed: the planner's layer is above this one)."""
-    return (w.caps.ep_overlap and w.model.moe is not None and plan.ep > 1 and plan.recompute != "full"
+    model (FP8 trains a BF16 one); not where the recipe turns it off (train.ep_overlap: false).
+    w: a Workload (duck-typed: the planner's layer is above this one)."""
+    return (w.caps.ep_overlap and w.ep_overlap is not False and w.model.moe is not None and plan.ep > 1
+            and plan.recompute != "full"
             and (plan.pp == 1 or plan.virtual_stages > 1) and w.precision != "fp32")
 
 

@@ -78,6 +78,7 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         grad_reduce=t.grad_reduce,
         compile=t.compile,
         cuda_graphs=t.cuda_graphs,
+        ep_overlap=t.ep_overlap,
         formats=tuple(formats),
     )
 

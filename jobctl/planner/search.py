@@ -110,6 +110,9 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     if w.cuda_graphs is True and caps.cuda_graphs and ((c.pp or 1) > 1 or (c.ep or 1) > 1):
         out.append("train.cuda_graphs=true: torchtitan captures no CUDA graph under pipeline or expert parallelism "
                    "(trainer.py _validate_cuda_graphs): unpin pp/ep or use auto")
+    if w.ep_overlap is True and not caps.ep_overlap:
+        out.append(f"train.ep_overlap=true is Megatron's --overlap-moe-expert-parallel-comm: jobctl renders and models "
+                   f"it for megatron only, not {caps.name} (use auto or false)")
     if w.compile is True and not caps.compiles:
         out.append(f"train.compile=true is torch.compile of the model: jobctl renders and models it for torchtitan "
                    f"only, not {caps.name} (remove it, or use framework: torchtitan)")
