@@ -57,6 +57,43 @@ def test_the_halves_alternate_within_each_source():
         assert [r.half for r in group] == ["fit" if i % 2 == 0 else "check" for i in range(len(group))]
 
 
+# --- Llama 3 405B (issue 29: within 15%) --------------------------------------------------------
+# The paper's Table 4 prints TP, CP, PP, DP and the batch per DP; its Sec. 3.3.2 fixes the
+# interleaving: one layer fewer on the first and last stages leaves "the first model chunk on the
+# first stage" with "only the embedding", so a chunk is one layer and each of the 16 ranks holds
+# (126 + 2) / 16 = 8 of them (V = 8, written into the rows with that derivation).
+_LLAMA3 = [r for r in load_rows(DATA)[0] if r.source == "llama3_2024"]
+
+
+def test_llama3_405b_runs_are_modelled_with_the_papers_interleaving():
+    assert sorted(r.id for r in _LLAMA3) == ["llama3-405b-16384gpu-seq131072", "llama3-405b-16384gpu-seq8192",
+                                             "llama3-405b-8192gpu-seq8192"]
+    assert all(r.plan.pp == 16 and r.plan.virtual_stages == (126 + 2) // 16 for r in _LLAMA3)
+    # Table 4: 430, 400 and 380 TFLOP/s per GPU; a step is the 16M-token batch's FLOPs over those
+    by_id = {r.id: r for r in _LLAMA3}
+    assert by_id["llama3-405b-8192gpu-seq8192"].measured_s > by_id["llama3-405b-16384gpu-seq8192"].measured_s
+
+
+@pytest.mark.parametrize("row", _LLAMA3, ids=[r.id for r in _LLAMA3])
+def test_llama3_405b_step_time_within_15_percent(row):
+    assert abs(row.error) <= 0.15, f"{row.id}: {row.error:+.1%}"
+
+
+# Megatron's interleaved schedule warms up (pp - rank - 1)·2 + (V - 1)·group chunks, the group at
+# least pp (schedules.py get_pp_rank_microbatches, core_v0.16.1): 141 one-layer chunks on the second
+# rank of the 8,192-GPU run, 82 GiB. Meta's own schedule sets its group N freely (the paper's
+# Figure 6: "N = 5") and ran it without recompute; jobctl models Megatron's.
+_LLAMA3_REFUSED = {"llama3-405b-8192gpu-seq8192"}
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=(
+    "82 GiB under Megatron's interleaved warm-up; Meta's schedule with its own micro-batch group ran it")))
+    if r.id in _LLAMA3_REFUSED else r for r in _LLAMA3], ids=[r.id for r in _LLAMA3])
+def test_llama3_405b_layouts_fit(row):
+    fits, need = _fits(row)
+    assert fits, f"{row.id}: {need:.1f} GiB"
+
+
 # --- NVIDIA's performance summaries: FP8, MXFP8, NVFP4 and TP overlap (issue 29) -------------
 
 DATA_2025 = ROOT / "benchmarks" / "data" / "published_throughput_2025.yaml"
