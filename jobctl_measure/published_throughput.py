@@ -111,6 +111,12 @@ def _links(gpu, precision: str) -> Links:
                  gpu.low_precision_tflops(precision) if low else 0.0, low, moe_gemm_ceiling(gpu.key))
 
 
+def _learned_positions(m: dict) -> bool:
+    """A row's model has learned absolute position embeddings (seq_len x hidden parameters): the
+    gpt family unless the row says otherwise (Nemotron-4 is gpt-shaped with rotary positions)."""
+    return m["family"] == "gpt" and m.get("position_embedding", "learned_absolute") == "learned_absolute"
+
+
 def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
     """The rows of a published_throughput.yaml (benchmarks/data/ in the jobctl repository) that
     can be modelled, each with its halves ("fit" or "check"), and (id, why) for the rest."""
@@ -139,7 +145,7 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         family = m["family"]
         model = ModelSpec(name=m.get("name") or r["id"], family=family, layers=m["layers"], hidden=m["hidden"],
                           ffn_hidden=m["ffn_hidden"], heads=m["heads"], kv_heads=m.get("kv_heads") or m["heads"],
-                          vocab=m["vocab"], max_seq_len=m["seq_len"] if family == "gpt" else 0)
+                          vocab=m["vocab"], max_seq_len=m["seq_len"] if _learned_positions(m) else 0)
         framework = {"meta-internal": "megatron"}.get(r["framework"], r["framework"])
         if r["framework"] == "meta-internal":
             assumed.append("Meta's stack modelled as Megatron's schedule (without Transformer Engine's GEMM efficiency)")
