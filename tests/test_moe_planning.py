@@ -61,6 +61,26 @@ def test_routed_experts_are_split_ep_ways_and_their_optimizer_over_expert_dp():
     assert term(estimate(w, 80 * 2**30, plan(ep=8)), "weights") == pytest.approx(dense * 2)
 
 
+def test_fp8_parameters_cover_the_experts_too():
+    # Megatron's --fp8-param-gather builds the whole model inside Transformer Engine's
+    # fp8_model_init: the experts' GroupedLinear keeps FP8 primary weights as the dense layers'
+    # Linear does (no 16-bit copy). Hopper keeps each FP8 weight row-wise and transposed: 2 B.
+    m = PRESETS["mixtral-8x7b"]
+    p = plan(ep=8)
+    fp8 = Workload(m, 4096, 256, framework="megatron", precision="fp8", fp8_recipe="tensorwise",
+                   grad_reduce="fp32", formats=("bf16", "fp8"))
+    names = {t.name: t.bytes for t in estimate(fp8, 80 * 2**30, p).terms}
+    assert names["expert fp8 weights"] == pytest.approx(MIXTRAL_ROUTED / 8 * 2)
+    assert "expert weights" not in names and "expert fp8 weight copies" not in names
+    # per-block scaling renders no --fp8-param-gather (frameworks.fp8_param_gather): the experts
+    # keep their 16-bit weights and a cached FP8 copy beside them
+    blockwise = Workload(m, 4096, 256, framework="megatron", precision="fp8", fp8_recipe="blockwise",
+                         grad_reduce="fp32", formats=("bf16", "fp8"))
+    names = {t.name: t.bytes for t in estimate(blockwise, 80 * 2**30, p).terms}
+    assert names["expert weights"] == pytest.approx(MIXTRAL_ROUTED / 8 * 2)
+    assert names["expert fp8 weight copies"] == pytest.approx(MIXTRAL_ROUTED / 8 * 2)
+
+
 def test_routed_tokens_activations_by_hand():
     # Megatron, flash attention, no recompute, tp 1: a rank's s·b tokens make top_k copies; each
     # copy keeps its permuted input and its expert's output (2 · 2·h bytes) and, in the expert,

@@ -200,7 +200,15 @@ def _expert_state_items(w: Workload, tp: int, pp: int, stage: str, sharding: str
     add_model_states(add, params, params * optimizer_state_elements(w.optimizer, [(1, 1, 1)]), sb, w.optimizer,
                      sharding, edp, offload, _compute_bytes(w), "expert weights", w.caps.offload_keeps_grads)
     low = low_weight_bytes(w)
-    if low:
+    if low and fp8_params(w, sharding):
+        # under --fp8-param-gather the experts are built inside fp8_model_init too: Transformer
+        # Engine's GroupedLinear keeps FP8 primary weights (grouped_linear.py: primary_weights_in_fp8,
+        # get_weight_workspace returns the quantized weight itself), no 16-bit copy
+        items[:] = [(f"expert {w.precision} weights", params * low, group, lambda: f"{params:.4g} expert params x {low:.4g} B ({w.precision} "
+                     "data with their scales; the fp32 master stays with the optimizer: --fp8-param-gather)")
+                    if name == "expert weights" else (name, value, group, formula)
+                    for name, value, group, formula in items]
+    elif low:
         add(f"expert {w.precision} weight copies", params * low, "weights", lambda:
             f"{params:.4g} expert params x {low:.4g} B ({w.precision} copies with their scales, kept through the step)")
     out = []
