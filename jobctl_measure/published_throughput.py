@@ -183,7 +183,8 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
             fw = fw.with_caps(async_tp=False)
         w = Workload(model, m["seq_len"], gb, precision=precision, framework=fw, attention=attention,
                      fp8_recipe=r.get("fp8_recipe") or "tensorwise", grad_reduce=r.get("grad_reduce") or "fp32",
-                     formats=lookup_gpu(r["gpu"]).formats, compile=bool(r.get("compile")))
+                     formats=lookup_gpu(r["gpu"]).formats, compile=bool(r.get("compile")),
+                     fused_cross_entropy=r.get("fused_cross_entropy") or False)
         gpu = lookup_gpu(r["gpu"])
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, sharding, mbs, gb // (dp * mbs), gb,
@@ -304,7 +305,8 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         gpu = lookup_gpu(r["gpu"])
         seq, gb = r["seq_len"], p["global_batch"]
         w = Workload(model, seq, gb, precision=precision, framework=fw, fp8_recipe=r.get("fp8_recipe") or "tensorwise",
-                     grad_reduce=r.get("grad_reduce") or "fp32", formats=gpu.formats)
+                     grad_reduce=r.get("grad_reduce") or "fp32", formats=gpu.formats,
+                     fused_cross_entropy=(rel or {}).get("cross_entropy_fusion") or False)
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         tp, pp, dp, cp, mbs = p["tp"], p["pp"], p["dp"], p.get("cp") or 1, p["micro_batch"]
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, "zero1", mbs, gb // (dp * mbs), gb, recompute, "none",

@@ -63,6 +63,7 @@ MATRIX = {
         ("llama8b", "h100", ["framework=megatron", "parallelism.cp=2", "parallelism.tp=4"]),
         ("llama70b", "h100", ["parallelism.offload=optimizer", "parallelism.sharding=zero1"]),
         ("llama8b", "h100", ["framework=megatron", "train.fused_cross_entropy=true"]),  # --cross-entropy-loss-fusion
+        ("llama8b", "h100", ["framework=megatron", "train.fused_cross_entropy=te"]),  # ... --cross-entropy-fusion-impl te
         ("llama70b", "h100", ["train.precision=fp8"]),  # --fp8-format hybrid --fp8-recipe tensorwise
         ("llama70b", "h100", ["train.precision=fp8", "train.fp8_recipe=delayed"]),
         ("llama70b", "b200", ["train.precision=mxfp8"]),
@@ -178,6 +179,10 @@ def test_megatron_accepts_what_jobctl_renders():
             precision == "fp8" and (recipe or "tensorwise") in ("tensorwise", "delayed")))
         assert r["fp8_param"] == fp8_weights, case["case"]
         assert r["reuse_grad_buf_for_mxfp8_param_ag"] == (fp8_weights and precision == "mxfp8")
+        # the fused loss as the recipe asks: Megatron-Core's own, or Transformer Engine's kernel
+        fused = dict(o.split("=") for o in case["case"][2] if o.startswith("train.")).get("train.fused_cross_entropy")
+        assert (r["cross_entropy_loss_fusion"], r["cross_entropy_fusion_impl"]) == {
+            None: (False, "native"), "true": (True, "native"), "te": (True, "te")}[fused], case["case"]
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)  # the interleaved schedule was exercised
     assert any("--overlap-moe-expert-parallel-comm" in c["framework"]["args"] for c in cases)
 
@@ -218,7 +223,17 @@ WRONG_MEGATRON = [
      "disable full recomputation when enabling overlap_moe_expert_parallel_comm"),
     ("--delay-wgrad-compute", lambda a: _without(a, "--overlap-moe-expert-parallel-comm"),
      "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute"),
+    # Megatron-LM's parser: the fused loss's implementations are native and te
+    ("--cross-entropy-fusion-impl", lambda a: _with_value(a, "--cross-entropy-fusion-impl", "triton"),
+     "invalid choice 'triton'"),
 ]
+
+
+def _with_value(args: list, flag: str, value: str) -> list:
+    """The arguments with `flag`'s value replaced."""
+    args = list(args)
+    args[args.index(flag) + 1] = value
+    return args
 
 
 def _without_value(args: list, flag: str) -> list:

@@ -199,6 +199,37 @@ def test_logits_are_large_for_llama3_vocabulary():
     assert logits / GIB > 10
 
 
+def test_megatron_losses_by_hand():
+    # Megatron's losses at s = 8192, V = 128256, tp 1 (one micro-batch's logits on the last rank):
+    # the default vocab-parallel loss upcasts the 16-bit logits once and works on that fp32 copy in
+    # place (2 + 4 B); Megatron-Core's own fused loss, compiled, holds 10 B (measured); Transformer
+    # Engine's kernel saves the 16-bit logits themselves and overwrites them with their gradient
+    # (transformer_engine/pytorch/cross_entropy.py CrossEntropyFunction: save_for_backward(_input);
+    # triton/cross_entropy.py cross_entropy_backward_kernel stores into X_ptr): 2 B
+    elems = 8192 * 128256
+    def logits(fused):
+        w = Workload(PRESETS["llama3.1-8b"], 8192, 1, framework="megatron", fused_cross_entropy=fused)
+        return next(t.bytes for t in estimate(w, 80 * GIB, plan()).terms if t.name == "logits and loss")
+    assert logits(False) == elems * (2 + 4)
+    assert logits(True) == elems * 10
+    assert logits("te") == elems * 2
+
+
+def test_te_cross_entropy_is_planned_for_megatron_and_refused_elsewhere():
+    import json
+    from jobctl_run import jobctl
+    r = jobctl("plan", "recipes/llama8b.yaml", "--cluster", "h100", "framework=megatron",
+               "train.fused_cross_entropy=te", "--json")
+    assert r.returncode == 0, r.stderr
+    args = json.loads(r.stdout)["framework"]["args"]
+    assert args[args.index("--cross-entropy-fusion-impl") - 1:][:3] == [
+        "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
+    r = jobctl("plan", "recipes/llama8b.yaml", "--cluster", "h100", "framework=torchtitan",
+               "train.fused_cross_entropy=te", "--json")
+    assert r.returncode == 3
+    assert any("fused_cross_entropy=te" in x and "megatron only" in x for x in json.loads(r.stdout)["reasons"])
+
+
 def test_breakdown_total_is_the_sum_of_its_parts():
     w = Workload(PRESETS["llama3.1-70b"], 8192, 64, framework="megatron")
     mem = estimate(w, 80 * GIB, plan(tp=8, pp=4, dp=2, nodes=8, gpus_per_node=8, sharding="zero1",

@@ -108,6 +108,20 @@ def test_every_2025_row_names_its_source_quotes_it_and_says_where_its_settings_c
         assert any(f.startswith("settings: ") for f in row["inferred_fields"]), row["id"]
 
 
+def test_megatron_bridge_rows_fuse_the_loss_with_transformer_engines_kernel_and_say_where():
+    # every Megatron-Bridge release's perf scripts set cross_entropy_fusion_impl "te" over the
+    # provider's cross_entropy_loss_fusion=True; each row carries the value with its path:line@tag
+    doc = yaml.safe_load(DATA_2025.read_text())
+    bridge = [r for r in doc["rows"] if r["source"] == "megatron_bridge_perf_summary"]
+    assert bridge and all(r.get("fused_cross_entropy") == "te" for r in bridge)
+    assert all(any(str(f).startswith("fused_cross_entropy te: ") and "gpt_provider.py:" in f
+                   for f in r["inferred_fields"]) for r in bridge)
+    moe = yaml.safe_load((DATA_2025.parent / "published_moe_release_settings.yaml").read_text())["rows"]
+    assert all(r["cross_entropy_fusion"] == "te" and f"@{r['tag']}" in r["sources"]["cross_entropy_fusion"]
+               for r in moe)
+    assert {r.workload.fused_cross_entropy for r in _MOE[0]} == {"te"}
+
+
 def test_the_2025_check_halves_meet_the_issue_targets():
     """Issue 29: step-time mean |error| at most 10% on the held-out half of Megatron-Bridge's and
     NeMo's rows, FP8 and low precision alike (the fit half chose the constants)."""
@@ -173,14 +187,10 @@ def test_the_moe_rows_quote_their_source_and_attach_their_settings():
     assert any("uneven pipeline layout" in why for why in reasons.values())  # DeepSeek-V3's 61 layers
 
 
-# The 25.09 run of Qwen3-30B-A3B on 16 H100 (pp 2, 24 virtual stages, micro-batch 2, Megatron-Core
-# 0.14, padded token dropping) ran; jobctl's memory model puts its last stage at 85.8 GiB of the
-# 78.6 usable (its Megatron MoE layer is untraced: no Transformer Engine here).
-_MOE_REFUSED = {"mbridge-2509-qwen3-30b-a3b-h100-fp8-16"}
-
-
-@pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason="memory over-counted"))
-                                 if r.id in _MOE_REFUSED else r for r in _MOE[0]], ids=[r.id for r in _MOE[0]])
+# The tightest: the 25.09 run of Qwen3-30B-A3B on 16 H100 (pp 2, 24 virtual stages, micro-batch 2,
+# Megatron-Core 0.14, padded token dropping), 77.5 GiB of the 78.6 usable once its FP8 experts and
+# Transformer Engine's fused loss are counted as the release ran them (85.8 before).
+@pytest.mark.parametrize("row", _MOE[0], ids=[r.id for r in _MOE[0]])
 def test_no_published_moe_layout_is_called_does_not_fit(row):
     fits, need = _fits(row)
     assert fits, f"{row.id}: {need:.1f} GiB"

@@ -140,8 +140,10 @@ class Train(_Strict):
     )
     attention: Attention = "flash"
     # Megatron: turn on its fused loss (--cross-entropy-loss-fusion, 10 B per logit, measured);
+    # "te": Megatron with Transformer Engine's kernel (--cross-entropy-fusion-impl te, as NVIDIA's
+    # perf recipes run it: the gradient written into the 16-bit logits, 2 B per logit);
     # other frameworks: the training code brings its own chunked/fused loss (16-bit logits only)
-    fused_cross_entropy: bool = False
+    fused_cross_entropy: bool | Literal["te"] = False
     # torch.compile of the model (torchtitan --compile.enable; with tp > 1 also its async TP):
     # auto turns it on where jobctl renders and models it (torchtitan, as its published benchmark
     # runs are compiled), off elsewhere; true where the framework has no compile is refused

@@ -107,6 +107,9 @@ class Capabilities:
     # when the recipe asks for fused_cross_entropy (Megatron's --cross-entropy-loss-fusion); 0: the
     # recipe's fused_cross_entropy is taken as the user's own chunked/fused loss (16-bit logits only)
     fused_cross_entropy_logit_bytes: float = 0.0
+    # train.fused_cross_entropy: te runs Transformer Engine's cross-entropy kernel (Megatron's
+    # --cross-entropy-fusion-impl te): the 16-bit logits kept, their gradient written in place
+    te_cross_entropy: bool = False
     # the training loop frees the (sharded) gradients every step (zero_grad(set_to_none=True)),
     # so under FSDP they do not exist at the activation peak of a one-micro-batch step
     frees_grads_each_step: bool = False

@@ -54,6 +54,7 @@ CAPS = Capabilities(
     offload_keeps_grads=True,
     in_place_cross_entropy=True,
     fused_cross_entropy_logit_bytes=10.0,
+    te_cross_entropy=True,
     moe=True,
     mla=True,
     ep_overlap=True,
@@ -67,6 +68,12 @@ CAPS = Capabilities(
          "(benchmarks/megatron_cross_entropy.py), and against the functional tests' memory",
          "megatron/core/fusions/fused_cross_entropy.py, megatron/core/jit.py, "
          "models/common/language_module/language_module.py compute_language_model_loss"),
+        ("train.fused_cross_entropy: te renders --cross-entropy-fusion-impl te: Transformer Engine's "
+         "CrossEntropyFunction saves the 16-bit logits themselves (with 12 B of fp32 row statistics per "
+         "token) and its backward kernel writes their gradient over them: 2 B per logit, no fp32 copy; "
+         "what every Megatron-Bridge perf run uses (scripts/performance overrides: cross_entropy_fusion_impl 'te')",
+         "megatron/core/models/common/language_module/language_module.py compute_language_model_loss; "
+         "transformer_engine/pytorch/cross_entropy.py, triton/cross_entropy.py"),
         ("the loss (vocab-parallel at any tp) upcasts the logits once, then exponentiates and "
          "normalises that fp32 copy in place and saves it as the softmax; backward turns it into the "
          "gradient in place: 16-bit logits + 4 B per element at the peak; checked against Megatron-LM's "
@@ -390,8 +397,10 @@ def _training_flags(w) -> list:
         a += ["--sgd-momentum", 0.0]
     if w.attention == "flash":
         a += ["--attention-backend", "flash"]
-    if w.fused_cross_entropy:  # Megatron-Core's own fused loss (fusions/fused_cross_entropy.py)
-        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native"]
+    if w.fused_cross_entropy:  # Megatron-Core's own fused loss (fusions/fused_cross_entropy.py),
+        # or Transformer Engine's (language_module.py compute_language_model_loss: te_parallel_cross_entropy)
+        a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl",
+              "te" if w.fused_cross_entropy == "te" else "native"]
     return a
 
 

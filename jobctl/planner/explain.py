@@ -314,6 +314,8 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
             if traced:
                 kind, by = "traced", ("0.0% vs trace" if plan.pp == 1 or name == "layer activations"
                                       else "within 2% vs trace (last stage)")
+            elif name == "logits and loss" and w.fused_cross_entropy == "te" and w.caps.te_cross_entropy:
+                kind, by = "modelled", "Transformer Engine's kernel read: gradient in place in the logits; not measured"
             elif name == "logits and loss" and w.fused_cross_entropy and w.caps.fused_cross_entropy_logit_bytes:
                 kind, by = "measured", "Megatron-Core's fused loss, compiled on CPU: 10 B/logit; its CI rows -6%/-3%"
             elif w.caps.name == "megatron":

@@ -110,6 +110,9 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     if w.cuda_graphs is True and caps.cuda_graphs and ((c.pp or 1) > 1 or (c.ep or 1) > 1):
         out.append("train.cuda_graphs=true: torchtitan captures no CUDA graph under pipeline or expert parallelism "
                    "(trainer.py _validate_cuda_graphs): unpin pp/ep or use auto")
+    if w.fused_cross_entropy == "te" and not caps.te_cross_entropy:
+        out.append(f"train.fused_cross_entropy=te is Megatron's --cross-entropy-fusion-impl te (Transformer Engine's "
+                   f"kernel): jobctl renders and models it for megatron only, not {caps.name} (use true or false)")
     if w.ep_overlap is True and not caps.ep_overlap:
         out.append(f"train.ep_overlap=true is Megatron's --overlap-moe-expert-parallel-comm: jobctl renders and models "
                    f"it for megatron only, not {caps.name} (use auto or false)")

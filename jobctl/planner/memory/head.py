@@ -33,6 +33,11 @@ def _loss_bytes(w: Workload, tp: int, pp: int = 1) -> tuple[float, str]:
     both, so the --explain label cannot drift from the number)."""
     # under PP the pipeline stage keeps its output (the logits) for the backward: no `del pred`
     kept = "; the pipeline stage keeps the 16-bit logits for its backward" if pp > 1 else ""
+    if w.fused_cross_entropy == "te" and w.caps.te_cross_entropy:
+        # Transformer Engine's CrossEntropyFunction saves the 16-bit logits themselves (and 12 B of
+        # fp32 row statistics per token) and its backward kernel overwrites them with their
+        # gradient (cross_entropy.py, triton/cross_entropy.py cross_entropy_backward_kernel)
+        return float(w.act_bytes), "Transformer Engine's fused cross-entropy: the 16-bit logits, their gradient written in place"
     if w.fused_cross_entropy and w.caps.fused_cross_entropy_logit_bytes:
         return (w.caps.fused_cross_entropy_logit_bytes,
                 "the framework's fused cross-entropy, compiled: fp32 softmax, fp32 gradient and its 16-bit cast")

@@ -101,7 +101,7 @@ class Workload:
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
     attention: str = "flash"
-    fused_cross_entropy: bool = False
+    fused_cross_entropy: bool | str = False  # True, False or "te" (train.fused_cross_entropy)
     framework: Framework = field(default_factory=lambda: frameworks.get("custom"))
     overheads: Overheads = field(default_factory=Overheads)
     training: Training = field(default_factory=Training)
