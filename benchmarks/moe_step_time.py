@@ -37,7 +37,7 @@ from jobctl_measure.published_throughput import load_moe_rows  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "published_moe_2025.yaml"
 GRID = [round(0.20 + 0.02 * i, 2) for i in range(41)]  # 0.20 .. 1.00
-HOST_GRID = [round(25e-6 * i, 6) for i in range(25)]  # 0 .. 0.6 ms per local expert
+HOST_GRID = [round(25e-6 * i, 6) for i in range(49)]  # 0 .. 1.2 ms per local expert
 
 
 def _generation(row) -> str:

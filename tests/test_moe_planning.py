@@ -146,7 +146,7 @@ def test_the_combined_schedule_hides_the_all_to_alls_and_holds_one_layer_more():
     for nodes in (1, 2):  # inside NVLink (compute covers the all-to-alls), and across the network
         p = plan(nodes=nodes, dp=8 * nodes, ep=8 * nodes, grad_accum_steps=m, global_batch_size=m * 8 * nodes)
         on, off = estimate_step(w, p, t.links, 8), estimate_step(apart, p, t.links, 8)
-        c, _, _, e, _, _ = perf._layer_costs(qwen, 4096, w.act_bytes, w.attention, None, False, (True, False, True),
+        c, _, _, e, _, _, _ = perf._layer_costs(qwen, 4096, w.act_bytes, w.attention, None, False, (True, False, True),
                                              t.links, 8, 1, 1, 1, False, "none", 0.0, p.ep)
         assert off.ep_comm_s == pytest.approx(m * 48 * e)
         assert on.ep_comm_s == pytest.approx(m * 48 * (e / m + (1 - 1 / m) * max(0.0, e - c)))
@@ -170,9 +170,12 @@ def test_the_recipe_can_turn_the_combined_schedule_off_and_asks_megatron_for_it(
 
 
 def test_megatrons_experts_launched_one_by_one_cost_host_time_per_local_expert():
-    # Megatron-Core's GroupedLinear launches each local expert's GEMMs and casts from the host,
-    # after TEGroupedMLP.forward has synced the token counts to it: MOE_HOST_S_PER_EXPERT per
-    # local expert, per MoE layer, per micro-batch; replayed CUDA graphs launch none of it
+    # Megatron-Core's GroupedLinear launches each local expert's GEMMs and casts from the host:
+    # MOE_HOST_S_PER_EXPERT per local expert, per MoE layer, per micro-batch. Each MoE layer syncs
+    # the host with the GPU (the token counts), so the host runs at most a layer ahead: a layer
+    # takes the longer of its GPU work G and its host work H (the layer's kernel launches and the
+    # experts'), and the experts' launches add max(G, H) - max(G, launches alone). Replayed CUDA
+    # graphs launch none of it.
     from jobctl.planner import perf
 
     qwen, t = PRESETS["qwen3-30b-a3b"], h100()
@@ -180,15 +183,23 @@ def test_megatrons_experts_launched_one_by_one_cost_host_time_per_local_expert()
     apart = megatron.FRAMEWORK.with_caps(ep_overlap=False)
     launched = Workload(qwen, 4096, 512, framework=apart)
     replayed = Workload(qwen, 4096, 512, framework=apart.with_caps(moe_expert_launches=False))
-    for ep, mbs in ((8, 1), (16, 1), (8, 4)):
+    bound = set()
+    for ep, mbs in ((8, 1), (16, 1), (8, 4), (16, 8)):
         p = plan(nodes=2, dp=16, ep=ep, micro_batch_size=mbs, grad_accum_steps=32 // mbs, global_batch_size=512)
         on, off = estimate_step(launched, p, t.links, 8), estimate_step(replayed, p, t.links, 8)
         micro, local_experts = 32 // mbs, 128 // ep
-        host = micro * 48 * local_experts * perf.MOE_HOST_S_PER_EXPERT
+        # G: the layer's GPU work, as the step model has it without the launches (perf._layer_costs)
+        g = perf._layer_costs(qwen, 4096, launched.act_bytes, launched.attention, None, False, (True, False, False),
+                              t.links, 8, 1, 1, mbs, False, "none", 0.0, ep)[0]
+        kernels = perf.KERNELS_PER_LAYER * perf.KERNEL_LAUNCH_S
+        h = kernels + local_experts * perf.MOE_HOST_S_PER_EXPERT
+        host = micro * 48 * (max(g, h) - max(g, kernels))
+        bound.add("host" if h > g else "gpu")
         assert on.step_time_s - off.step_time_s == pytest.approx(host, rel=1e-6)
         # reported as its own part of the step (the "why not" lines name it), not as compute
         assert (on.moe_host_s, off.moe_host_s) == (pytest.approx(host), 0.0)
         assert on.compute_s == pytest.approx(off.compute_s)
+    assert bound == {"host", "gpu"}  # small micro-batches wait for the host, large ones hide it
     assert perf.MOE_HOST_S_PER_EXPERT > 0
     # torchtitan runs all its experts in one grouped kernel (torch._grouped_mm)
     assert not Workload(qwen, 4096, 512, framework="torchtitan").caps.moe_expert_launches

@@ -124,16 +124,19 @@ LATENCY_INTER_NODE_S = 35e-6
 # copy moves in memory-bound kernels per unit of h, forward and backward: permuted into expert
 # order and back (a read and a write of h each way, 16-bit: 8·h forward), about twice that in
 # backward.
-MOE_GEMM_EFFICIENCY = {"hopper": 1.0, "blackwell": 0.54}
+MOE_GEMM_EFFICIENCY = {"hopper": 0.36, "blackwell": 0.46}
 MOE_PERMUTE_BYTES_H = 24
 # ... and where the framework launches the routed experts' work expert by expert from the host
-# (caps.moe_expert_launches: Megatron-Core's Transformer Engine GroupedLinear, behind the
-# device-to-host sync of its tokens per expert, moe/experts.py TEGroupedMLP.forward's
-# tokens_per_expert.tolist(), so the host cannot run ahead),
-# host seconds per local expert, per MoE layer, per micro-batch (forward and backward), which
-# the GPU waits for; none where CUDA graphs capture the experts (Megatron-Bridge's
-# full-iteration graphs replay the step without the host). Fitted with MOE_GEMM_EFFICIENCY.
-MOE_HOST_S_PER_EXPERT = 0.15e-3
+# (caps.moe_expert_launches: Megatron-Core's Transformer Engine GroupedLinear), host seconds
+# per local expert, per MoE layer, per micro-batch (forward and backward). Each MoE layer syncs
+# the host with the GPU once (the dispatcher's token counts: token_dispatcher.py
+# _maybe_dtoh_and_synchronize, HybridEP's unbounded num_permuted_tokens; TEGroupedMLP.forward's
+# tokens_per_expert.tolist()), so the host cannot run more than a layer ahead: a layer takes the
+# longer of its GPU work and its host work (_layer_costs). None where CUDA graphs capture the
+# experts (Megatron-Bridge's full-iteration graphs replay the step without the host). Fitted with
+# MOE_GEMM_EFFICIENCY on the fit half (0.15 ms when the host time was added to the GPU's; 0.575
+# ms as the longer of the two, which the one-node B200 runs at micro-batch 1 against 4 decide).
+MOE_HOST_S_PER_EXPERT = 0.575e-3
 # DDP / Megatron gradient buckets: one collective per ~25 MB (DDP's bucket_cap_mb default 25).
 BUCKET_BYTES = 25e6
 
@@ -259,7 +262,7 @@ def dp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
 
 def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, steps: int | None = None) -> StepEstimate:
     """Time of one optimizer step of `plan` and its parts."""
-    step, layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, dp, optimizer, offload = \
+    step, layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, dp, optimizer, offload, layer_host = \
         _step_parts(w, plan, links, gpus_per_node)
     micro = plan.grad_accum_steps
     peak = links.peak_tflops * 1e12
@@ -268,8 +271,7 @@ def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, ste
     flops = model_flops_per_token(w) * tokens
     mfu = flops / (step * world * peak) if step > 0 else 0.0
     ttt = steps * step if steps else None
-    host = micro * layers_max * _moe_host(w.model, plan.ep, recomputed_layers(plan, layers_max) / layers_max) \
-        if w.caps.moe_expert_launches and w.model.moe is not None else 0.0
+    host = micro * layers_max * layer_host  # the experts' launches where the host outruns the GPU
     return StepEstimate(
         step_time_s=step, compute_s=micro * stage_mb - micro * layers_max * (layer_tp + layer_cp + layer_ep) - host,
         moe_host_s=host,
@@ -316,7 +318,8 @@ def step_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: 
 def _step_parts(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> tuple:
     """(step, layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the
     slowest stage, its sends, the bubble, exposed DP communication, the optimizer step, offload)."""
-    layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble = _pipeline_parts(w, plan, links, gpus_per_node)
+    layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, layer_host = \
+        _pipeline_parts(w, plan, links, gpus_per_node)
     pipeline = plan.grad_accum_steps * (stage_mb + p2p)
     rank_params = stage_params_per_rank(w, plan)
     trainable = rank_params if w.method == "full" else rank_params * 0.01
@@ -327,14 +330,14 @@ def _step_parts(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> tu
         dp += _expert_data_parallel(w, plan, links, gpus_per_node, stage_mb, experts)
         optimizer += _optimizer_and_offload(w, plan, links, experts, plan.expert_dp)[0]
     step = pipeline + bubble + dp + optimizer + offload
-    return step, layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, dp, optimizer, offload
+    return step, layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, dp, optimizer, offload, layer_host
 
 
 def pipeline_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: int) -> float:
     """The micro-batches through the slowest stage, their sends and the bubble: the step less its
     data-parallel communication, optimizer step and offload (none of which is negative), so a
     lower bound on step_time that does not depend on the sharding or the framework."""
-    _, _, _, _, stage_mb, p2p, bubble = _pipeline_parts(w, plan, links, gpus_per_node)
+    _, _, _, _, stage_mb, p2p, bubble, _ = _pipeline_parts(w, plan, links, gpus_per_node)
     return plan.grad_accum_steps * (stage_mb + p2p) + bubble
 
 
@@ -391,14 +394,14 @@ def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | N
                     stack: tuple[bool, bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int,
                     recompute: str, rc: float, ep: int = 1, ep_hidden: float = 0.0) -> tuple:
     layers_max = stage_layers(m.layers, p)[1]
-    layer_compute, layer_tp, layer_cp, layer_ep, msg, head = _layer_costs(
+    layer_compute, layer_tp, layer_cp, layer_ep, msg, head, layer_host = _layer_costs(
         m, s, act_bytes, attention, op_sac, overlap, stack, links, gpus_per_node, t, c, b, sequence_parallel, recompute,
         rc, ep)
     if ep_hidden:  # paired steps: one's all-to-alls under the other's compute, only the excess shows
         layer_ep = (1 - ep_hidden) * layer_ep + ep_hidden * max(0.0, layer_ep - layer_compute)
     stage_mb, p2p, bubble = _pipeline(m.layers, t, p, c, dp, sequence_parallel, v, layers_max,
                                       layer_compute + layer_tp + layer_cp + layer_ep, head, msg, links, gpus_per_node)
-    return layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble
+    return layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, layer_host
 
 
 @lru_cache(maxsize=1 << 14)
@@ -460,7 +463,13 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
         membound += scores * (EAGER_SCORE_BYTES + (EAGER_SCORE_BYTES_FWD if passes_attn > 3 else 0))
     layer_compute += membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
     kernels = KERNELS_PER_LAYER * (COMPILE_MEMBOUND_SHARE if compiled else 1)
-    layer_compute = max(layer_compute, kernels * (1 + rc / 3) * KERNEL_LAUNCH_S)
+    host = kernels * (1 + rc / 3) * KERNEL_LAUNCH_S
+    gpu_or_host = max(layer_compute, host)
+    # a mixture of experts launched expert by expert: the host's layer against the GPU's (the
+    # layer's sync keeps the host from running further ahead); layer_host: what that adds
+    moe_host = _moe_host(m, ep, rc) if launches and m.moe is not None else 0.0
+    layer_compute = max(layer_compute, host + moe_host)
+    layer_host = layer_compute - gpu_or_host
     # Tensor parallelism: 2 collectives forward, 2 backward (+2 when the forward is recomputed),
     # each an all-reduce (or reduce-scatter + all-gather with SP: the same bytes).
     msg = act_bytes * tokens_rank * h
@@ -480,7 +489,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     out_flops = 2 * tokens_rank * h * m.vocab / t * 3
     head = out_flops / (peak * eff) + \
         14 * tokens_rank * m.vocab / t / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
-    return layer_compute, layer_tp, layer_cp, layer_ep, msg, head
+    return layer_compute, layer_tp, layer_cp, layer_ep, msg, head, layer_host
 
 
 def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int, tokens_rank: float,
@@ -512,8 +521,6 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     rate = (links.low_tflops if links.low_tflops else links.peak_tflops) * 1e12 * eff
     membound = copies * (MOE_PERMUTE_BYTES_H * m.hidden + MEMBOUND_BYTES_F * x.expert_ffn) * (1 + rc / 3)
     compute_s = share * (fwd * passes_gemm / rate + membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY))
-    if launches:  # the host launching each local expert's work, which the GPU waits for
-        compute_s += _moe_host(m, ep, rc)
     if ep <= 1:
         return compute_s, 0.0
     local = min(ep, gpus_per_node)  # the EP group's ranks inside this rank's NVLink domain
