@@ -316,8 +316,9 @@ def step_time(w: Workload, plan: Plan | StepShape, links: Links, gpus_per_node: 
 
 
 def _step_parts(w: Workload, plan: Plan, links: Links, gpus_per_node: int) -> tuple:
-    """(step, layers on the largest stage, one layer's TP and CP seconds, one micro-batch on the
-    slowest stage, its sends, the bubble, exposed DP communication, the optimizer step, offload)."""
+    """(step, layers on the largest stage, one layer's TP, CP and EP seconds, one micro-batch on
+    the slowest stage, its sends, the bubble, exposed DP communication, the optimizer step,
+    offload, what the experts' host launches add to one layer)."""
     layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, layer_host = \
         _pipeline_parts(w, plan, links, gpus_per_node)
     pipeline = plan.grad_accum_steps * (stage_mb + p2p)
@@ -362,7 +363,7 @@ def clear_caches() -> None:
 
 def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tuple:
     """(layers on the largest stage, one layer's TP, CP and EP seconds, one micro-batch on the
-    slowest stage, its sends, the bubble)."""
+    slowest stage, its sends, the bubble, what the experts' host launches add to one layer)."""
     m = w.model
     layers_max = stage_layers(m.layers, plan.pp)[1]
     rc = recomputed_layers(plan, layers_max) / layers_max  # share of layers whose forward reruns
@@ -408,8 +409,9 @@ def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | N
 def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: bool,
                  stack: tuple[bool, bool, bool], links: Links, gpus_per_node: int, t: int, c: int, b: int, sequence_parallel: bool, recompute: str,
                  rc: float, ep: int = 1) -> tuple:
-    """One layer's (compute, tensor-parallel, context-parallel) seconds for one micro-batch on
-    one rank, the tensor-parallel message (bytes) and the output layer with the loss (seconds).
+    """One layer's (compute, tensor-parallel, context-parallel, expert all-to-all) seconds for one
+    micro-batch on one rank, the tensor-parallel message (bytes), the output layer with the loss
+    (seconds) and what the experts' host launches add to the compute (seconds, in it).
     op_sac: (fused_qkv,) when "selective" is torchtitan's op-level SAC, else None; overlap: the
     TP collectives run under the GEMMs (tp_overlap); stack: (Transformer Engine, whose BF16 GEMMs
     reach links.te_gemm_efficiency where fitted; torch.compile, which fuses memory-bound kernels;
@@ -445,7 +447,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     layer_ep = 0.0
     if m.moe is not None:  # the routed experts (matrix_params has the rest: attention, router, shared experts)
         gemm_moe, layer_ep = _routed_experts(m, act_bytes, links, gpus_per_node, t, tokens_rank, passes_gemm, rc, ep,
-                                             ceiling, launches)
+                                             ceiling)
         gemm_s += gemm_moe
     layer_compute = gemm_s + fwd_attn * passes_attn / (peak * att_eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
@@ -493,7 +495,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
 
 
 def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int, tokens_rank: float,
-                    passes_gemm: float, rc: float, ep: int, ceiling: float, launches: bool = False) -> tuple[float, float]:
+                    passes_gemm: float, rc: float, ep: int, ceiling: float) -> tuple[float, float]:
     """One layer's routed experts on one rank, averaged over the layers (moe_layers / layers of
     them route): (their GEMM and memory-bound seconds, the token all-to-all seconds).
 
@@ -503,8 +505,8 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     links.moe_efficiency (MOE_GEMM_EFFICIENCY) of the efficiency of a GEMM of that many rows (gemm_efficiency: small
     expert batches run below the ceiling). Each copy is permuted into expert order and back
     (MOE_PERMUTE_BYTES_H·h bytes moved, forward and backward) and its SwiGLU runs on expert_ffn
-    (MEMBOUND_BYTES_F); where launches (caps.moe_expert_launches), the host's
-    MOE_HOST_S_PER_EXPERT per local expert adds to it. Dispatch and combine are two all-to-alls
+    (MEMBOUND_BYTES_F); the host's launches of the experts (MOE_HOST_S_PER_EXPERT) are weighed
+    against the whole layer in _layer_costs. Dispatch and combine are two all-to-alls
     forward and two backward (two more with the forward recomputed), each moving the rank's
     top_k·T token copies: to the other ranks of the NVLink domain over NVLink, to the ranks
     beyond it over the network, at the same time (the slower one counts). Under Megatron-Core's
