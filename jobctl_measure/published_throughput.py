@@ -298,15 +298,16 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         fw = frameworks.get("megatron")
         if not r.get("tp_comm_overlap"):
             fw = fw.with_caps(tp_comm_overlap=False)
-        if not s.get("overlap_ep_comm"):  # jobctl turns it on wherever Megatron accepts it
-            fw = fw.with_caps(ep_overlap=False)
         if s.get("cuda_graphs") in EXPERTS_GRAPHED:  # replayed: no host launches per expert
             fw = fw.with_caps(moe_expert_launches=False)
         gpu = lookup_gpu(r["gpu"])
         seq, gb = r["seq_len"], p["global_batch"]
         w = Workload(model, seq, gb, precision=precision, framework=fw, fp8_recipe=r.get("fp8_recipe") or "tensorwise",
                      grad_reduce=r.get("grad_reduce") or "fp32", formats=gpu.formats,
-                     fused_cross_entropy=(rel or {}).get("cross_entropy_fusion") or False)
+                     fused_cross_entropy=(rel or {}).get("cross_entropy_fusion") or False,
+                     # jobctl turns the combined schedule on wherever Megatron accepts it; off
+                     # where the row's release did not (as a recipe's train.ep_overlap: false)
+                     ep_overlap="auto" if s.get("overlap_ep_comm") else False)
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         tp, pp, dp, cp, mbs = p["tp"], p["pp"], p["dp"], p.get("cp") or 1, p["micro_batch"]
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, "zero1", mbs, gb // (dp * mbs), gb, recompute, "none",

@@ -212,8 +212,9 @@ def test_each_moe_row_runs_with_its_own_releases_settings():
     # run asked for DeepEP, which its container lacked (known-issues.md), and is left out
     rows = {r.id: r for r in _MOE[0]}
     old, new = rows["mbridge-2604-qwen3-30b-a3b-gb200-mxfp8-8"], rows["mbridge-2606-qwen3-30b-a3b-gb200-mxfp8-8"]
-    assert (old.workload.caps.ep_overlap, old.workload.caps.moe_expert_launches) == (False, True)
-    assert (new.workload.caps.ep_overlap, new.workload.caps.moe_expert_launches) == (True, False)
+    from jobctl.frameworks import ep_overlap
+    assert (ep_overlap(old.workload, old.plan), old.workload.caps.moe_expert_launches) == (False, True)
+    assert (ep_overlap(new.workload, new.plan), new.workload.caps.moe_expert_launches) == (True, False)
     assert old.workload.grad_reduce_dtype == new.workload.grad_reduce_dtype == "bf16"
     skipped = dict(_MOE[1])
     assert "DeepEP is not supported in the current NeMo framework 26.02 container" in \
