@@ -414,3 +414,17 @@ def test_plan_shows_advice_and_history_forgets_the_calibration(capsys):
         assert "calibration" not in h.get(jid).extra
     after = _report(capsys)
     assert not any("suspect" in w for w in after.get("warnings") or [])
+
+
+def test_the_model_error_median_of_an_even_count_is_the_mean_of_the_middle_two():
+    # errors +25 %, -10 %, +10 %, +50 % (hand-derived as above): sorted -10, +10, +25, +50; the
+    # median of four is (10 + 25) / 2 = 17.5 %, as statistics.median has it
+    import statistics
+
+    from jobctl.planning.learn import PastJob, model_error
+    pairs = ((10, 8), (9, 10), (11, 10), (15, 10))
+    jobs = [PastJob(i, "COMPLETED", None, "h100", None, {}, predicted_peak_bytes=p * GIB,
+                    measured_peak_bytes=m * GIB) for i, (p, m) in enumerate(pairs)]
+    got = model_error(jobs)
+    assert got == {"jobs": 4, "median_pct": 17.5, "worst_pct": 50.0}
+    assert got["median_pct"] == statistics.median([25.0, -10.0, 10.0, 50.0])

@@ -79,12 +79,21 @@ def main(argv: list[str] | None = None) -> int:
                          + f" (commands: {', '.join(commands)})\n")
         return EXIT_USAGE
     try:
-        parser, mod = _command_parser(commands[argv[0]], argv[0])
-        # what the imports made lives as long as the process: the cycle collector need not walk
-        # it again on every full collection (a tenth of `plan --framework all`'s time); once per
-        # process (main() called again in one, as tests do, freezes nothing more)
-        if not gc.get_freeze_count():
-            gc.freeze()
+        # what the imports make lives as long as the process: no cycle collection while the
+        # command's modules load, and the collector need not walk them again on every full
+        # collection afterwards (a tenth of `plan --framework all`'s time); once per process
+        # (main() called again in one, as tests do, freezes nothing more)
+        first = not gc.get_freeze_count()
+        collecting = gc.isenabled()
+        if first:
+            gc.disable()
+        try:
+            parser, mod = _command_parser(commands[argv[0]], argv[0])
+        finally:
+            if first:
+                gc.freeze()
+                if collecting:
+                    gc.enable()
         args = parser.parse_intermixed_args(argv[1:])
         return int(mod.run(args) or 0)
     except JobctlError as e:

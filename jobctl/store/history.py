@@ -28,7 +28,6 @@ import json
 import os
 import re
 import sqlite3
-import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -167,6 +166,8 @@ class History:
             raise UsageError(f"scheduler must be 'slurm' or 'local', got {scheduler!r}") from None
         plan_json = _plan_json(plan)
         recipe_hash = hashlib.sha256(recipe_text.encode("utf-8")).hexdigest()
+        import uuid  # only a write needs one (plan reads the history: start-up time)
+
         token = token or uuid.uuid4().hex
         now = self._now()
         with self._write():
