@@ -248,7 +248,8 @@ def _as_moe_settings(rel: dict) -> dict:
     stash = rel["paged_stash"] if rel["paged_stash"] in ("cuda", "cuda+host") else "none"
     return {"dispatcher": "alltoall" if rel["dispatcher"] == "alltoall" else f"flex-{rel['flex_backend']}",
             "overlap_ep_comm": bool(rel["overlap_ep_comm"]), "cuda_graphs": graphs, "paged_stash": stash,
-            "fused_grouped_mlp": bool(rel.get("fused_grouped_mlp"))}
+            "fused_grouped_mlp": bool(rel.get("fused_grouped_mlp")),
+            "fused_cross_entropy": rel.get("cross_entropy_fusion") or False}
 
 
 def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
@@ -304,7 +305,7 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         seq, gb = r["seq_len"], p["global_batch"]
         w = Workload(model, seq, gb, precision=precision, framework=fw, fp8_recipe=r.get("fp8_recipe") or "tensorwise",
                      grad_reduce=r.get("grad_reduce") or "fp32", formats=gpu.formats,
-                     fused_cross_entropy=(rel or {}).get("cross_entropy_fusion") or False,
+                     fused_cross_entropy=s.get("fused_cross_entropy") or False,
                      # jobctl turns the combined schedule on wherever Megatron accepts it; off
                      # where the row's release did not (as a recipe's train.ep_overlap: false)
                      ep_overlap="auto" if s.get("overlap_ep_comm") else False)

@@ -383,7 +383,7 @@ def _ep_hidden_share(w: Workload, plan) -> float:
     schedule pairs (frameworks.ep_overlap; 0 without it): all but the warm-up forwards of the
     first stage and as many cool-down backwards, of m·v each (one of m unpipelined; pipelined,
     (p-1)·2 + (v-1)·p + 2 with the schedule's extra warm-up forward)."""
-    if plan.ep <= 1 or not ep_overlap(w, plan):
+    if not ep_overlap(w, plan):
         return 0.0
     p, v, m = plan.pp, max(plan.virtual_stages, 1), plan.grad_accum_steps
     warm = 1 if p == 1 else (p - 1) * 2 + (v - 1) * p + 2
