@@ -75,9 +75,16 @@ class TcpProxy:
                         with self._lock:
                             self.server_bytes[index] = cut
                             self.cuts += 1
-                        # a reset, as when a VPN or NAT drops the connection: both sides see it die
+                        # a reset, as when a VPN or NAT drops the connection: both sides see it die.
+                        # SHUT_RD first wakes the other direction's thread, blocked in recv() on the
+                        # same socket: until that call returns it holds the socket open, and the
+                        # reset would wait for the client's next keepalive (30 s).
                         for s in (src, dst):
                             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                            try:
+                                s.shutdown(socket.SHUT_RD)
+                            except OSError:
+                                pass
                             s.close()
                         return
                     with self._lock:
