@@ -18,6 +18,19 @@ def trace(*args) -> list[dict]:
     return json.loads(benchmark("trace_memory.py", "--layers", "2", "--json", *args, timeout=600))["layouts"]
 
 
+_TRACED: dict[tuple, dict] = {}
+
+
+def traced(layout: str, *args: str, siblings: tuple[str, ...]) -> dict:
+    """One layout's trace. A test's parametrized layouts (`siblings`) are traced together, in one
+    run of the benchmark (its --layouts takes several, each built and traced afresh), so that
+    torch and torchtitan start once for them; each test still checks only its own."""
+    key = (args, siblings)
+    if key not in _TRACED:
+        _TRACED[key] = {out["name"]: out for out in trace(*args, "--layouts", *siblings)}
+    return _TRACED[key][layout]
+
+
 def rows(layout: dict) -> dict:
     return {r["group"].split(",")[0]: r for r in layout["rows"]}
 
@@ -50,17 +63,24 @@ def check(layout: dict, upper: float = 1.07):
     assert b["traced_max"] <= b["modelled"] <= 1.3 * b["traced_max"]
 
 
-@pytest.mark.parametrize("layout", ["b1-none", "b1-sac", "b1-full"])
+FSDP_8B = ("b1-none", "b1-sac", "b1-full")
+
+
+@pytest.mark.parametrize("layout", FSDP_8B)
 def test_torchtitan_8b_fsdp(layout):
-    (out,) = trace("--layouts", layout)
+    out = traced(layout, siblings=FSDP_8B)
     check(out)
 
 
-@pytest.mark.parametrize("layout", ["b1-none", "b1-full"])
+B1 = ("b1-none", "b1-full")
+B4 = ("b4-none", "b4-full")
+
+
+@pytest.mark.parametrize("layout", B1)
 def test_torchtitan_70b_tp8_fsdp4(layout):
     # torchtitan's TP plan: sequence-parallel norms whose gathered outputs the matmuls keep, and
     # the loss-parallel cross-entropy
-    (out,) = trace("--model", "70B", "--tp", "8", "--ranks", "32", "--layouts", layout)
+    out = traced(layout, "--model", "70B", "--tp", "8", "--ranks", "32", siblings=B1)
     check(out)
 
 
@@ -107,13 +127,13 @@ def test_torchtitan_deepseek_v3_mla_and_shared_expert():
     assert total["traced"] <= total["modelled"] <= 1.2 * total["traced"]
 
 
-@pytest.mark.parametrize("layout", ["b1-none", "b1-full"])
+@pytest.mark.parametrize("layout", B1)
 def test_hf_llama_8b_accelerate_fsdp2(layout):
     # transformers' LlamaForCausalLM wrapped as accelerate's FSDP2 plugin wraps it, against the
     # `fsdp` framework's model (eager HF layers, SDPA with grouped K/V, root unit with both
     # embedding matrices)
     need_package("transformers")
-    (out,) = trace("--impl", "hf", "--layouts", layout)
+    out = traced(layout, "--impl", "hf", siblings=B1)
     # "per block" is what a block holds right after its forward, its output included; HF's next
     # block does not keep that output (its RMSNorm saves an fp32 copy instead, counted there), so
     # the saved bytes are the traced figure less one 2·s·b·h output (b = 1, s = 8192, h = 4096)
@@ -124,10 +144,9 @@ def test_hf_llama_8b_accelerate_fsdp2(layout):
     check(out)
 
 
-def pp_trace(stage: str, *args) -> list[dict]:
-    # four blocks over two stages: torchtitan's split counts the embedding and the output layer
-    # as one layer each, so each stage holds two blocks, as jobctl's split does
-    return trace("--layers", "4", "--pp", "2", "--ranks", "4", "--stage", stage, *args)
+# four blocks over two stages: torchtitan's split counts the embedding and the output layer as
+# one layer each, so each stage holds two blocks, as jobctl's split does (then the stage's name)
+PP_TRACE = ("--layers", "4", "--pp", "2", "--ranks", "4", "--stage")
 
 
 def check_states_and_blocks(layout: dict):
@@ -146,22 +165,22 @@ def check_stage(layout: dict, groups=(), rel=0.01):
     assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
 
 
-@pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
+@pytest.mark.parametrize("layout", B4)
 def test_torchtitan_8b_pp2_last_stage(layout):
     # torchtitan's pipeline_llm, 1F1B over 4 micro-batches, FSDP2 x2 under PP (the stage kept
     # unsharded, gradients accumulated unsharded in fp32). The last stage peaks at the loss: the
     # PipelineStage keeps the 16-bit logits for its backward (no `del pred` as without PP), and
     # the sharded gradients do not exist yet (they are made after the last backward)
-    (out,) = pp_trace("last", "--layouts", layout)
+    out = traced(layout, *PP_TRACE, "last", siblings=B4)
     check_stage(out, groups=("activations+logits",))
 
 
-@pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
+@pytest.mark.parametrize("layout", B4)
 def test_torchtitan_8b_pp2_first_stage(layout):
     # The first stage holds two micro-batches in flight (1F1B, p = 2) and a receive buffer for
     # each micro-batch's incoming gradient, and peaks in a block's backward (its backward working
     # set is stood in for by one layer's 16-bit gradient: 0.41 of ~0.96 GiB at s = 8192)
-    (out,) = pp_trace("first", "--layouts", layout)
+    out = traced(layout, *PP_TRACE, "first", siblings=B4)
     check_stage(out)
 
 
@@ -169,29 +188,28 @@ def test_torchtitan_8b_pp2_first_stage_gradient_reduction():
     # At s = 2048 the first stage peaks after the schedule, when FSDP2 reduces the accumulated
     # gradients unit by unit: the root unit (the embedding) frees its 16-bit weights, copies its
     # fp32 gradient into the reduce-scatter input and receives its shard
-    (out,) = pp_trace("first", "--seq-len", "2048", "--layouts", "b4-full")
+    (out,) = trace(*PP_TRACE, "first", "--seq-len", "2048", "--layouts", "b4-full")
     check_stage(out)
     assert "Reduce Scatter" in out["traced"]["peak"] and out["traced"]["peak"]["Reduce Scatter"] > 0
 
 
-@pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
+@pytest.mark.parametrize("layout", B4)
 def test_torchtitan_8b_pp2_interleaved_first_stage(layout):
     # torch's Interleaved1F1B with torchtitan's default two model chunks per rank (eight blocks
     # over four chunks): the first rank holds ((p - 1)·2 + (v - 1)·p + 1)/v stages' worth of
     # micro-batches, the formula pipeline_in_flight takes from Megatron's schedule
-    (out,) = trace("--layers", "8", "--pp", "2", "--ranks", "4", "--schedule", "Interleaved1F1B",
-                   "--layouts", layout)
+    out = traced(layout, "--layers", "8", "--pp", "2", "--ranks", "4", "--schedule", "Interleaved1F1B", siblings=B4)
     r = rows(out)
     for g in ("weights", "grads", "optimizer"):
         assert r[g]["modelled"] == pytest.approx(r[g]["traced_max"], rel=1e-3), g
     assert r["total (tensors)"]["modelled"] == pytest.approx(r["total (tensors)"]["traced"], rel=0.02)
 
 
-@pytest.mark.parametrize("layout", ["b4-none", "b4-full"])
+@pytest.mark.parametrize("layout", B4)
 def test_torchtitan_8b_pp3_middle_stage(layout):
     # six blocks over three stages: torchtitan's split gives the middle stage three (the
     # embedding and the output layer count as one each), which holds p - 1 = 2 micro-batches
-    (out,) = trace("--layers", "6", "--pp", "3", "--ranks", "6", "--stage", "middle", "--layouts", layout)
+    out = traced(layout, "--layers", "6", "--pp", "3", "--ranks", "6", "--stage", "middle", siblings=B4)
     check_stage(out)
     assert len(out["traced"]["per_block_activation"]) == 3
 
