@@ -114,8 +114,10 @@ LOW_EFFICIENCY_GRID = [round(0.20 + 0.02 * i, 2) for i in range(36)]
 
 
 def _group(r: Row) -> tuple[str, str] | None:
-    return (perf.generation(r.gpu), r.workload.precision) if r.workload.precision in (
-        "fp8", "mxfp8", "nvfp4") else None
+    w = r.workload
+    if w.precision not in ("fp8", "mxfp8", "nvfp4"):
+        return None
+    return perf.generation(r.gpu), "fp8-rowwise" if w.precision == "fp8" and w.fp8_recipe == "rowwise" else w.precision
 
 
 def _set_low(rows: list[Row], group, value: float) -> None:
@@ -189,6 +191,17 @@ ASYNC_TP_PAIRS = [("torchtitan-asynctp-202506-llama3-70b-256gpu-bf16-vanilla-tp"
                   ("torchtitan-asynctp-202506-llama3-8b-64gpu-bf16-vanilla-tp",
                    "torchtitan-asynctp-202506-llama3-8b-64gpu-bf16-async-tp")]
 COMPILE_GRID = [round(0.05 * i, 2) for i in range(1, 21)]
+# torchtitan's row-wise Float8 (what jobctl renders for it: torchtitan 0.3.0 offers no other
+# scaling) against BF16 on the same GPUs, both compiled, from the async-TP table: half of the
+# pairs fit LOW_PRECISION_GEMM_EFFICIENCY[("hopper", "fp8-rowwise")], the other half check it
+_TT = "torchtitan-asynctp-202506-llama3-"
+FLOAT8_PAIRS = {"fit": [(_TT + "70b-256gpu-bf16-vanilla-tp", _TT + "70b-256gpu-fp8-rowwise-vanilla-tp"),
+                        (_TT + "8b-64gpu-bf16-async-tp", _TT + "8b-64gpu-fp8-rowwise-async-tp")],
+                "check": [(_TT + "70b-256gpu-bf16-async-tp", _TT + "70b-256gpu-fp8-rowwise-async-tp"),
+                          (_TT + "8b-64gpu-bf16-vanilla-tp", _TT + "8b-64gpu-fp8-rowwise-vanilla-tp")]}
+ROWWISE = ("hopper", "fp8-rowwise")
+ROWWISE_GRID = [round(0.30 + 0.02 * i, 2) for i in range(31)]  # 0.30-0.90 of the FP8 peak
+ROWWISE_CAST_GRID = list(range(0, 161, 2))  # bytes per element of a linear's input and output, per token
 
 
 def pair_speedups(rows: list[Row], pairs) -> list[tuple[str, float, float]]:
@@ -215,14 +228,38 @@ def fit_compile(rows: list[Row]) -> float:
     return best[1]
 
 
+def fit_rowwise(rows: list[Row]) -> tuple[float, float]:
+    """The row-wise Float8 GEMM efficiency and cast bytes that make the fit pairs' predicted
+    speed-ups closest to the measured ones (mean |predicted / measured - 1|)."""
+    fp8 = [r for r in rows if _group(r) == ROWWISE]
+    best = None
+    for v in ROWWISE_GRID:
+        for cast in ROWWISE_CAST_GRID:
+            _set_low(fp8, ROWWISE, v)
+            for r in fp8:
+                r.links = dataclasses.replace(r.links, low_cast_bytes=cast)
+            _clear_caches()
+            err = statistics.mean(abs(p_ / m - 1) for _, m, p_ in pair_speedups(rows, FLOAT8_PAIRS["fit"]))
+            if best is None or err < best[0] - 1e-12:
+                best = (err, v, cast)
+    _set_low(fp8, ROWWISE, perf.LOW_PRECISION_GEMM_EFFICIENCY.get(ROWWISE, 0.0))
+    for r in fp8:
+        r.links = dataclasses.replace(r.links, low_cast_bytes=perf.ROWWISE_CAST_BYTES)
+    _clear_caches()
+    return best[1], best[2]
+
+
 def _pairs_report(rows: list[Row]) -> None:
     print("\ntorch.compile and async TP, as speed-ups of pairs of torchtitan runs on the same GPUs:")
-    print(f"{'pair (without -> with)':60} {'half':5} {'measured':>8} {'predicted':>9}")
+    print(f"{'pair (without -> with)':72} {'half':5} {'measured':>8} {'predicted':>9}")
     for half in ("fit", "check"):
         for a, m, p_ in pair_speedups(rows, [COMPILE_PAIRS[half]]):
-            print(f"{a + ' -> compile':60} {half:5} {m:7.3f}x {p_:8.3f}x")
+            print(f"{a + ' -> compile':72} {half:5} {m:7.3f}x {p_:8.3f}x")
     for a, m, p_ in pair_speedups(rows, ASYNC_TP_PAIRS):
-        print(f"{a + ' -> async TP':60} {'check':5} {m:7.3f}x {p_:8.3f}x")
+        print(f"{a + ' -> async TP':72} {'check':5} {m:7.3f}x {p_:8.3f}x")
+    for half in ("fit", "check"):
+        for a, m, p_ in pair_speedups(rows, FLOAT8_PAIRS[half]):
+            print(f"{a + ' -> fp8 rowwise':72} {half:5} {m:7.3f}x {p_:8.3f}x")
 
 
 HOST_GIB = 2048  # host RAM per node of these clusters (DGX A100: 1-2 TB, DGX H100: 2 TB)
@@ -310,6 +347,8 @@ def main(argv=None) -> int:
             _layouts(rows)
         if args.fit:
             print(f"\ncompile pair fit: COMPILE_MEMBOUND_SHARE {fit_compile(rows)}")
+            eff, cast = fit_rowwise(rows)
+            print(f"row-wise Float8 pair fit: LOW_PRECISION_GEMM_EFFICIENCY[{ROWWISE}] {eff}, ROWWISE_CAST_BYTES {cast}")
             f = fit(rows)
             print(f"\nfit half, grid search: MAE {f['fit_mae']:.1%} with {f['constants']}")
     if args.data in ("2025", "all"):

@@ -439,6 +439,10 @@ JOB_FOLDER_TOKEN = "{JOBCTL_JOB_FOLDER}"
 # The chain's checkpoint folder, the same for every attempt of a chain (the first attempt's
 # <job folder>/checkpoints), which the runner puts in place of this token
 CHECKPOINT_DIR_TOKEN = "{JOBCTL_CHECKPOINT_DIR}"
+# Set to "1" by a framework whose rendered files include a Python module the command imports
+# (torchtitan's Float8 config): the runner puts <job folder>/framework first on PYTHONPATH, after
+# jobctl's own sitecustomize folder (the variable is a switch: no path is read from it).
+FRAMEWORK_ON_PYTHONPATH = "JOBCTL_FRAMEWORK_ON_PYTHONPATH"
 # ... and what each node knows only when it runs: its rank, the first node's address and the
 # job's port (a framework's own launcher, `accelerate launch --machine_rank ...`, needs them)
 NODE_RANK_TOKEN = "{JOBCTL_NODE_RANK}"

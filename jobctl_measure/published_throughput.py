@@ -27,6 +27,7 @@ from jobctl.planner.perf import (
     Links,
     estimate_step,
     gemm_ceiling,
+    low_precision_cast_bytes,
     low_precision_ceiling,
     moe_gemm_ceiling,
     te_gemm_ceiling,
@@ -102,13 +103,14 @@ SHARDING = {"none": "none", "zero1": "zero1", "fsdp": "zero3", "fsdp-shard-grad-
 RECOMPUTE = {"full": "full", "selective": "selective", "op-sac": "selective", "none": "none", None: "none"}
 
 
-def _links(gpu, precision: str) -> Links:
+def _links(gpu, precision: str, fp8_recipe: str | None = None) -> Links:
     """A catalog GPU's links and fitted efficiencies, as the planner builds them for a
     partition that says nothing of its own (planner/inputs.py links)."""
-    low = low_precision_ceiling(gpu.key, precision)
+    low = low_precision_ceiling(gpu.key, precision, fp8_recipe)
     return Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
                  gpu.peak_tflops(precision), gemm_ceiling(gpu.key), te_gemm_ceiling(gpu.key),
-                 gpu.low_precision_tflops(precision) if low else 0.0, low, moe_gemm_ceiling(gpu.key))
+                 gpu.low_precision_tflops(precision) if low else 0.0, low,
+                 low_precision_cast_bytes(precision, fp8_recipe) if low else 0.0, moe_gemm_ceiling(gpu.key))
 
 
 def _learned_positions(m: dict) -> bool:
@@ -126,10 +128,12 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         p, m = r["parallel"], r["model"]
         # 16-bit rows are modelled as bf16-mixed (fp16 runs at the same tensor-core rate)
         precision = r.get("precision") if r.get("precision") in ("fp8", "mxfp8", "nvfp4") else "bf16-mixed"
+        # torchtitan's Float8 as jobctl renders it: torchtitan 0.3.0 offers row-wise scaling only
+        rowwise = r["framework"] == "torchtitan" and precision == "fp8" and r.get("fp8_recipe") == "rowwise"
         if (r.get("compile") and r["framework"] != "torchtitan") or (
-                precision != "bf16-mixed" and r["framework"] != "megatron"):
-            skipped.append((r["id"], "torch.compile outside torchtitan, or low precision outside Megatron-Core "
-                                     "(not modelled)"))
+                precision != "bf16-mixed" and r["framework"] != "megatron" and not rowwise):
+            skipped.append((r["id"], "torch.compile outside torchtitan, or low precision outside Megatron-Core and "
+                                     "torchtitan's row-wise Float8 (not modelled)"))
             continue
         if r.get("gpu") is None:
             skipped.append((r["id"], "GPU not stated"))
@@ -189,7 +193,7 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, sharding, mbs, gb // (dp * mbs), gb,
                     RECOMPUTE[p.get("recompute")], "none", sp, vp, 0, p.get("recompute_layers") or 0)
-        links = _links(gpu, precision)
+        links = _links(gpu, precision, w.fp8_recipe)
         if r["framework"] == "meta-internal":
             links = dataclasses.replace(links, te_gemm_efficiency=0.0)
         link_gpus = max(gpn, min(gpu.nvlink_domain_gpus, r["gpus"]))

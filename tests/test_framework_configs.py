@@ -87,6 +87,9 @@ MATRIX = {
         ("qwen3-30b-a3b", "h100", ["framework=torchtitan", "parallelism.tp=2", "parallelism.ep=16"]),
         # --module=deepseek_v3 --config=deepseek_v3_671b (MLA), with async TP: --compile.components widened
         ("deepseek-v3", "h100", ["framework=torchtitan"]),
+        # fp8: a registry config module of jobctl's (Float8LinearConverter, row-wise) in the files
+        ("llama70b", "h100", ["framework=torchtitan", "train.precision=fp8"]),
+        ("llama8b", "h100", ["train.precision=fp8"]),
     ],
     "deepspeed": [
         ("llama3.2-1b-a10g", "a10g", []),
@@ -291,6 +294,17 @@ def test_torchtitan_accepts_what_jobctl_renders():
             assert (r["experts"], r["top_k"]) == experts
             assert r["ep"] == p["ep"] > 1
             assert r["efsdp"] * r["ep"] == p["dp"] * p["cp"] * p["tp"]  # jobctl's expert DP x EP
+        # fp8: every Linear of the blocks the run builds is torchao's Float8Linear, five per block
+        # (torchtitan's fused wqkv, wo, w1, w2, w3), and the output layer stays 16-bit, as in
+        # torchtitan's own llama3_405b config; 80 and 32 blocks (Llama 3.1 70B and 8B, config.json)
+        if "train.precision=fp8" in case["case"][2]:
+            blocks = {"llama70b": 80, "llama8b": 32}[case["case"][0]]
+            assert r["linears"]["float8"] == 5 * blocks, r["linears"]
+            assert r["linears"]["other_names"] == ["lm_head"] and r["linears"]["other"] == 1
+            assert any(a.startswith("--module=jobctl_torchtitan_float8") for a in case["framework"]["args"])
+        else:
+            assert r["linears"]["float8"] == 0
+    assert sum("train.precision=fp8" in c["case"][2] for c in cases) == 2
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)
     assert any(c["plan"]["tp"] > 1 for c in cases)  # async TP was exercised
     assert sum(c["plan"]["ep"] > 1 for c in cases) == 3
@@ -300,7 +314,9 @@ def test_torchtitan_checker_refuses_wrong_values():
     """Each checked by torchtitan's own code, in one checker run: async TP without the model
     compiled (CompileConfig.__post_init__), a global batch the data-parallel degree does not
     divide (the trainer's arithmetic), an expert-parallel size that does not fold into
-    dp_shard x cp x tp (ParallelDims.build_mesh cannot carve the experts' mesh from those ranks)."""
+    dp_shard x cp x tp (ParallelDims.build_mesh cannot carve the experts' mesh from those ranks),
+    and a Float8 recipe name torchao does not know in the rendered config module
+    (Float8LinearConfig.from_recipe_name, reached through Float8LinearConverter)."""
     _need("torchtitan")
     cases = plans("torchtitan")
 
@@ -317,7 +333,12 @@ def test_torchtitan_checker_refuses_wrong_values():
     assert (p["dp"] * p["cp"] * p["tp"]) % 3
     ep = with_args(moe, lambda a: "--parallelism.expert_parallel_degree=3"
                    if a.startswith("--parallelism.expert_parallel_degree=") else a)
-    r_compile, r_batch, r_ep = run_checker("torchtitan", [no_compile, batch, ep])
+    fp8 = next(c for c in cases if c["framework"]["files"])
+    ((name, text),) = fp8["framework"]["files"].items()
+    assert 'recipe_name="rowwise"' in text
+    recipe = dict(fp8, framework=dict(fp8["framework"], files={name: text.replace('"rowwise"', '"rowwize"')}))
+    r_compile, r_batch, r_ep, r_recipe = run_checker("torchtitan", [no_compile, batch, ep, recipe])
+    assert not r_recipe["ok"] and "rowwize" in r_recipe["error"], r_recipe
     assert not r_compile["ok"] and "Async TP requires" in r_compile["error"]
     assert not r_batch["ok"]
     assert not r_ep["ok"] and "mesh_sizes" in r_ep["error"], r_ep  # build_mesh cannot unflatten the ranks

@@ -19,6 +19,7 @@ from jobctl.frameworks.base import (
     file_path,
     ep_overlap,
     fp8_param_gather,
+    default_fp8_recipe,
     graphed_step,
     loss_chunks,
 )
@@ -51,5 +52,5 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
-           "Rendered", "Selective", "StateRecipe", "canonical", "ep_overlap", "file_path", "fp8_param_gather", "get",
+           "Rendered", "Selective", "StateRecipe", "canonical", "default_fp8_recipe", "ep_overlap", "file_path", "fp8_param_gather", "get",
            "graphed_step", "loss_chunks"]

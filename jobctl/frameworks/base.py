@@ -71,6 +71,8 @@ class Capabilities:
     precisions: tuple[str, ...] = ("bf16-mixed", "fp16-mixed", "fp32")
     # why fp8/mxfp8/nvfp4 are not among `precisions`, in the framework's terms (shown with the refusal)
     low_precision_note: str = ""
+    # the scalings of precision fp8 it renders, its default first (train.fp8_recipe)
+    fp8_recipes: tuple[str, ...] = ("tensorwise", "delayed", "blockwise")
     vocab_multiple_per_tp: int = 1  # the vocabulary is padded to a multiple of this x tp
     state_recipe: StateRecipe = StateRecipe.ZERO
     reduce_bytes: int = 2  # bytes per gradient element in the data-parallel reduction
@@ -252,6 +254,8 @@ class Framework:
     caps: Capabilities
     problems: Callable[[Any, Any], list[str]]  # (plan, workload) -> what it refuses, with its message
     render: Callable[[Any, Any], Rendered]  # (plan, workload) -> its configuration
+    # workload -> what it refuses of the recipe whatever the layout (shown before any search)
+    recipe_problems: Callable[[Any], list[str]] | None = None
 
     @property
     def name(self) -> str:
@@ -301,6 +305,11 @@ def common_problems(caps: Capabilities, plan: Any, w: Any) -> list[str]:
         why = f": {caps.low_precision_note}" if caps.low_precision_note and w.precision in LOW_PRECISIONS else ""
         out.append(f"{name} does not train in {w.precision} (it offers {', '.join(caps.precisions)}){why}")
     return out
+
+
+def default_fp8_recipe(caps: Capabilities, asked: str | None) -> str:
+    """train.fp8_recipe, or the framework's default scaling when the recipe leaves it out."""
+    return asked or caps.fp8_recipes[0]
 
 
 def fp8_param_gather(caps: Capabilities, precision: str, fp8_recipe: str, sharding: str) -> bool:

@@ -28,7 +28,7 @@ from jobctl.frameworks.base import (
     num,
     ratio,
 )
-from jobctl.model import CHECKPOINT_DIR_TOKEN
+from jobctl.model import CHECKPOINT_DIR_TOKEN, FRAMEWORK_ON_PYTHONPATH
 
 TT = "torchtitan 0.3.0"
 
@@ -57,11 +57,13 @@ CAPS = Capabilities(
     offload=("none", "optimizer+params"),
     optimizers=("adamw",),
     methods=("full",),
-    precisions=("bf16-mixed", "fp32"),
-    low_precision_note=("torchtitan 0.3.0 turns Float8/MXFP8/NVFP4 on with a model converter inside a registry "
-                        "config (models/llama3/config_registry.py: llama3_405b's Float8LinearConverter, "
-                        "llama3_8b_mxfp8), not with a flag jobctl can render; name such a config in your command "
-                        "with framework custom"),
+    # fp8: torchao's row-wise Float8 through torchtitan's own Float8LinearConverter, in a registry
+    # config jobctl writes around the model's (render: FLOAT8_MODULE)
+    precisions=("bf16-mixed", "fp32", "fp8"),
+    fp8_recipes=("rowwise",),
+    low_precision_note=("jobctl renders torchtitan 0.3.0's Float8 (fp8, row-wise); its MXFP8 and NVFP4 "
+                        "converters (models/llama3/config_registry.py llama3_8b_mxfp8, *_nvfp4) are not "
+                        "rendered yet: name such a config in your command with framework custom"),
     vocab_multiple_per_tp=1,
     state_recipe=StateRecipe.FP32_PARAMS,
     reduce_bytes=4,
@@ -151,8 +153,34 @@ CAPS = Capabilities(
         ("LoRA only as a model converter in a Python config (not reachable from the command line); no QLoRA",
          f"{TT} torchtitan/components/lora.py"),
         ("optimizer name AdamW or Adam (torch.optim)", f"{TT} torchtitan/components/optimizer.py"),
+        ("Float8: the registry config's Linear layers swapped for torchao's Float8Linear by Float8LinearConverter "
+         "(recipes rowwise and rowwise_with_gw_hp; the converter is built inside the config function, as "
+         "llama3_405b's is), the output layer filtered out by name (lm_head); row-wise scaling casts at each GEMM "
+         "and saves the 16-bit input and weight (torchao float8_linear.py)",
+         f"{TT} components/quantization/float8.py, models/llama3/config_registry.py llama3_405b"),
     ),
 )
+
+# precision fp8: a registry config jobctl writes into the job's framework folder, which the job
+# puts on PYTHONPATH (runtime/runner.py): torchtitan's --module takes a module path
+# (config/manager.py: "Fully qualified module path"), and a converter can only be named in Python
+FLOAT8_MODULE = "jobctl_torchtitan_float8"
+FLOAT8_TEMPLATE = '''"""Written by jobctl: torchtitan's registry config {module}.{config} with its Linear layers
+converted to Float8 by torchtitan's own Float8LinearConverter (torchao, {recipe} scaling), as its
+llama3_405b config does; the output layer (lm_head) stays 16-bit. The job runs it as
+`--module {float8_module} --config {function}`, with this folder on PYTHONPATH."""
+
+from torchtitan.components.quantization import Float8LinearConverter
+from torchtitan.models.{module}.config_registry import {config} as registry_config
+
+
+def {function}():
+    config = registry_config()
+    converter = Float8LinearConverter.Config(recipe_name="{recipe}", filter_fqns=["lm_head"],
+                                             model_compile_enabled={compiled})
+    config.model_spec.model = converter.build().convert(config.model_spec.model)
+    return config
+'''
 
 # The Llama 3 configs torchtitan registers (torchtitan/models/llama3/config_registry.py).
 KNOWN_CONFIGS = {"8b": "llama3_8b", "70b": "llama3_70b"}  # llama3_405b turns on float8 (torchao)
@@ -222,6 +250,20 @@ def problems(plan, w) -> list[str]:
     return out
 
 
+def recipe_problems(w) -> list[str]:
+    """What jobctl cannot render for torchtitan whatever the layout."""
+    out = []
+    if w.precision == "fp8" and w.model.moe is not None:
+        out.append("train.precision=fp8 under torchtitan: Float8LinearConverter converts the Linear layers, not the "
+                   "grouped experts (their Float8 path is a separate MoE converter), which jobctl does not render; "
+                   "use bf16-mixed, or framework megatron")
+    elif w.precision == "fp8" and registry_config(w.model) is None:
+        out.append(f"train.precision=fp8 under torchtitan: jobctl converts a registry config's Linear layers to "
+                   f"Float8, and {w.model.name} is not one (it knows llama3_8b and llama3_70b); name your own Float8 "
+                   "config in the command with framework custom")
+    return out
+
+
 def _moe_problems(plan, w) -> list[str]:
     """What torchtitan's expert parallelism allows of a plan, and what jobctl models of it."""
     out = []
@@ -248,7 +290,19 @@ def render(plan, w) -> Rendered:
         a.append(f"--{key}" if value is None else f"--{key}={value}")
 
     known = registry_config(w.model)
-    if known:
+    files, env = {}, {}
+    if known and w.precision == "fp8":
+        function = f"{known[1]}_float8"
+        files[FLOAT8_MODULE + ".py"] = FLOAT8_TEMPLATE.format(
+            module=known[0], config=known[1], recipe=w.fp8_recipe, compiled=bool(w.compiled),
+            float8_module=FLOAT8_MODULE, function=function)
+        env[FRAMEWORK_ON_PYTHONPATH] = "1"
+        opt("module", FLOAT8_MODULE)
+        opt("config", function)
+        notes.append(f"fp8: framework/{FLOAT8_MODULE}.py is torchtitan's {known[1]} with its Linear layers in Float8 "
+                     f"({w.fp8_recipe} scaling, torchao; lm_head stays 16-bit); the job puts that folder on "
+                     "PYTHONPATH. Needs torchao and a GPU of compute capability 8.9 or later")
+    elif known:
         opt("module", known[0])
         opt("config", known[1])
     else:
@@ -306,7 +360,7 @@ def render(plan, w) -> Rendered:
                         "matmuls)")
     if plan.sharding in ("zero3", "hsdp") and plan.dp * plan.cp > 1:
         overlaps.append("FSDP prefetch (all-gathers under the previous layer, reduce-scatters under the backward)")
-    return Rendered(CAPS.name, tuple(a), {}, {}, tuple(notes), last=(sub,), overlaps=tuple(overlaps))
+    return Rendered(CAPS.name, tuple(a), files, env, tuple(notes), last=(sub,), overlaps=tuple(overlaps))
 
 
 def _training_args(w) -> list[str]:
@@ -337,4 +391,4 @@ def _training_args(w) -> list[str]:
     return a
 
 
-FRAMEWORK = Framework(CAPS, problems, render)
+FRAMEWORK = Framework(CAPS, problems, render, recipe_problems)

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from jobctl import frameworks
 from jobctl.backends.launch import LaunchError, parse_slurm_time
 from jobctl.model import slug
 from jobctl.planner.plan import Plan, Sharding
@@ -236,6 +237,13 @@ def job_environment(plan: Plan, recipe: Any, inventory: Any, framework_env: dict
     return env
 
 
+def _fp8_recipe(recipe) -> str:
+    """train.fp8_recipe, or the default scaling of the recipe's framework."""
+    from jobctl.planner import inputs
+
+    return frameworks.default_fp8_recipe(inputs.framework(recipe).caps, getattr(recipe.train, "fp8_recipe", None))
+
+
 def train_environment(recipe: Any) -> dict[str, str]:
     """The recipe's training values a script may read (so that `--sweep train.lr=...` reaches a
     job whose command does not name ${train.lr}): JOBCTL_SEQ_LEN, and JOBCTL_LR and
@@ -248,7 +256,7 @@ def train_environment(recipe: Any) -> dict[str, str]:
     if getattr(train, "precision", None) is not None:
         out["JOBCTL_PRECISION"] = str(train.precision)
         if train.precision == "fp8":
-            out["JOBCTL_FP8_RECIPE"] = str(getattr(train, "fp8_recipe", None) or "tensorwise")
+            out["JOBCTL_FP8_RECIPE"] = _fp8_recipe(recipe)
     if getattr(train, "lr", None) is not None:
         out["JOBCTL_LR"] = repr(float(train.lr))
     if getattr(train, "steps", None) is not None:

@@ -9,7 +9,8 @@ from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Training, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.moe import MLA, MoE
-from jobctl.planner.perf import Links, gemm_ceiling, low_precision_ceiling, moe_gemm_ceiling, te_gemm_ceiling
+from jobctl.planner.perf import Links, gemm_ceiling, low_precision_cast_bytes, low_precision_ceiling, moe_gemm_ceiling, \
+    te_gemm_ceiling
 from jobctl.planner.search import Constraints, Target
 
 
@@ -58,23 +59,25 @@ def framework(recipe) -> frameworks.Framework:
 
 
 def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = None,
-             formats: tuple[str, ...] = ()) -> Workload:
+             formats: tuple[str, ...] = (), under: frameworks.Framework | None = None) -> Workload:
     """The recipe as the planner sees it; `learned` ({fixed_gap_bytes, per_scaling, from}): what an
-    earlier CUDA OOM of this workload on this partition showed the model missed."""
+    earlier CUDA OOM of this workload on this partition showed the model missed; `under`: run
+    under this framework instead of the recipe's (its default fp8 scaling where the recipe has none)."""
     t = recipe.train
     o = overheads(inventory.memory if inventory is not None else None, recipe.memory, cpu=cpu)
     if learned:
         o = replace(o, learned_gap_bytes=int(learned.get("fixed_gap_bytes") or 0),
                     learned_per_scaling=float(learned.get("per_scaling") or 0.0), learned_from=str(learned.get("from", "")))
+    fw = under or framework(recipe)
     return Workload(
         model=model_spec(recipe.model), seq_len=t.seq_len, global_batch_size=t.global_batch_size,
         optimizer=t.optimizer, precision=t.precision, method=t.method, lora_rank=t.lora_rank,
         lora_targets=tuple(t.lora_targets), attention=t.attention, fused_cross_entropy=t.fused_cross_entropy,
-        framework=framework(recipe),
+        framework=fw,
         overheads=o,
         training=training(recipe),
         device="cpu" if cpu else "gpu",
-        fp8_recipe=t.fp8_recipe or "tensorwise",
+        fp8_recipe=frameworks.default_fp8_recipe(fw.caps, t.fp8_recipe),
         grad_reduce=t.grad_reduce,
         compile=t.compile,
         cuda_graphs=t.cuda_graphs,
@@ -95,26 +98,28 @@ def training(recipe) -> Training:
                     checkpoint_every=t.checkpoint_interval)
 
 
-def links(partition, gpu, precision: str) -> Links:
-    """Link bandwidths: the partition's fields where given, else the catalog's defaults."""
+def links(partition, gpu, precision: str, fp8_recipe: str | None = None) -> Links:
+    """Link bandwidths: the partition's fields where given, else the catalog's defaults; the
+    fitted GEMM efficiencies of the GPU, of `precision` under its fp8 scaling."""
     if partition.inter_node_gbit is not None:
         inter = partition.inter_node_gbit / 8
     elif partition.inter_node_gbit_per_node is not None:
         inter = partition.inter_node_gbit_per_node / 8 / partition.gpus_per_node
     else:
         inter = gpu.inter_node_gbit / 8
-    low = low_precision_ceiling(gpu.key, precision)
+    low = low_precision_ceiling(gpu.key, precision, fp8_recipe)
     return Links(
         intra_node_gbs=partition.intra_node_gbs or gpu.intra_node_gbs, inter_node_gbs=inter,
         pcie_gbs=partition.pcie_gbs or gpu.pcie_gbs, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs,
         peak_tflops=gpu.peak_tflops(precision), gemm_efficiency=gemm_ceiling(gpu.key),
         te_gemm_efficiency=te_gemm_ceiling(gpu.key),
         low_tflops=gpu.low_precision_tflops(precision) if low else 0.0, low_efficiency=low,
+        low_cast_bytes=low_precision_cast_bytes(precision, fp8_recipe) if low else 0.0,
         moe_efficiency=moe_gemm_ceiling(gpu.key),
     )
 
 
-def target(inventory, partition, precision: str = "bf16-mixed") -> Target:
+def target(inventory, partition, precision: str = "bf16-mixed", fp8_recipe: str | None = None) -> Target:
     gpu = lookup_gpu(partition.gpu)
     if partition.gpu_memory_gib:
         mem = int(partition.gpu_memory_gib * GIB)
@@ -125,7 +130,7 @@ def target(inventory, partition, precision: str = "bf16-mixed") -> Target:
     return Target(
         cluster=inventory.name, partition=partition.name, gpu=gpu, gpus_per_node=partition.gpus_per_node,
         nodes=partition.nodes, host_mem_bytes=int(partition.mem_gib * GIB), gpu_memory_bytes=mem,
-        links=links(partition, gpu, precision),
+        links=links(partition, gpu, precision, fp8_recipe),
         domain_gpus=getattr(partition, "nvlink_domain_gpus", None) or gpu.nvlink_domain_gpus,
         checkpoint_write_gbs_per_node=getattr(partition, "checkpoint_write_gbs_per_node", None),
         interruptions_per_node_day=getattr(partition, "interruptions_per_node_day", None),

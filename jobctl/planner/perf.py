@@ -44,7 +44,18 @@ LOW_PRECISION_GEMM_EFFICIENCY: dict[tuple[str, str], float] = {
     ("blackwell", "fp8"): 0.62,  # 5 fit rows: Megatron-Bridge 8B/405B GB200
     ("blackwell", "mxfp8"): 0.62,  # 4 fit rows: Megatron-Bridge 8B B200/GB200, 70B/405B GB200
     ("blackwell", "nvfp4"): 0.84,  # 7 fit rows: Megatron-Bridge 70B/405B GB200
+    # torchao's row-wise Float8 under torchtitan (torch._scaled_mm with per-row scales, each GEMM's
+    # operands cast, and cast again along the other axis for backward): 2 fit pairs of torchtitan's
+    # async-TP table (BF16 -> row-wise, compiled, TP 8 on H100), which ran 1.00x and 0.81x of BF16
+    # (benchmarks/step_time_accuracy.py fit_rowwise). Below BF16's rate: it measured no faster.
+    ("hopper", "fp8-rowwise"): 0.50,
 }
+# ... whose casts are memory-bound work of their own: torchao casts each GEMM's operands with
+# per-row scales, and again along the other axis for the backward GEMMs (the input and weight
+# column-wise for the weight gradient, the output gradient both ways), each an amax reduction
+# and a scaled copy. Bytes moved per element of a linear's input and output, per token
+# (forward, backward and the casts a recomputed forward repeats), fitted with the efficiency above.
+ROWWISE_CAST_BYTES = 58.0
 # The generation a catalog GPU belongs to, for the constants fitted per generation (B200 and
 # GB200 share Blackwell's tensor cores; their peaks in the catalog differ by their clocks).
 GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell"}
@@ -155,6 +166,9 @@ class Links:
     # the layers' GEMMs in a low-precision format: its dense peak and fitted efficiency (0: BF16)
     low_tflops: float = 0.0
     low_efficiency: float = 0.0
+    # row-wise Float8: bytes moved casting each linear's operands, per element of its input and
+    # output per token (ROWWISE_CAST_BYTES; 0: none counted)
+    low_cast_bytes: float = 0.0
     moe_efficiency: float = 1.0  # grouped expert GEMMs' share of a dense GEMM's (moe_gemm_ceiling)
 
     def __hash__(self) -> int:  # a key of the per-layer cost cache: hashed once
@@ -237,9 +251,17 @@ def moe_gemm_ceiling(gpu_key: str) -> float:
     return MOE_GEMM_EFFICIENCY.get(generation(gpu_key), MOE_GEMM_EFFICIENCY["hopper"])
 
 
-def low_precision_ceiling(gpu_key: str, precision: str) -> float:
-    """The fitted large-GEMM efficiency of a low-precision format on a GPU, or 0 (not fitted)."""
-    return LOW_PRECISION_GEMM_EFFICIENCY.get((generation(gpu_key), precision), 0.0)
+def low_precision_cast_bytes(precision: str, fp8_recipe: str | None = None) -> float:
+    """ROWWISE_CAST_BYTES under row-wise FP8, else 0 (Transformer Engine fuses its casts into the
+    norms and GEMM epilogues, which its fitted efficiency already holds)."""
+    return ROWWISE_CAST_BYTES if precision == "fp8" and fp8_recipe == "rowwise" else 0.0
+
+
+def low_precision_ceiling(gpu_key: str, precision: str, fp8_recipe: str | None = None) -> float:
+    """The fitted large-GEMM efficiency of a low-precision format on a GPU, or 0 (not fitted);
+    row-wise FP8 (torchao's Float8Linear) has its own."""
+    fmt = "fp8-rowwise" if precision == "fp8" and fp8_recipe == "rowwise" else precision
+    return LOW_PRECISION_GEMM_EFFICIENCY.get((generation(gpu_key), fmt), 0.0)
 
 
 def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float, latency: float = 0.0) -> float:
@@ -463,6 +485,10 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
         # of it counts); selective and full recompute rerun that forward
         scores = b * m.heads / t * (s / c) * s / 2
         membound += scores * (EAGER_SCORE_BYTES + (EAGER_SCORE_BYTES_FWD if passes_attn > 3 else 0))
+    if links.low_cast_bytes:  # row-wise Float8: each linear's operands cast for its GEMMs
+        qkv_out = h * (1 + 2 * m.kv_heads / m.heads)
+        mlp_io = 3 * (h + f) if m.family == "llama" else 2 * (h + f)
+        membound += links.low_cast_bytes * (h + qkv_out + 2 * h + mlp_io) / t * tokens_rank * (1 + rc / 3)
     layer_compute += membound / (links.mem_bandwidth_gbs * 1e9 * MEMORY_EFFICIENCY)
     kernels = KERNELS_PER_LAYER * (COMPILE_MEMBOUND_SHARE if compiled else 1)
     host = kernels * (1 + rc / 3) * KERNEL_LAUNCH_S

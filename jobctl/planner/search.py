@@ -100,6 +100,11 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
                 value in LOW_PRECISIONS else ""
             out.append(f"train.{what}={value}: framework {caps.name} does not run it (it offers "
                        f"{', '.join(offered)}){why}")
+    if w.precision == "fp8" and w.precision in caps.precisions and w.fp8_recipe not in caps.fp8_recipes:
+        out.append(f"train.fp8_recipe={w.fp8_recipe}: framework {caps.name} does not run it (it offers "
+                   f"{', '.join(caps.fp8_recipes)})")
+    if w.framework.recipe_problems is not None:
+        out += w.framework.recipe_problems(w)
     if w.grad_reduce == "bf16" and caps.state_recipe is not StateRecipe.MEGATRON:
         out.append(f"train.grad_reduce=bf16 is Megatron's --grad-reduce-in-bf16: jobctl renders and models it for "
                    f"megatron only, not {caps.name} (remove it, or use framework: megatron)")

@@ -104,9 +104,11 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
     there, calibrated by what an earlier CUDA OOM of it there showed (`learn`), with `framework`
     instead of the recipe's when given."""
     identity = None
+    fw = frameworks.get(framework) if framework is not None else None
     for part in parts:
-        tgt = inputs.target(inv, part, recipe.train.precision)
-        w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, formats=tgt.gpu.formats)
+        w = inputs.workload(recipe, inv, cpu=inputs.lookup_gpu(part.gpu).is_cpu,
+                            formats=inputs.lookup_gpu(part.gpu).formats, under=fw)
+        tgt = inputs.target(inv, part, w.precision, w.fp8_recipe)
         learned, advice = None, []
         if learn:
             identity = identity or (w.model.name, w.model.params())
@@ -115,9 +117,7 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
             advice = (learned or {}).pop("advice", [])
             if learned:
                 w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, learned=learned,
-                                    formats=tgt.gpu.formats)
-        if framework is not None:
-            w = replace(w, framework=frameworks.get(framework))
+                                    formats=tgt.gpu.formats, under=fw)
         yield w, tgt, learned, advice
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from jobctl.backends import launch
 from jobctl.backends.slurm import SlurmBackend
 from jobctl.errors import UsageError
-from jobctl.model import CHECKPOINT_DIR_TOKEN, JOB_FOLDER_TOKEN, NODE_NAME, RETRY_TABLE, Failure, FailureKind, \
-    RetryPolicy, per_node
+from jobctl.model import CHECKPOINT_DIR_TOKEN, FRAMEWORK_ON_PYTHONPATH, JOB_FOLDER_TOKEN, NODE_NAME, RETRY_TABLE, \
+    Failure, FailureKind, RetryPolicy, per_node
 from jobctl.runtime import progress as prog
 from jobctl.runtime.outcome import (
     OUTCOME_WAIT_S,
@@ -109,6 +109,9 @@ class NodeRunner:
         if resume:
             env["JOBCTL_RESUME_STEP"], env["JOBCTL_RESUME_FROM"] = str(resume[0]), resume[1]
         env["JOBCTL_STACK_SIGNAL"] = str(int(prog.STACK_SIGNAL))
+        if env.get(FRAMEWORK_ON_PYTHONPATH) == "1":  # a rendered module the command imports
+            path = env.get("PYTHONPATH", "")
+            env["PYTHONPATH"] = os.path.join(self.folder, "framework") + (os.pathsep + path if path else "")
         if self.policy.memory_snapshot:
             env["JOBCTL_MEMORY_SNAPSHOT"] = "1"
         if self.policy.hooks or self.policy.memory_snapshot:

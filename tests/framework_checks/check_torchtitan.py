@@ -5,13 +5,21 @@ n_microbatches = local / pipeline_parallel_microbatch_size). With expert paralle
 builds its meshes on torch's fake process group of the plan's world size (parallel_dims.py
 build_mesh: the sparse mesh pp x dp_replicate x efsdp x ep over the same ranks as the dense one),
 and the model config the rendered --module/--config names is built on the meta device to read
-its experts."""
+its experts.
+
+Under fp8 the rendered files hold a registry config module (--module names it): it is written to a
+folder put first on sys.path, as the job's runner puts the job's framework folder on PYTHONPATH,
+and ConfigManager imports it, which builds torchtitan's Float8LinearConverter (with torchao). The
+converter refuses GPUs below compute capability 8.9 and this check runs on a CPU: its capability
+probe answers for the H100 the plan is for (the only patch)."""
 
 import contextlib
 import io
 import json
 import sys
+import tempfile
 import warnings
+from pathlib import Path
 
 warnings.filterwarnings("ignore")
 from torch.distributed.pipelining.schedules import get_schedule_class  # noqa: E402
@@ -41,10 +49,42 @@ def _experts(cfg):
     return (moe.num_experts, moe.router.top_k) if moe is not None else (0, 0)
 
 
+def _linears(cfg) -> dict:
+    """How many Linear configs of the model are torchao's Float8Linear, how many are not, and
+    the names of those that are not (torchtitan's model config tree, models/common/linear.py)."""
+    from torchtitan.models.common.linear import Linear
+
+    out = {"float8": 0, "other": 0, "other_names": set()}
+    for fqn, lc, _parent, _attr in cfg.model_spec.model.traverse(Linear.Config):
+        if type(lc).__qualname__ == "Float8Linear.Config":
+            out["float8"] += 1
+        else:
+            out["other"] += 1
+            out["other_names"].add(fqn.split(".")[-1])
+    out["other_names"] = sorted(out["other_names"])
+    return out
+
+
+def _with_files(case) -> None:
+    """The rendered Python files importable, as the job's PYTHONPATH makes them."""
+    py = {k: v for k, v in case["framework"].get("files", {}).items() if k.endswith(".py")}
+    if not py:
+        return
+    import torchtitan.components.quantization.float8 as tt_float8
+
+    tt_float8.has_cuda_capability = lambda major, minor: True  # the plan's H100 (9.0), not this CPU
+    folder = Path(tempfile.mkdtemp(prefix="jobctl-tt-"))
+    for name, text in py.items():
+        (folder / name).write_text(text)
+        sys.modules.pop(name[:-3], None)  # each case's own module of that name
+    sys.path.insert(0, str(folder))
+
+
 def check(case):
     args = list(case["framework"]["args"])
     if not any(a.startswith("--module=") for a in args):
         args = ["--module=llama3", "--config=llama3_debugmodel"] + args
+    _with_files(case)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         try:
             cfg = ConfigManager().parse_args(args)
@@ -72,7 +112,7 @@ def check(case):
             "pp": pp, "cp": p.context_parallel_degree, "sp": p.enable_sequence_parallel,
             "cpu_offload": t.enable_cpu_offload, "layers_per_stage": p.pipeline_parallel_layers_per_stage,
             "compile": cfg.compile.enable, "async_tp": cfg.compile.enable_async_tensor_parallel,
-            "ep": ep, "efsdp": efsdp, "experts": experts[0], "top_k": experts[1]}
+            "ep": ep, "efsdp": efsdp, "experts": experts[0], "top_k": experts[1], "linears": _linears(cfg)}
 
 
 out = []

@@ -164,7 +164,11 @@ def low_weight_bytes(w: Workload) -> float:
     """Bytes per layer weight of its low-precision copies (0: none): row-wise and transposed,
     except per-tensor FP8 on Blackwell, whose FP8 GEMMs take every layout, so Transformer Engine
     makes no transposed copy (pytorch/utils.py is_non_tn_fp8_gemm_supported: compute
-    capability 10.x; the GPUs whose formats include nvfp4 here)."""
+    capability 10.x; the GPUs whose formats include nvfp4 here). Row-wise FP8 keeps none: torchao's
+    Float8Linear casts the 16-bit weight at each GEMM and saves the 16-bit input and weight for
+    backward (float8/float8_linear.py matmul_with_hp_or_float8_args), so its memory is BF16's."""
+    if w.fp8_recipe == "rowwise" and w.precision == "fp8":
+        return 0.0
     low = LOW_PRECISION_WEIGHT_BYTES.get(w.precision, 0.0)
     return low / 2 if w.precision == "fp8" and "nvfp4" in w.formats else low
 

@@ -1,0 +1,121 @@
+"""torchtitan's Float8 as jobctl plans it (issue 29): precision fp8 under torchtitan 0.3.0 is
+torchao's row-wise Float8, turned on by torchtitan's own Float8LinearConverter in a registry config
+module jobctl writes into the job's framework folder.
+
+Expectations from outside jobctl: torchtitan 0.3.0's Float8LinearConverter.Config offers the
+recipes "rowwise" (its default) and "rowwise_with_gw_hp" (components/quantization/float8.py);
+torchao's row-wise Float8Linear saves the 16-bit input and weight for backward
+(float8/float8_linear.py matmul_with_hp_or_float8_args: ctx.save_for_backward(input_hp,
+weight_hp_t)) and keeps no FP8 copy of a weight between GEMMs; the measured speed-ups are
+torchtitan's async-TP table (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, each row quoted
+in benchmarks/data/published_throughput.yaml). The framework's own acceptance of the rendered module
+is tests/test_framework_configs.py (the torchtitan checker)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobctl.jobs.environment import train_environment
+from jobctl.model import FRAMEWORK_ON_PYTHONPATH
+from jobctl.planner import inputs
+from jobctl.planning import load_inventory, load_recipe, plan_on
+from jobctl.runtime.runner import NodeRunner
+from jobctl_measure.published_throughput import load_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import step_time_accuracy as sta  # noqa: E402
+
+
+def _plan(recipe, overrides, cluster="h100", inventory=()):
+    rec = load_recipe(f"recipes/{recipe}.yaml", list(overrides))
+    return plan_on(rec, load_inventory(cluster, list(inventory)), alternatives=0, summary=False, learn=False).to_dict()
+
+
+def test_fp8_under_torchtitan_defaults_to_its_converters_rowwise_scaling():
+    rec = load_recipe("recipes/llama8b.yaml", ["train.precision=fp8"])  # framework torchtitan
+    assert inputs.workload(rec.value).fp8_recipe == "rowwise"
+    assert train_environment(rec.value)["JOBCTL_FP8_RECIPE"] == "rowwise"
+    # Megatron's stays per-tensor current scaling (Megatron-Bridge's FP8-CS runs)
+    mega = load_recipe("recipes/llama70b.yaml", ["train.precision=fp8"])
+    assert inputs.workload(mega.value).fp8_recipe == "tensorwise"
+
+
+def test_scalings_a_framework_does_not_run_are_refused_with_what_it_offers():
+    d = _plan("llama8b", ["train.precision=fp8", "train.fp8_recipe=tensorwise"])
+    assert not d["feasible"]
+    assert any("fp8_recipe=tensorwise" in r and "rowwise" in r for r in d["reasons"]), d["reasons"]
+    d = _plan("llama70b", ["train.precision=fp8", "train.fp8_recipe=rowwise"])  # Megatron: no row-wise FP8
+    assert not d["feasible"]
+    assert any("fp8_recipe=rowwise" in r for r in d["reasons"]), d["reasons"]
+
+
+def test_fp8_is_refused_where_the_converter_would_not_reach():
+    # the grouped experts are not Linear layers: Float8LinearConverter leaves them in 16 bits
+    d = _plan("qwen3-30b-a3b", ["framework=torchtitan", "train.precision=fp8"])
+    assert not d["feasible"]
+    assert any("grouped experts" in r for r in d["reasons"]), d["reasons"]
+    # MXFP8 has a converter of its own in torchtitan, which jobctl does not render
+    d = _plan("llama8b", ["train.precision=mxfp8"], cluster="b200")
+    assert not d["feasible"]
+    assert any("not rendered yet" in r for r in d["reasons"]), d["reasons"]
+
+
+LAYOUT = ["framework=torchtitan", "parallelism.tp=8", "parallelism.pp=1", "parallelism.dp=16", "parallelism.cp=1",
+          "parallelism.sharding=zero3", "parallelism.micro_batch_size=1", "parallelism.recompute=full"]
+
+
+def test_rowwise_float8_holds_what_bf16_holds():
+    """Row-wise Float8 casts each weight at its GEMM and saves the 16-bit operands (torchao), so
+    the same layout needs the same memory as in BF16, term by term; Transformer Engine's FP8
+    under Megatron keeps FP8 weight copies (the contrast the model draws)."""
+    bf16 = _plan("llama70b", LAYOUT)
+    fp8 = _plan("llama70b", [*LAYOUT, "train.precision=fp8"])
+    assert bf16["feasible"] and fp8["feasible"]
+    assert fp8["plan"] == bf16["plan"]
+    terms = lambda d: {t["name"]: t["bytes"] for t in d["memory"]["terms"]}  # noqa: E731
+    assert terms(fp8) == terms(bf16)
+    mega = _plan("llama70b", ["train.precision=fp8"])
+    assert any("fp8 weight" in t["name"] for t in mega["memory"]["terms"])
+
+
+def test_the_rendered_module_wraps_the_registry_config_with_the_converter():
+    d = _plan("llama70b", [*LAYOUT, "train.precision=fp8"])
+    fw = d["framework"]
+    ((name, text),) = fw["files"].items()
+    assert name == "jobctl_torchtitan_float8.py"
+    assert "--module=jobctl_torchtitan_float8" in fw["args"] and "--config=llama3_70b_float8" in fw["args"]
+    assert "from torchtitan.models.llama3.config_registry import llama3_70b as registry_config" in text
+    assert 'recipe_name="rowwise", filter_fqns=["lm_head"]' in text
+    assert "model_compile_enabled=True" in text  # train.compile auto: compiled on GPUs
+    assert fw["env"] == {FRAMEWORK_ON_PYTHONPATH: "1"}
+    # a BF16 plan names torchtitan's own config and writes no module
+    bf16 = _plan("llama70b", LAYOUT)["framework"]
+    assert not bf16["files"] and "--config=llama3_70b" in bf16["args"]
+
+
+def test_the_runner_puts_the_framework_folder_on_pythonpath_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/user/lib")
+    runner = NodeRunner(str(tmp_path), 1, 1, 1, {FRAMEWORK_ON_PYTHONPATH: "1"}, ["python", "x.py"], "none")
+    parts = runner.environment(0)["PYTHONPATH"].split(os.pathsep)
+    # jobctl's sitecustomize first (its hooks), then the rendered module's folder, then the user's
+    assert parts[1:] == [str(tmp_path / "framework"), "/user/lib"]
+    plain = NodeRunner(str(tmp_path), 1, 1, 1, {}, ["python", "x.py"], "none")
+    assert str(tmp_path / "framework") not in plain.environment(0)["PYTHONPATH"]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return load_rows(sta.DATA)[0]
+
+
+def test_rowwise_float8_pairs_measured_by_torchtitan_within_10_percent(rows):
+    """The check half of the row-wise pairs (BF16 -> row-wise Float8 on the same H100s, both
+    compiled): the predicted speed-up within 10% of the measured one. Measured: 70B with async TP
+    652.4 -> 624.8 tokens/s per GPU (0.958x); 8B without it 4378 -> 3708.5 (0.847x)."""
+    got = sta.pair_speedups(rows, sta.FLOAT8_PAIRS["check"])
+    assert [round(m, 3) for _, m, _ in got] == [round(624.8 / 652.4, 3), round(3708.5 / 4378, 3)]
+    for pair, measured, predicted in got:
+        assert predicted == pytest.approx(measured, rel=0.10), pair
