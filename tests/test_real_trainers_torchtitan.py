@@ -106,3 +106,28 @@ def test_torchtitan_trains_fsdp_across_the_dev_clusters_two_nodes(slurm_cluster,
     assert (plan["nodes"], plan["dp"], plan["sharding"]) == (2, 2, "zero3")
     assert mesh(log)["dp_shard"] == 2
     check_learned(log)
+
+
+def test_the_fp8_config_module_loads_in_the_job_as_torchtitan_loads_it(tmp_path):
+    """Precision fp8: the job folder's framework/jobctl_torchtitan_float8.py is found through the
+    PYTHONPATH the runner sets, and torchtitan's own ConfigManager, given the rendered argv in a
+    real `jobctl submit --wait`, builds the model config with every block's Linear in Float8.
+    The command is tests/trainers/tt_load_config.py, which loads the config as torchtitan.train
+    does first and trains nothing (no FP8 tensor cores here; the plan is for an inventory of
+    H100s run by the local scheduler). Llama 3.1 8B: 32 blocks of 5 Linears (torchtitan's fused
+    wqkv, wo, w1, w2, w3), the output layer left 16-bit."""
+    need_package("torchtitan")
+    need_package("torchao")
+    inventory = tmp_path / "h100-here.yaml"
+    inventory.write_text("name: h100-here\nscheduler: local\npartitions:\n  - name: gpu\n    gpu: h100-sxm-80gb\n"
+                         "    gpus_per_node: 8\n    nodes: 1\n    cpus_per_node: 2\n    mem_gib: 16\n")
+    home = tmp_path / "home"
+    r = jobctl("submit", "recipes/llama8b.yaml", "train.precision=fp8", "launch.launcher=none",
+               "launch.command=python tests/trainers/tt_load_config.py ${framework.args}", "--cluster", str(inventory),
+               "--wait", env={"JOBCTL_HOME": str(home)}, timeout=300)
+    (row,) = history_rows(home)
+    folder = Path(row["job_folder"])
+    log = (folder / "logs" / "node-0.log").read_text(errors="replace")
+    assert r.returncode == 0 and row["state"] == "COMPLETED", (r.stdout[-2000:], r.stderr[-2000:], log[-3000:])
+    assert (folder / "framework" / "jobctl_torchtitan_float8.py").is_file()
+    assert "tt_load_config: module torchtitan.trainer float8 linears 160 other linears 1" in log
