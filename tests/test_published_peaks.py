@@ -8,7 +8,9 @@ Llama 3.1 on H100s with 96 GB HBM2e, sequence length 8192 (torchtitan's llama3 t
 - Table 5, 405B, 512 GPUs, FSDP 8 x TP 8 x PP 8, 1F1B, local batch 32, full AC: 82.5 GiB
 The 70B and 405B tables only have runs with torch.compile and Float8 (and async TP for 405B):
 not comparable until those are modelled (the issue says so of such rows), which is why those
-two stay expected failures whatever their error. Reserved memory is the caching allocator's
+two stay expected failures whatever their error. jobctl models torchtitan 0.3.0's Float8, which
+is row-wise and holds what BF16 holds (tests/test_torchtitan_float8.py); December 2024's
+Float8, whose scaling the tables do not print, is not it. Reserved memory is the caching allocator's
 view: jobctl's total minus the CUDA context and the NCCL buffers (which the allocator does not
 see: both are cudaMalloc'd outside it). Within 10% each is the issue's target."""
 

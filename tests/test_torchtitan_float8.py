@@ -119,3 +119,12 @@ def test_rowwise_float8_pairs_measured_by_torchtitan_within_10_percent(rows):
     assert [round(m, 3) for _, m, _ in got] == [round(624.8 / 652.4, 3), round(3708.5 / 4378, 3)]
     for pair, measured, predicted in got:
         assert predicted == pytest.approx(measured, rel=0.10), pair
+
+
+def test_the_plan_says_what_rowwise_float8_measured_and_where_it_is_not_fitted():
+    # H100: fitted, and the measured pairs (above) ran 0.81x-1.00x of BF16: the plan says so
+    (h100,) = _plan("llama8b", ["train.precision=fp8"])["warnings"]
+    assert "no faster than BF16" in h100 and "0.81x-1.00x" in h100
+    # B200: no row-wise measurement, so BF16's rate, and no Transformer Engine weight copies claimed
+    (b200,) = _plan("llama8b", ["train.precision=fp8"], cluster="b200")["warnings"]
+    assert "BF16 rate" in b200 and "keeps no weight copies" in b200 and "Transformer Engine" not in b200

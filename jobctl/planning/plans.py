@@ -183,10 +183,16 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
     fitted yet, and the release of the framework the recipe declares (framework.version) when
     jobctl renders it for another."""
     out = []
+    rowwise = w.precision == "fp8" and w.fp8_recipe == "rowwise"
     if w.precision in LOW_PRECISIONS and not (links and links.low_tflops):
+        copies = ("row-wise Float8 keeps no weight copies (its memory is BF16's)" if rowwise else
+                  f"the memory includes Transformer Engine's {w.precision} weight copies")
         out.append(f"{w.precision}: the step time counts the GEMMs at the BF16 rate on this GPU until the "
-                   f"{w.precision} efficiency is fitted on published runs of it (no speed-up is promised yet); "
-                   f"the memory includes Transformer Engine's {w.precision} weight copies")
+                   f"{w.precision} efficiency is fitted on published runs of it (no speed-up is promised yet); {copies}")
+    elif rowwise:
+        out.append("fp8 row-wise (torchao): torchtitan measured it no faster than BF16 under TP 8 (0.81x-1.00x of "
+                   "BF16's tokens/s; docs/step-time-accuracy.md), and the step time counts its casts; plan bf16-mixed "
+                   "too before choosing it")
     caps = w.caps
     declared = None if isinstance(recipe.framework, str) else recipe.framework.version
     if not declared or not caps.versions:
