@@ -9,8 +9,14 @@ from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import Overheads, Training, Workload
 from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.moe import MLA, MoE
-from jobctl.planner.perf import Links, gemm_ceiling, low_precision_cast_bytes, low_precision_ceiling, moe_gemm_ceiling, \
-    te_gemm_ceiling
+from jobctl.planner.perf import (
+    Links,
+    gemm_ceiling,
+    low_precision_cast_bytes,
+    low_precision_ceiling,
+    moe_gemm_ceiling,
+    te_gemm_ceiling,
+)
 from jobctl.planner.search import Constraints, Target
 
 

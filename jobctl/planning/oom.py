@@ -28,7 +28,8 @@ def _failed_on(recipe, inv, failed_plan: dict, partition: str | None):
     workload."""
     failed = Plan.from_dict(failed_plan, "the failed plan")
     part = next((p for p in inv.partitions if p.name == partition), None) or inv.partitions[0]
-    w = inputs.workload(recipe, inv, cpu=inputs.lookup_gpu(part.gpu).is_cpu, formats=inputs.lookup_gpu(part.gpu).formats)
+    gpu = inputs.lookup_gpu(part.gpu)
+    w = inputs.workload(recipe, inv, cpu=gpu.is_cpu, formats=gpu.formats)
     return failed, inputs.target(inv, part, w.precision, w.fp8_recipe), w
 
 

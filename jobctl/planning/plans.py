@@ -106,8 +106,8 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
     identity = None
     fw = frameworks.get(framework) if framework is not None else None
     for part in parts:
-        w = inputs.workload(recipe, inv, cpu=inputs.lookup_gpu(part.gpu).is_cpu,
-                            formats=inputs.lookup_gpu(part.gpu).formats, under=fw)
+        gpu = inputs.lookup_gpu(part.gpu)
+        w = inputs.workload(recipe, inv, cpu=gpu.is_cpu, formats=gpu.formats, under=fw)
         tgt = inputs.target(inv, part, w.precision, w.fp8_recipe)
         learned, advice = None, []
         if learn:
@@ -188,7 +188,8 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
         copies = ("row-wise Float8 keeps no weight copies (its memory is BF16's)" if rowwise else
                   f"the memory includes Transformer Engine's {w.precision} weight copies")
         out.append(f"{w.precision}: the step time counts the GEMMs at the BF16 rate on this GPU until the "
-                   f"{w.precision} efficiency is fitted on published runs of it (no speed-up is promised yet); {copies}")
+                   f"{w.precision} efficiency is fitted on published runs of it (no speed-up is promised yet); "
+                   f"{copies}")
     elif rowwise:
         out.append("fp8 row-wise (torchao): torchtitan measured it no faster than BF16 under TP 8 (0.81x-1.00x of "
                    "BF16's tokens/s; docs/step-time-accuracy.md), and the step time counts its casts; plan bf16-mixed "
