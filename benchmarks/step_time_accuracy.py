@@ -29,6 +29,7 @@ from pathlib import Path
 from jobctl.planner import perf
 from jobctl.planner.catalog import GIB, lookup_gpu
 from jobctl.planner.memory import estimate
+from jobctl.planner.memory.workload import low_precision_format
 from jobctl.planner.search import Constraints, Target, search
 from jobctl_measure.published_throughput import Row, load_rows
 
@@ -117,7 +118,7 @@ def _group(r: Row) -> tuple[str, str] | None:
     w = r.workload
     if w.precision not in ("fp8", "mxfp8", "nvfp4"):
         return None
-    return perf.generation(r.gpu), "fp8-rowwise" if w.precision == "fp8" and w.fp8_recipe == "rowwise" else w.precision
+    return perf.generation(r.gpu), low_precision_format(w.precision, w.fp8_recipe)
 
 
 def _set_low(rows: list[Row], group, value: float) -> None:

@@ -18,11 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 Auto = Literal["auto"]
 Optimizer = Literal["adamw", "adam8bit", "adafactor", "lion", "adam-mini", "sgd", "sgd-momentum"]
 Precision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32", "fp8", "mxfp8", "nvfp4"]
-# The scaling recipes of `precision: fp8` (Transformer Engine's, as Megatron-Core names them):
-# per-tensor current scaling ("tensorwise", Megatron-Bridge's FP8-CS), delayed scaling from an
-# amax history, and 1x128/128x128 block scaling. mxfp8 and nvfp4 are recipes of their own.
-# Transformer Engine's per-tensor current, delayed and block scaling (Megatron); torchao's row-wise
-# scaling (torchtitan's Float8LinearConverter)
+# The scaling recipes of `precision: fp8`: Transformer Engine's, as Megatron-Core names them
+# (per-tensor current scaling, "tensorwise", Megatron-Bridge's FP8-CS; delayed scaling from an
+# amax history; 1x128/128x128 block scaling), and torchao's row-wise scaling (torchtitan's
+# Float8LinearConverter). mxfp8 and nvfp4 are recipes of their own.
 Fp8Recipe = Literal["tensorwise", "delayed", "blockwise", "rowwise"]
 Method = Literal["full", "lora", "qlora"]
 Attention = Literal["flash", "sdpa", "eager"]
@@ -129,7 +128,8 @@ class Train(_Strict):
     global_batch_size: int = Field(gt=0, le=1 << 24, description="sequences per optimizer step")
     optimizer: Optimizer = "adamw"
     precision: Precision = "bf16-mixed"
-    fp8_recipe: Fp8Recipe | None = Field(default=None, description="with precision fp8; default: the framework's first (tensorwise; torchtitan rowwise)")
+    fp8_recipe: Fp8Recipe | None = Field(
+        default=None, description="with precision fp8; default: the framework's first (tensorwise; torchtitan rowwise)")
     # the precision of the data-parallel gradient reduction and of Megatron's main-grad buffer
     # (--grad-reduce-in-bf16): bf16 halves the buffer. auto: bf16 under Megatron with a bf16 or
     # low-precision recipe, as every one of Megatron-Bridge's perf recipes runs

@@ -18,8 +18,8 @@ from jobctl.frameworks.base import (
     StateRecipe,
     file_path,
     ep_overlap,
-    fp8_param_gather,
     default_fp8_recipe,
+    fp8_param_gather,
     graphed_step,
     loss_chunks,
 )
@@ -52,5 +52,5 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
-           "Rendered", "Selective", "StateRecipe", "canonical", "default_fp8_recipe", "ep_overlap", "file_path", "fp8_param_gather", "get",
-           "graphed_step", "loss_chunks"]
+           "Rendered", "Selective", "StateRecipe", "canonical", "default_fp8_recipe", "ep_overlap", "file_path",
+           "fp8_param_gather", "get", "graphed_step", "loss_chunks"]

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from jobctl.frameworks import Selective, ep_overlap
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
-from jobctl.planner.memory.workload import fp8_params, tp_overlap
+from jobctl.planner.memory.workload import fp8_params, low_precision_format, tp_overlap
 from jobctl.planner.plan import Plan
 
 # --- efficiency constants -----------------------------------------------------------------------
@@ -254,14 +254,13 @@ def moe_gemm_ceiling(gpu_key: str) -> float:
 def low_precision_cast_bytes(precision: str, fp8_recipe: str | None = None) -> float:
     """ROWWISE_CAST_BYTES under row-wise FP8, else 0 (Transformer Engine fuses its casts into the
     norms and GEMM epilogues, which its fitted efficiency already holds)."""
-    return ROWWISE_CAST_BYTES if precision == "fp8" and fp8_recipe == "rowwise" else 0.0
+    return ROWWISE_CAST_BYTES if low_precision_format(precision, fp8_recipe) == "fp8-rowwise" else 0.0
 
 
 def low_precision_ceiling(gpu_key: str, precision: str, fp8_recipe: str | None = None) -> float:
     """The fitted large-GEMM efficiency of a low-precision format on a GPU, or 0 (not fitted);
     row-wise FP8 (torchao's Float8Linear) has its own."""
-    fmt = "fp8-rowwise" if precision == "fp8" and fp8_recipe == "rowwise" else precision
-    return LOW_PRECISION_GEMM_EFFICIENCY.get((generation(gpu_key), fmt), 0.0)
+    return LOW_PRECISION_GEMM_EFFICIENCY.get((generation(gpu_key), low_precision_format(precision, fp8_recipe)), 0.0)
 
 
 def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float, latency: float = 0.0) -> float:

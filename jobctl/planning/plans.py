@@ -16,6 +16,7 @@ from jobctl.planner.catalog import GIB
 from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_summary, why_lost
 from jobctl.planner.explain import explain as explain_search
 from jobctl.planner.memory import estimate, model_state_elements, state_bytes
+from jobctl.planner.memory.workload import low_precision_format
 from jobctl.planner.resilience import checkpoint_bytes, hang_thresholds, plan_for_failures
 from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
 from jobctl.planning.learn import learned_calibration
@@ -183,7 +184,7 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
     fitted yet, and the release of the framework the recipe declares (framework.version) when
     jobctl renders it for another."""
     out = []
-    rowwise = w.precision == "fp8" and w.fp8_recipe == "rowwise"
+    rowwise = low_precision_format(w.precision, w.fp8_recipe) == "fp8-rowwise"
     if w.precision in LOW_PRECISIONS and not (links and links.low_tflops):
         copies = ("row-wise Float8 keeps no weight copies (its memory is BF16's)" if rowwise else
                   f"the memory includes Transformer Engine's {w.precision} weight copies")

@@ -160,6 +160,12 @@ def tp_overlap(w: Workload, plan) -> bool:
     return overlaps and plan.sequence_parallel and plan.tp > 1
 
 
+def low_precision_format(precision: str, fp8_recipe: str | None) -> str:
+    """The GEMM format a precision runs in: its name, or "fp8-rowwise" for torchao's row-wise
+    Float8 (torchtitan), whose efficiency, casts and memory are its own."""
+    return "fp8-rowwise" if precision == "fp8" and fp8_recipe == "rowwise" else precision
+
+
 def low_weight_bytes(w: Workload) -> float:
     """Bytes per layer weight of its low-precision copies (0: none): row-wise and transposed,
     except per-tensor FP8 on Blackwell, whose FP8 GEMMs take every layout, so Transformer Engine
@@ -167,7 +173,7 @@ def low_weight_bytes(w: Workload) -> float:
     capability 10.x; the GPUs whose formats include nvfp4 here). Row-wise FP8 keeps none: torchao's
     Float8Linear casts the 16-bit weight at each GEMM and saves the 16-bit input and weight for
     backward (float8/float8_linear.py matmul_with_hp_or_float8_args), so its memory is BF16's."""
-    if w.fp8_recipe == "rowwise" and w.precision == "fp8":
+    if low_precision_format(w.precision, w.fp8_recipe) == "fp8-rowwise":
         return 0.0
     low = LOW_PRECISION_WEIGHT_BYTES.get(w.precision, 0.0)
     return low / 2 if w.precision == "fp8" and "nvfp4" in w.formats else low
