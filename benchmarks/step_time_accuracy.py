@@ -118,7 +118,7 @@ def _group(r: Row) -> tuple[str, str] | None:
     w = r.workload
     if w.precision not in ("fp8", "mxfp8", "nvfp4"):
         return None
-    return perf.generation(r.gpu), low_precision_format(w.precision, w.fp8_recipe)
+    return perf.generation(r.gpu), low_precision_format(w.precision, w.fp8_recipe, w.caps.fp8_backend)
 
 
 def _set_low(rows: list[Row], group, value: float) -> None:

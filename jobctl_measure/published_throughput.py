@@ -103,14 +103,14 @@ SHARDING = {"none": "none", "zero1": "zero1", "fsdp": "zero3", "fsdp-shard-grad-
 RECOMPUTE = {"full": "full", "selective": "selective", "op-sac": "selective", "none": "none", None: "none"}
 
 
-def _links(gpu, precision: str, fp8_recipe: str | None = None) -> Links:
+def _links(gpu, precision: str, fp8_recipe: str | None = None, fp8_backend: str = "transformer-engine") -> Links:
     """A catalog GPU's links and fitted efficiencies, as the planner builds them for a
     partition that says nothing of its own (planner/inputs.py links)."""
-    low = low_precision_ceiling(gpu.key, precision, fp8_recipe)
+    low = low_precision_ceiling(gpu.key, precision, fp8_recipe, fp8_backend)
     return Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
                  gpu.peak_tflops(precision), gemm_ceiling(gpu.key), te_gemm_ceiling(gpu.key),
                  gpu.low_precision_tflops(precision) if low else 0.0, low,
-                 low_precision_cast_bytes(precision, fp8_recipe) if low else 0.0, moe_gemm_ceiling(gpu.key))
+                 low_precision_cast_bytes(precision, fp8_recipe, fp8_backend) if low else 0.0, moe_gemm_ceiling(gpu.key))
 
 
 def _learned_positions(m: dict) -> bool:
@@ -193,7 +193,7 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, sharding, mbs, gb // (dp * mbs), gb,
                     RECOMPUTE[p.get("recompute")], "none", sp, vp, 0, p.get("recompute_layers") or 0)
-        links = _links(gpu, precision, w.fp8_recipe)
+        links = _links(gpu, precision, w.fp8_recipe, w.caps.fp8_backend)
         if r["framework"] == "meta-internal":
             links = dataclasses.replace(links, te_gemm_efficiency=0.0)
         link_gpus = max(gpn, min(gpu.nvlink_domain_gpus, r["gpus"]))

@@ -73,6 +73,16 @@ class Capabilities:
     low_precision_note: str = ""
     # the scalings of precision fp8 it renders, its default first (train.fp8_recipe)
     fp8_recipes: tuple[str, ...] = ("tensorwise", "delayed", "blockwise")
+    # whose low-precision GEMMs it runs: Transformer Engine's modules (Megatron) or torchao's
+    # Float8Linear (torchtitan; accelerate's AO backend), whose efficiency, casts and memory differ
+    # (planner/memory/workload.py low_precision_format)
+    fp8_backend: str = "transformer-engine"
+    # under FSDP2 the Float8 layers' weights are all-gathered in FP8 (torchao Float8LinearConfig
+    # enable_fsdp_float8_all_gather: accelerate's AORecipeKwargs turns it on by default)
+    fsdp_float8_all_gather: bool = False
+    # under precision fp8 with FSDP every rank loads the whole model into host memory and upcasts
+    # it to fp32 before sharding it (accelerate refuses cpu_ram_efficient_loading with torchao)
+    fp8_loads_model_per_rank: bool = False
     vocab_multiple_per_tp: int = 1  # the vocabulary is padded to a multiple of this x tp
     state_recipe: StateRecipe = StateRecipe.ZERO
     reduce_bytes: int = 2  # bytes per gradient element in the data-parallel reduction

@@ -61,6 +61,7 @@ CAPS = Capabilities(
     # config jobctl writes around the model's (render: FLOAT8_MODULE)
     precisions=("bf16-mixed", "fp32", "fp8"),
     fp8_recipes=("rowwise",),
+    fp8_backend="torchao",
     low_precision_note=("jobctl renders torchtitan 0.3.0's Float8 (fp8, row-wise); its MXFP8 and NVFP4 "
                         "converters (models/llama3/config_registry.py llama3_8b_mxfp8, *_nvfp4) are not "
                         "rendered yet: name such a config in your command with framework custom"),

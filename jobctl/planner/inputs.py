@@ -104,28 +104,31 @@ def training(recipe) -> Training:
                     checkpoint_every=t.checkpoint_interval)
 
 
-def links(partition, gpu, precision: str, fp8_recipe: str | None = None) -> Links:
+def links(partition, gpu, precision: str, fp8_recipe: str | None = None,
+          fp8_backend: str = "transformer-engine") -> Links:
     """Link bandwidths: the partition's fields where given, else the catalog's defaults; the
-    fitted GEMM efficiencies of the GPU, of `precision` under its fp8 scaling."""
+    fitted GEMM efficiencies of the GPU, of `precision` under its fp8 scaling and the framework's
+    low-precision GEMMs (caps.fp8_backend)."""
     if partition.inter_node_gbit is not None:
         inter = partition.inter_node_gbit / 8
     elif partition.inter_node_gbit_per_node is not None:
         inter = partition.inter_node_gbit_per_node / 8 / partition.gpus_per_node
     else:
         inter = gpu.inter_node_gbit / 8
-    low = low_precision_ceiling(gpu.key, precision, fp8_recipe)
+    low = low_precision_ceiling(gpu.key, precision, fp8_recipe, fp8_backend)
     return Links(
         intra_node_gbs=partition.intra_node_gbs or gpu.intra_node_gbs, inter_node_gbs=inter,
         pcie_gbs=partition.pcie_gbs or gpu.pcie_gbs, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs,
         peak_tflops=gpu.peak_tflops(precision), gemm_efficiency=gemm_ceiling(gpu.key),
         te_gemm_efficiency=te_gemm_ceiling(gpu.key),
         low_tflops=gpu.low_precision_tflops(precision) if low else 0.0, low_efficiency=low,
-        low_cast_bytes=low_precision_cast_bytes(precision, fp8_recipe) if low else 0.0,
+        low_cast_bytes=low_precision_cast_bytes(precision, fp8_recipe, fp8_backend) if low else 0.0,
         moe_efficiency=moe_gemm_ceiling(gpu.key),
     )
 
 
-def target(inventory, partition, precision: str = "bf16-mixed", fp8_recipe: str | None = None) -> Target:
+def target(inventory, partition, precision: str = "bf16-mixed", fp8_recipe: str | None = None,
+           fp8_backend: str = "transformer-engine") -> Target:
     gpu = lookup_gpu(partition.gpu)
     if partition.gpu_memory_gib:
         mem = int(partition.gpu_memory_gib * GIB)
@@ -136,7 +139,7 @@ def target(inventory, partition, precision: str = "bf16-mixed", fp8_recipe: str 
     return Target(
         cluster=inventory.name, partition=partition.name, gpu=gpu, gpus_per_node=partition.gpus_per_node,
         nodes=partition.nodes, host_mem_bytes=int(partition.mem_gib * GIB), gpu_memory_bytes=mem,
-        links=links(partition, gpu, precision, fp8_recipe),
+        links=links(partition, gpu, precision, fp8_recipe, fp8_backend),
         domain_gpus=getattr(partition, "nvlink_domain_gpus", None) or gpu.nvlink_domain_gpus,
         checkpoint_write_gbs_per_node=getattr(partition, "checkpoint_write_gbs_per_node", None),
         interruptions_per_node_day=getattr(partition, "interruptions_per_node_day", None),

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from jobctl.frameworks import Selective, ep_overlap
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
-from jobctl.planner.memory.workload import fp8_params, low_precision_format, tp_overlap
+from jobctl.planner.memory.workload import fp8_gathered_layers, fp8_params, low_precision_format, tp_overlap
 from jobctl.planner.plan import Plan
 
 # --- efficiency constants -----------------------------------------------------------------------
@@ -251,16 +251,20 @@ def moe_gemm_ceiling(gpu_key: str) -> float:
     return MOE_GEMM_EFFICIENCY.get(generation(gpu_key), MOE_GEMM_EFFICIENCY["hopper"])
 
 
-def low_precision_cast_bytes(precision: str, fp8_recipe: str | None = None) -> float:
+def low_precision_cast_bytes(precision: str, fp8_recipe: str | None = None,
+                             backend: str = "transformer-engine") -> float:
     """ROWWISE_CAST_BYTES under row-wise FP8, else 0 (Transformer Engine fuses its casts into the
     norms and GEMM epilogues, which its fitted efficiency already holds)."""
-    return ROWWISE_CAST_BYTES if low_precision_format(precision, fp8_recipe) == "fp8-rowwise" else 0.0
+    return ROWWISE_CAST_BYTES if low_precision_format(precision, fp8_recipe, backend) == "fp8-rowwise" else 0.0
 
 
-def low_precision_ceiling(gpu_key: str, precision: str, fp8_recipe: str | None = None) -> float:
+def low_precision_ceiling(gpu_key: str, precision: str, fp8_recipe: str | None = None,
+                          backend: str = "transformer-engine") -> float:
     """The fitted large-GEMM efficiency of a low-precision format on a GPU, or 0 (not fitted);
-    row-wise FP8 (torchao's Float8Linear) has its own."""
-    return LOW_PRECISION_GEMM_EFFICIENCY.get((generation(gpu_key), low_precision_format(precision, fp8_recipe)), 0.0)
+    torchao's Float8Linear has its own (row-wise under torchtitan; tensor-wise eager, accelerate's,
+    not fitted)."""
+    fmt = low_precision_format(precision, fp8_recipe, backend)
+    return LOW_PRECISION_GEMM_EFFICIENCY.get((generation(gpu_key), fmt), 0.0)
 
 
 def _ring(n: int, nbytes: float, gbs: float, efficiency: float, factor: float, latency: float = 0.0) -> float:
@@ -612,8 +616,13 @@ def _data_parallel(w: Workload, plan: Plan, links: Links, gpus_per_node: int, st
     n = plan.dp * plan.cp
     # bytes per gradient element reduced (Megatron's --grad-reduce-in-bf16 reduces its bf16 buffer)
     grad_b = 4 if w.precision == "fp32" else 2 if w.grad_reduce_dtype == "bf16" else w.caps.reduce_bytes
-    # bytes per weight gathered (Megatron's --fp8-param-gather gathers the layers' FP8 weights)
+    # bytes per weight gathered (Megatron's --fp8-param-gather gathers the layers' FP8 weights;
+    # accelerate's FP8 under FSDP2 its decoder layers' Float8 weights, the embedding and output
+    # layer in 16-bit)
     param_b = 4 if w.precision == "fp32" else 1 if fp8_params(w, plan.sharding) else 2
+    if fp8_gathered_layers(w, plan.sharding) and trainable:
+        in_layers = min(trainable, layers_max * w.model.layer_params() / plan.tp)
+        param_b = (in_layers + 2 * (trainable - in_layers)) / trainable
     dp_gbs = dp_link_gbs(plan, links, gpus_per_node)
     backward_last = stage_mb * 2 / 3
     if plan.sharding in ("zero3", "hsdp"):

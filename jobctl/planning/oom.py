@@ -30,7 +30,7 @@ def _failed_on(recipe, inv, failed_plan: dict, partition: str | None):
     part = next((p for p in inv.partitions if p.name == partition), None) or inv.partitions[0]
     gpu = inputs.lookup_gpu(part.gpu)
     w = inputs.workload(recipe, inv, cpu=gpu.is_cpu, formats=gpu.formats)
-    return failed, inputs.target(inv, part, w.precision, w.fp8_recipe), w
+    return failed, inputs.target(inv, part, w.precision, w.fp8_recipe, w.caps.fp8_backend), w
 
 
 def oom_calibration(recipe_loaded, inv_loaded, failed_plan: dict, figures: OOMFigures | None = None,

@@ -109,7 +109,7 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
     for part in parts:
         gpu = inputs.lookup_gpu(part.gpu)
         w = inputs.workload(recipe, inv, cpu=gpu.is_cpu, formats=gpu.formats, under=fw)
-        tgt = inputs.target(inv, part, w.precision, w.fp8_recipe)
+        tgt = inputs.target(inv, part, w.precision, w.fp8_recipe, w.caps.fp8_backend)
         learned, advice = None, []
         if learn:
             identity = identity or (w.model.name, w.model.params())
@@ -184,10 +184,13 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
     fitted yet, and the release of the framework the recipe declares (framework.version) when
     jobctl renders it for another."""
     out = []
-    rowwise = low_precision_format(w.precision, w.fp8_recipe) == "fp8-rowwise"
+    fmt = low_precision_format(w.precision, w.fp8_recipe, w.caps.fp8_backend)
+    rowwise = fmt == "fp8-rowwise"
     if w.precision in LOW_PRECISIONS and not (links and links.low_tflops):
-        copies = ("row-wise Float8 keeps no weight copies (its memory is BF16's)" if rowwise else
-                  f"the memory includes Transformer Engine's {w.precision} weight copies")
+        copies = {"fp8-rowwise": "row-wise Float8 keeps no weight copies (its memory is BF16's)",
+                  "fp8-torchao": "torchao's Float8 keeps no weight copies; under FSDP2 the layers' weights are "
+                                 "all-gathered in FP8"}.get(
+            fmt, f"the memory includes Transformer Engine's {w.precision} weight copies")
         out.append(f"{w.precision}: the step time counts the GEMMs at the BF16 rate on this GPU until the "
                    f"{w.precision} efficiency is fitted on published runs of it (no speed-up is promised yet); "
                    f"{copies}")
@@ -196,6 +199,12 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
                    "BF16's tokens/s; docs/step-time-accuracy.md), and the step time counts its casts; plan bf16-mixed "
                    "too before choosing it")
     caps = w.caps
+    if w.precision == "fp8" and caps.fp8_loads_model_per_rank:
+        per_rank = w.model.params() * 4 / GIB
+        out.append(f"fp8 under FSDP2 ({caps.name}): every rank loads the whole model into host RAM and upcasts it "
+                   f"to fp32 before sharding it ({per_rank:,.0f} GiB per rank: accelerate refuses "
+                   "cpu_ram_efficient_loading with torchao), counted in host RAM per node, which can cap the GPUs "
+                   "used per node; bf16-mixed loads it on one rank")
     declared = None if isinstance(recipe.framework, str) else recipe.framework.version
     if not declared or not caps.versions:
         return out

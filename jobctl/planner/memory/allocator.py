@@ -7,7 +7,7 @@ from __future__ import annotations
 from jobctl.frameworks import graphed_step, loss_chunks
 from jobctl.planner.memory.buffers import _FsdpUnderPP
 from jobctl.planner.memory.stages import framework_vocab
-from jobctl.planner.memory.workload import GIB, Workload, _compute_bytes
+from jobctl.planner.memory.workload import GIB, Workload, _compute_bytes, gathered_layer_bytes
 from jobctl.planner.plan import Plan
 
 # the caching allocator's terms under FSDP2 (_fsdp2_allocator_terms), by name
@@ -41,9 +41,10 @@ def _fsdp2_allocator_terms(add, w: Workload, plan: Plan, stage: str, groups: dic
         add("cached gradients (reduce-scatter stream)", grads, "overhead", lambda:
             "the sharded gradients, freed by zero_grad before the activation peak, stay cached on "
             "FSDP2's reduce-scatter stream")
-    # FSDP units on this rank (16-bit when gathered): the decoder layers and the root's: torchtitan
-    # wraps the embedding and the output layer apart, accelerate keeps both in its root unit
-    layer = m.layer_params() / plan.tp * compute_b
+    # FSDP units on this rank (16-bit when gathered, the layers' Float8 weights in one byte under
+    # accelerate's FP8): the decoder layers and the root's: torchtitan wraps the embedding and the
+    # output layer apart, accelerate keeps both in its root unit
+    layer = m.layer_params() / plan.tp * gathered_layer_bytes(w, plan.sharding)
     vocab_unit = framework_vocab(w, plan.tp) * m.hidden / plan.tp * compute_b
     if stage == "only":
         roots = [2 * vocab_unit] if w.caps.fsdp_root_holds_embeddings and not m.tied_embeddings else (
@@ -134,9 +135,10 @@ def _phases(add, w: Workload, plan: Plan, stage: str, groups: dict, acts: float,
             # the next one prefetched, the block rematerialised and its unsharded gradient built
             # before the reduce-scatter (traced at 405B: root + 2 layers + a layer's gradient)
             root = head_unit * (1 if m.tied_embeddings else 2)
-            layer_gathered = m.layer_params() / plan.tp * compute_b
+            layer_grad = m.layer_params() / plan.tp * compute_b
+            layer_gathered = m.layer_params() / plan.tp * gathered_layer_bytes(w, plan.sharding)
             at_loss = groups["activations"] + groups["logits"] + root + layer_gathered
-            at_block = acts + working_set + root + 3 * layer_gathered
+            at_block = acts + working_set + root + 2 * layer_gathered + layer_grad
             at_acts = max(at_loss, at_block)
         at_end = groups["grads"] + groups["buffers"]
         summed = groups["activations"] + groups["logits"] + groups["grads"] + groups["buffers"]

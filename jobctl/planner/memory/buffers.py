@@ -15,6 +15,7 @@ from jobctl.planner.memory.workload import (
     Workload,
     _collector,
     _compute_bytes,
+    gathered_layer_bytes,
 )
 
 
@@ -72,14 +73,21 @@ def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding:
                 f"one layer's {compute_b}-B gradient, made in its backward before it joins the accumulated one")
         fsdp_pp = _FsdpUnderPP(stage_bytes, layer_unit, root_unit, acc_b)
     elif sharding in ("zero3", "hsdp") or offload == "optimizer+params":
-        unit = max(m.layer_params() / tp + routed_unit, m.vocab * m.hidden / tp)
-        per_unit = 2 * compute_b + compute_b + sb.grad
+        layer_unit, vocab_unit = m.layer_params() / tp + routed_unit, m.vocab * m.hidden / tp
+        g = gathered_layer_bytes(w, sharding)
+        # the layer gathered twice (current + prefetch), plus its unsharded gradient before the
+        # reduce-scatter; in FP8, the first layer's query projection stays 16-bit (accelerate's
+        # filter keeps the model's first and last Linear out of Float8, utils/ao.py)
+        first_q = m.hidden * m.heads * m.head_dim / tp * (compute_b - g)
+        gathered = max(layer_unit * (2 * g + compute_b + sb.grad) + first_q,
+                       vocab_unit * (3 * compute_b + sb.grad))
         head = m.vocab * m.hidden / tp * (compute_b + 4) if loss_chunks(w, pp) and stage in ("only", "last") else 0
-        add("gathered weights", max(unit * per_unit, head), "buffers", lambda:
-            "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in 16-bit, "
-            "plus its unsharded gradient before reduce-scatter" + (
+        add("gathered weights", max(gathered, head), "buffers", lambda:
+            "ZeRO-3/FSDP: largest unit (layer or V·h) gathered twice (current + prefetch) in "
+            + ("FP8 (a layer's Float8 weights; V·h in 16-bit)" if g < compute_b else "16-bit")
+            + ", plus its unsharded gradient before reduce-scatter" + (
                 "; or the output layer through the chunked loss: kept gathered across the chunks, its "
-                "gradient accumulated unsharded in fp32 (2 + 4 B per V·h/t)" if head > unit * per_unit else ""))
+                "gradient accumulated unsharded in fp32 (2 + 4 B per V·h/t)" if head > gathered else ""))
     elif data_parallel and w.method == "full" and offload == "none":
         if w.caps.grad_buffer is GradBuffer.DDP_BUCKETS and sharding == "none":
             add("ddp buckets", trainable * sb.grad, "buffers", lambda:
@@ -96,4 +104,12 @@ def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding:
         # for a 1.9M-parameter model, at 1 and 2 ranks
         add("reduce bucket", DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b, "buffers", lambda:
             f"DeepSpeed reduce_bucket_size: 5e8 elements x {compute_b} B, allocated whatever the model's size")
+    if w.caps.fp8_loads_model_per_rank and w.precision == "fp8" and sharding in ("zero3", "hsdp"):
+        # accelerate refuses torchao's Float8 with FSDP2's cpu_ram_efficient_loading
+        # (accelerator.py), so every rank loads the whole model into host memory, where
+        # fsdp2_prepare_model upcasts it to fp32 before fully_shard moves its shard to the GPU
+        # (utils/fsdp_utils.py): at start-up, beside anything offloaded later
+        whole = m.params()
+        add("whole model on the host at load", whole * 4, "host", lambda:
+            f"{whole:.4g} params x 4 B on each rank (fp8: no cpu_ram_efficient_loading; upcast to fp32 before sharding)")
     return tuple(items), fsdp_pp

@@ -160,23 +160,41 @@ def tp_overlap(w: Workload, plan) -> bool:
     return overlaps and plan.sequence_parallel and plan.tp > 1
 
 
-def low_precision_format(precision: str, fp8_recipe: str | None) -> str:
-    """The GEMM format a precision runs in: its name, or "fp8-rowwise" for torchao's row-wise
-    Float8 (torchtitan), whose efficiency, casts and memory are its own."""
-    return "fp8-rowwise" if precision == "fp8" and fp8_recipe == "rowwise" else precision
+def low_precision_format(precision: str, fp8_recipe: str | None, backend: str = "transformer-engine") -> str:
+    """The GEMM format a precision runs in: its name under Transformer Engine; under torchao's
+    Float8Linear "fp8-rowwise" (torchtitan's row-wise scaling) or "fp8-torchao" (tensor-wise, as
+    accelerate's AO backend runs it, eager), whose efficiency, casts and memory are their own."""
+    if precision != "fp8" or backend != "torchao":
+        return precision
+    return "fp8-rowwise" if fp8_recipe == "rowwise" else "fp8-torchao"
 
 
 def low_weight_bytes(w: Workload) -> float:
     """Bytes per layer weight of its low-precision copies (0: none): row-wise and transposed,
     except per-tensor FP8 on Blackwell, whose FP8 GEMMs take every layout, so Transformer Engine
     makes no transposed copy (pytorch/utils.py is_non_tn_fp8_gemm_supported: compute
-    capability 10.x; the GPUs whose formats include nvfp4 here). Row-wise FP8 keeps none: torchao's
+    capability 10.x; the GPUs whose formats include nvfp4 here). torchao's Float8 keeps none:
     Float8Linear casts the 16-bit weight at each GEMM and saves the 16-bit input and weight for
-    backward (float8/float8_linear.py matmul_with_hp_or_float8_args), so its memory is BF16's."""
-    if low_precision_format(w.precision, w.fp8_recipe) == "fp8-rowwise":
+    backward (float8/float8_linear.py matmul_with_hp_or_float8_args), so its memory is BF16's
+    (but for the FP8 all-gather under FSDP2: fp8_gathered_layers)."""
+    if w.caps.fp8_backend == "torchao":
         return 0.0
     low = LOW_PRECISION_WEIGHT_BYTES.get(w.precision, 0.0)
     return low / 2 if w.precision == "fp8" and "nvfp4" in w.formats else low
+
+
+def fp8_gathered_layers(w: Workload, sharding: str) -> bool:
+    """FSDP2 all-gathers the decoder layers' Float8 weights in one byte (caps.fsdp_float8_all_gather:
+    torchao's WeightWithDynamicFloat8CastTensor casts the shard before the all-gather,
+    float8/fsdp_utils.py fsdp_pre_all_gather); the embedding, the output layer and the norms
+    stay 16-bit."""
+    return (w.caps.fsdp_float8_all_gather and w.precision == "fp8" and w.method == "full"
+            and sharding in ("zero3", "hsdp"))
+
+
+def gathered_layer_bytes(w: Workload, sharding: str) -> float:
+    """Bytes per element of a decoder layer's weights as FSDP all-gathers them."""
+    return 1.0 if fp8_gathered_layers(w, sharding) else float(_compute_bytes(w))
 
 
 def fp8_params(w: Workload, sharding: str) -> bool:
