@@ -104,6 +104,9 @@ MATRIX = {
         ("llama8b", "a100-40", ["framework=fsdp", "parallelism.sharding=hsdp"]),
         ("llama8b", "a100-40", ["framework=fsdp", "parallelism.offload=optimizer+params"]),
         ("llama3.2-1b-a10g", "h100", ["framework=fsdp", "parallelism.sharding=none"]),
+        # fp8: accelerate's torchao backend, under FSDP2 (FP8 all-gather) and under DDP
+        ("llama8b", "h100", ["framework=fsdp", "train.precision=fp8"]),
+        ("llama3.2-1b-a10g", "h100", ["framework=fsdp", "parallelism.sharding=none", "train.precision=fp8"]),
     ],
 }
 
@@ -379,6 +382,18 @@ def test_accelerate_accepts_what_jobctl_renders():
         p = case["plan"]
         assert r["ok"], (case["case"], r)
         assert r["num_processes"] == p["world_size"]
+        if "train.precision=fp8" in case["case"][2]:
+            # accelerate's AO recipe as its own classes build it: tensor-wise scaling of inputs,
+            # weights and gradients (AORecipeKwargs' default Float8LinearConfig), the Trainer
+            # handing accelerate fp8, and every Linear of a 2-layer Llama converted but the model's
+            # first and last (utils/ao.py convert_model_to_fp8_ao: 7 per layer, 2 x 7 - 1)
+            assert (r["fp8_backend"], r["trainer_mixed_precision"]) == ("AO", "fp8")
+            assert r["scaling"] == ["tensorwise"] * 3 and r["pad_inner_dim"]
+            # FP8 all-gather under FSDP2 only (under DDP nothing is gathered, and torchao's
+            # all-gather weight wrapper breaks the Trainer's safetensors checkpoint)
+            assert r["fp8_all_gather"] == (p["sharding"] != "none")
+            assert r["other_linears"] == ["lm_head", "model.layers.0.self_attn.q_proj"]
+            assert len(r["float8_linears"]) == 2 * 7 - 1
         if p["sharding"] == "none":
             assert "MULTI_GPU" in r["distributed_type"]
             continue
@@ -387,6 +402,20 @@ def test_accelerate_accepts_what_jobctl_renders():
         assert r["offload"] == ("CPUOffloadPolicy" if p["offload"] != "none" else "OffloadPolicy")
         if p["sharding"] == "hsdp":
             assert r["dp_replicate"] * r["dp_shard"] == p["dp"] and r["dp_shard"] == p["hsdp_shard"]
+
+
+def test_accelerate_checker_refuses_fp8_that_would_not_run():
+    """The fp8 case broken two ways jobctl must not render: --bf16 beside it (the Trainer then
+    hands accelerate bf16: transformers training_args.py), and FSDP2's cpu_ram_efficient_loading
+    left on (accelerate refuses it with torchao: accelerator.py)."""
+    _need("fsdp")
+    (fp8,) = [c for c in plans("fsdp") if "train.precision=fp8" in c["case"][2] and c["plan"]["sharding"] != "none"]
+    fw = fp8["framework"]
+    bf16 = dict(fp8, framework=dict(fw, args=[*fw["args"], "--bf16"]))
+    ram = dict(fp8, framework=dict(fw, env=dict(fw["env"], FSDP_CPU_RAM_EFFICIENT_LOADING="true")))
+    r_bf16, r_ram = run_checker("fsdp", [bf16, ram])
+    assert not r_bf16["ok"] and "mixed_precision=bf16" in r_bf16["error"], r_bf16
+    assert not r_ram["ok"] and "cpu_ram_efficient_loading" in r_ram["error"], r_ram
 
 
 def test_accelerate_checker_refuses_an_unknown_key():

@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from jobctl_run import history_rows, jobctl, need_package
+
+from jobctl.model import CHECKPOINT_DIR_TOKEN
+from jobctl.planning import load_inventory, load_recipe, plan_on
+
+ROOT = Path(__file__).resolve().parent.parent
 
 RECIPE = "tests/data/trainers/hf-ddp.yaml"
 LOCAL = "tests/data/trainers/cpu2.yaml"
@@ -90,3 +98,34 @@ def test_two_node_accelerate_job_starts_and_trains(slurm_cluster, tmp_path, rout
     both = "\n".join(logs.values())  # rank 0 (which reports) may be on either node under torchrun's c10d
     assert world(both) == (2, "MULTI_CPU", 2, 2)
     check_learned(both)
+
+
+def test_accelerate_trains_in_fp8_with_what_jobctl_renders_for_h100s(tmp_path):
+    """accelerate's FP8 (torchao, tensor-wise) as jobctl renders it for two H100s (fp8 is refused
+    on a CPU partition, so this is not `jobctl submit`), run by torchrun on this machine's two CPU
+    ranks with the rendered environment and flags (--use_cpu added): torch's _scaled_mm runs the
+    Float8 GEMMs on CPU and accelerate runs MULTI_CPU. The Trainer must hand accelerate fp8 and
+    accelerate convert every Linear but the model's first and last (utils/ao.py: 2 layers x 7 - 1
+    = 13, the feed-forward width 128 a multiple of 16 as Float8 needs), the loss must fall, and the
+    Trainer's checkpoint at the last step must be written (under DDP jobctl renders no FP8
+    all-gather, whose weight wrapper safetensors cannot save)."""
+    for package in ("accelerate", "transformers", "torchao"):
+        need_package(package)
+    rec = load_recipe(RECIPE, ["train.precision=fp8", "model.ffn_hidden=128", "parallelism.dp=2",
+                               "parallelism.sharding=none"])
+    d = plan_on(rec, load_inventory("h100", []), alternatives=0, summary=False, learn=False).to_dict()
+    assert d["feasible"], d["reasons"]
+    fw = d["framework"]
+    assert fw["env"]["ACCELERATE_MIXED_PRECISION"] == "fp8" and "--bf16" not in fw["args"]
+    args = [a.replace(CHECKPOINT_DIR_TOKEN, str(tmp_path / "out")) for a in fw["args"]]
+    shape = ["--layers", "2", "--hidden", "64", "--ffn-hidden", "128", "--heads", "4", "--kv-heads", "2",
+             "--vocab", str(VOCAB), "--seq-len", "32"]
+    env = {**os.environ, **fw["env"], "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "tests/trainers/hf_train.py", *args, "--use_cpu", *shape],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert world(r.stdout) == (2, "MULTI_CPU", 2, 2)
+    assert "hf_train: float8 linears 13" in r.stdout, r.stdout[-2000:]
+    check_learned(r.stdout)
+    assert (tmp_path / "out" / "checkpoint-30" / "model.safetensors").is_file()

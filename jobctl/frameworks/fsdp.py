@@ -44,10 +44,14 @@ CAPS = Capabilities(
     offload=("none", "optimizer+params"),
     optimizers=("adamw", "lion", "adam8bit", "sgd", "sgd-momentum", "adafactor", "adam-mini"),
     methods=("full", "lora", "qlora"),
-    precisions=("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"),
-    low_precision_note=("accelerate's FP8 (mixed_precision fp8 with its TE, torchao or MS-AMP backend, "
-                        "utils/dataclasses.py) needs an Accelerator of your own: HF Trainer sets the mixed "
-                        "precision from --bf16/--fp16; jobctl does not render it yet"),
+    precisions=("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32", "fp8"),
+    low_precision_note=("jobctl renders accelerate's FP8 with its torchao backend (fp8, tensor-wise); MXFP8 and "
+                        "NVFP4 are not among accelerate 1.15.0's FP8 backends' recipes it builds from the "
+                        "environment (utils/dataclasses.py AORecipeKwargs, TERecipeKwargs)"),
+    fp8_recipes=("tensorwise",),
+    fp8_backend="torchao",
+    fsdp_float8_all_gather=True,
+    fp8_loads_model_per_rank=True,
     state_recipe=StateRecipe.FP32_PARAMS,
     reduce_bytes=2,
     grad_buffer=GradBuffer.DDP_BUCKETS,
@@ -76,6 +80,17 @@ CAPS = Capabilities(
          "torch/distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy"),
         ("mixed_precision bf16: param, reduce and output dtype bf16 (gradients reduced in bf16); trainable "
          "parameters upcast to fp32 as the master copy", f"{AC} utils/dataclasses.py set_mixed_precision, fsdp_utils.py"),
+        ("mixed_precision fp8 with ACCELERATE_FP8_BACKEND=AO: AORecipeKwargs builds torchao's Float8LinearConfig "
+         "(dynamic tensor-wise scaling of inputs, weights and gradients; pad_inner_dim and, under FSDP2, FP8 "
+         "all-gather of the weights on by default); prepare() converts every nn.Linear whose dimensions are "
+         "multiples of 16 but the model's first and last (the first layer's query projection and the output "
+         "layer) to Float8Linear; bf16 autocast and FSDP2's bf16 param dtype around them",
+         f"{AC} accelerator.py _prepare_ao, utils/ao.py convert_model_to_fp8_ao, utils/dataclasses.py AORecipeKwargs"),
+        ("torchao with FSDP2 and cpu_ram_efficient_loading is refused, so under fp8 every rank loads the whole "
+         "model on the host (upcast there to fp32 before fully_shard)",
+         f"{AC} accelerator.py __init__, utils/fsdp_utils.py fsdp2_prepare_model"),
+        ("HF Trainer takes its mixed precision from ACCELERATE_MIXED_PRECISION unless --bf16 or --fp16 is given "
+         "(so fp8 is rendered without either)", "transformers 5.24.0 training_args.py __post_init__"),
         ("tensor/context parallelism through ParallelismConfig need a model with a TP plan; not planned",
          f"{AC} parallelism_config.py"),
         ("the launcher exports ACCELERATE_USE_FSDP, FSDP_VERSION, FSDP_RESHARD_AFTER_FORWARD, FSDP_OFFLOAD_PARAMS, "
@@ -86,7 +101,20 @@ CAPS = Capabilities(
 
 # The decoder-layer class FSDP wraps, by model family (transformers' modeling files).
 LAYER_CLASS = {"llama": "LlamaDecoderLayer", "gpt": "GPT2Block"}
-MIXED = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "no", "bf16-pure": "no"}  # pure: a bf16 model
+MIXED = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "no", "bf16-pure": "no",  # pure: a bf16 model
+         "fp8": "fp8"}
+# accelerate's FP8 through torchao, as `accelerate launch --fp8_backend ao` exports it with
+# `accelerate config`'s defaults (utils/launch.py setup_fp8_env; AORecipeKwargs reads them back)
+FP8_ENV = {"ACCELERATE_FP8_BACKEND": "AO", "ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER": "true",
+           "ACCELERATE_FP8_PAD_INNER_DIM": "true"}
+
+
+def recipe_problems(w) -> list[str]:
+    if w.precision == "fp8" and w.method != "full":
+        return [f"accelerate's FP8 converts every nn.Linear (utils/ao.py filter_linear_layers), which would take "
+                f"PEFT's adapters and bitsandbytes' 4-bit layers too: jobctl renders it for method full only "
+                f"(train.method is {w.method}; plan bf16-mixed)"]
+    return []
 
 
 def problems(plan, w) -> list[str]:
@@ -110,6 +138,13 @@ def _shard(plan) -> tuple[int, int]:
 
 def environment(plan, w) -> dict[str, str]:
     env = {"ACCELERATE_MIXED_PRECISION": MIXED[w.precision]}
+    if w.precision == "fp8":
+        env.update(FP8_ENV)
+        if plan.sharding == "none":
+            # no all-gather to make FP8; and torchao's all-gather weight wrapper
+            # (WeightWithDynamicFloat8CastTensor) has no storage safetensors can save, so HF
+            # Trainer's checkpoint under DDP fails with it (seen here: save_pretrained, storage_ptr)
+            env["ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"] = "false"
     if w.device == "cpu":
         # what `accelerate launch` exports for use_cpu (utils/launch.py); under torchrun's
         # WORLD_SIZE > 1 accelerate then runs MULTI_CPU on gloo (state.py _prepare_backend)
@@ -127,7 +162,8 @@ def environment(plan, w) -> dict[str, str]:
         "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
         "FSDP_ACTIVATION_CHECKPOINTING": "true" if plan.recompute == "full" else "false",
         # what `accelerate launch` exports besides (utils/launch.py prepare_multi_gpu_env; its defaults)
-        "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+        # (off under fp8: accelerate refuses it with torchao, accelerator.py)
+        "FSDP_CPU_RAM_EFFICIENT_LOADING": "false" if w.precision == "fp8" else "true",
         "FSDP_SYNC_MODULE_STATES": "true",
     })
     if plan.sharding == "hsdp":
@@ -155,6 +191,9 @@ def config_yaml(plan, w) -> str:
         f"use_cpu: {'true' if w.device == 'cpu' else 'false'}",
         "debug: false",
     ]
+    if w.precision == "fp8":
+        gather = environment(plan, w)["ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"]
+        lines += ["fp8_config:", "  backend: AO", f"  enable_fsdp_float8_all_gather: {gather}", "  pad_inner_dim: true"]
     if plan.sharding != "none":
         env = environment(plan, w)
         lines += [
@@ -166,7 +205,7 @@ def config_yaml(plan, w) -> str:
             f"  fsdp_transformer_layer_cls_to_wrap: {env['FSDP_TRANSFORMER_CLS_TO_WRAP']}",
             "  fsdp_state_dict_type: SHARDED_STATE_DICT",
             f"  fsdp_activation_checkpointing: {env['FSDP_ACTIVATION_CHECKPOINTING']}",
-            "  fsdp_cpu_ram_efficient_loading: true",
+            f"  fsdp_cpu_ram_efficient_loading: {env['FSDP_CPU_RAM_EFFICIENT_LOADING']}",
             "  fsdp_sync_module_states: true",
         ]
         if plan.sharding == "hsdp":
@@ -187,6 +226,10 @@ def render(plan, w) -> Rendered:
     launch_args = ("--config_file", file_path(CONFIG_FILE), "--num_machines", str(plan.nodes),
                    "--num_processes", str(plan.world_size), "--machine_rank", NODE_RANK_TOKEN,
                    "--main_process_ip", MASTER_ADDR_TOKEN, "--main_process_port", MASTER_PORT_TOKEN)
+    if w.precision == "fp8":
+        notes.append("fp8: accelerate converts the Linear layers to torchao's Float8Linear (tensor-wise scaling; the "
+                     "model's first and last Linear stay BF16) at accelerator.prepare(); under FSDP2 each rank loads "
+                     "the whole model on the host first (accelerate refuses cpu_ram_efficient_loading with torchao)")
     if w.device == "cpu" and plan.world_size > 1:
         notes.append("CPU ranks: `accelerate launch` with use_cpu starts one process per node unless it runs under "
                      "mpirun (commands/launch.py simple_launcher); keep jobctl's torchrun, which starts them all")
@@ -194,4 +237,4 @@ def render(plan, w) -> Rendered:
                     launch_args=launch_args)
 
 
-FRAMEWORK = Framework(CAPS, problems, render)
+FRAMEWORK = Framework(CAPS, problems, render, recipe_problems)

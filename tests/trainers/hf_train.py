@@ -88,6 +88,9 @@ def main(argv=None) -> int:
         print(f"hf_train: world {state.num_processes} type {state.distributed_type.value} "
               f"micro {args.per_device_train_batch_size} accum {args.gradient_accumulation_steps}", flush=True)
     trainer.train()
+    if state.is_main_process:  # accelerate's FP8 converts the model's Linear layers in place at prepare()
+        float8 = sum(type(m).__name__ == "Float8Linear" for m in trainer.model.modules())
+        print(f"hf_train: float8 linears {float8}", flush=True)
     if torch.distributed.is_initialized():  # leave together: a rank that exits first aborts the other's gloo
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
