@@ -90,6 +90,8 @@ MATRIX = {
         # fp8: a registry config module of jobctl's (Float8LinearConverter, row-wise) in the files
         ("llama70b", "h100", ["framework=torchtitan", "train.precision=fp8"]),
         ("llama8b", "h100", ["train.precision=fp8"]),
+        # mxfp8 on B200: the same with MXFP8LinearConverter
+        ("llama70b", "b200", ["framework=torchtitan", "train.precision=mxfp8"]),
     ],
     "deepspeed": [
         ("llama3.2-1b-a10g", "a10g", []),
@@ -300,14 +302,20 @@ def test_torchtitan_accepts_what_jobctl_renders():
         # fp8: every Linear of the blocks the run builds is torchao's Float8Linear, five per block
         # (torchtitan's fused wqkv, wo, w1, w2, w3), and the output layer stays 16-bit, as in
         # torchtitan's own llama3_405b config; 80 and 32 blocks (Llama 3.1 70B and 8B, config.json)
+        blocks = {"llama70b": 80, "llama8b": 32}.get(case["case"][0])
         if "train.precision=fp8" in case["case"][2]:
-            blocks = {"llama70b": 80, "llama8b": 32}[case["case"][0]]
-            assert r["linears"]["float8"] == 5 * blocks, r["linears"]
+            assert r["linears"]["float8"] == 5 * blocks and r["linears"]["mxfp8"] == 0, r["linears"]
             assert r["linears"]["other_names"] == ["lm_head"] and r["linears"]["other"] == 1
             assert any(a.startswith("--module=jobctl_torchtitan_float8") for a in case["framework"]["args"])
+        elif "train.precision=mxfp8" in case["case"][2]:
+            # every Linear, the output layer too, as torchtitan's own llama3_8b_mxfp8 converts them
+            assert r["linears"]["mxfp8"] == 5 * blocks + 1 and r["linears"]["float8"] == 0, r["linears"]
+            assert r["linears"]["other"] == 0
+            assert any(a.startswith("--module=jobctl_torchtitan_mxfp8") for a in case["framework"]["args"])
         else:
-            assert r["linears"]["float8"] == 0
+            assert r["linears"]["float8"] == r["linears"]["mxfp8"] == 0
     assert sum("train.precision=fp8" in c["case"][2] for c in cases) == 2
+    assert sum("train.precision=mxfp8" in c["case"][2] for c in cases) == 1
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)
     assert any(c["plan"]["tp"] > 1 for c in cases)  # async TP was exercised
     assert sum(c["plan"]["ep"] > 1 for c in cases) == 3
@@ -318,8 +326,9 @@ def test_torchtitan_checker_refuses_wrong_values():
     compiled (CompileConfig.__post_init__), a global batch the data-parallel degree does not
     divide (the trainer's arithmetic), an expert-parallel size that does not fold into
     dp_shard x cp x tp (ParallelDims.build_mesh cannot carve the experts' mesh from those ranks),
-    and a Float8 recipe name torchao does not know in the rendered config module
-    (Float8LinearConfig.from_recipe_name, reached through Float8LinearConverter)."""
+    a Float8 recipe name torchao does not know in the rendered config module
+    (Float8LinearConfig.from_recipe_name, reached through Float8LinearConverter), and a scaling
+    recipe given to MXFP8LinearConverter, whose Config has no such field (components/quantization/mx.py)."""
     _need("torchtitan")
     cases = plans("torchtitan")
 
@@ -340,8 +349,14 @@ def test_torchtitan_checker_refuses_wrong_values():
     ((name, text),) = fp8["framework"]["files"].items()
     assert 'recipe_name="rowwise"' in text
     recipe = dict(fp8, framework=dict(fp8["framework"], files={name: text.replace('"rowwise"', '"rowwize"')}))
-    r_compile, r_batch, r_ep, r_recipe = run_checker("torchtitan", [no_compile, batch, ep, recipe])
+    mx = next(c for c in cases if "--module=jobctl_torchtitan_mxfp8" in c["framework"]["args"])
+    ((name, text),) = mx["framework"]["files"].items()
+    assert "MXFP8LinearConverter.Config(model_compile_enabled=True)" in text
+    mx_recipe = dict(mx, framework=dict(mx["framework"], files={name: text.replace(
+        "MXFP8LinearConverter.Config(", 'MXFP8LinearConverter.Config(recipe_name="mxfp8", ')}))
+    r_compile, r_batch, r_ep, r_recipe, r_mx = run_checker("torchtitan", [no_compile, batch, ep, recipe, mx_recipe])
     assert not r_recipe["ok"] and "rowwize" in r_recipe["error"], r_recipe
+    assert not r_mx["ok"] and "recipe_name" in r_mx["error"], r_mx
     assert not r_compile["ok"] and "Async TP requires" in r_compile["error"]
     assert not r_batch["ok"]
     assert not r_ep["ok"] and "mesh_sizes" in r_ep["error"], r_ep  # build_mesh cannot unflatten the ranks

@@ -57,8 +57,12 @@ def test_fp8_is_refused_where_the_converter_would_not_reach():
     d = _plan("qwen3-30b-a3b", ["framework=torchtitan", "train.precision=fp8"])
     assert not d["feasible"]
     assert any("grouped experts" in r for r in d["reasons"]), d["reasons"]
-    # MXFP8 has a converter of its own in torchtitan, which jobctl does not render
-    d = _plan("llama8b", ["train.precision=mxfp8"], cluster="b200")
+    # ... nor does MXFP8LinearConverter
+    d = _plan("qwen3-30b-a3b", ["framework=torchtitan", "train.precision=mxfp8"], cluster="b200")
+    assert not d["feasible"]
+    assert any("MXFP8LinearConverter" in r and "grouped experts" in r for r in d["reasons"]), d["reasons"]
+    # NVFP4 has a converter of its own in torchtitan, which jobctl does not render
+    d = _plan("llama8b", ["train.precision=nvfp4"], cluster="b200")
     assert not d["feasible"]
     assert any("not rendered yet" in r for r in d["reasons"]), d["reasons"]
 
@@ -94,6 +98,34 @@ def test_the_rendered_module_wraps_the_registry_config_with_the_converter():
     # a BF16 plan names torchtitan's own config and writes no module
     bf16 = _plan("llama70b", LAYOUT)["framework"]
     assert not bf16["files"] and "--config=llama3_70b" in bf16["args"]
+
+
+B200_LAYOUT = ["framework=torchtitan", "parallelism.tp=2", "parallelism.pp=1", "parallelism.dp=64",
+               "parallelism.cp=1", "parallelism.sharding=zero3", "parallelism.micro_batch_size=1",
+               "parallelism.recompute=full"]
+
+
+def test_mxfp8_is_torchtitans_converter_over_every_linear_and_holds_what_bf16_holds():
+    """torchtitan's MXFP8 (torchao's MXFP8Linear, which saves the 16-bit input and weight:
+    prototype/moe_training/mxfp8_linear.py mx_mm) on B200: the module converts every Linear, as
+    torchtitan's own llama3_8b_mxfp8 does; the same layout's memory is BF16's, term by term, and
+    its GEMMs run at BF16's rate (no published torchtitan MXFP8 run among jobctl's sources), which
+    the plan says; Megatron's MXFP8 (Transformer Engine) keeps weight copies and has a fitted rate."""
+    mx = _plan("llama70b", [*B200_LAYOUT, "train.precision=mxfp8"], cluster="b200")
+    bf16 = _plan("llama70b", B200_LAYOUT, cluster="b200")
+    assert mx["feasible"] and bf16["feasible"] and mx["plan"] == bf16["plan"]
+    fw = mx["framework"]
+    ((name, text),) = fw["files"].items()
+    assert name == "jobctl_torchtitan_mxfp8.py"
+    assert "--module=jobctl_torchtitan_mxfp8" in fw["args"] and "--config=llama3_70b_mxfp8" in fw["args"]
+    assert "MXFP8LinearConverter.Config(model_compile_enabled=True)" in text  # no fqns: every Linear
+    terms = lambda d: {t["name"]: t["bytes"] for t in d["memory"]["terms"]}  # noqa: E731
+    assert terms(mx) == terms(bf16)
+    assert mx["estimate"]["step_time_s"] == bf16["estimate"]["step_time_s"]
+    (warning,) = mx["warnings"]
+    assert "BF16 rate" in warning and "keeps no weight copies" in warning
+    mega = _plan("llama70b", ["train.precision=mxfp8"], cluster="b200")
+    assert any("mxfp8 weight" in t["name"] for t in mega["memory"]["terms"]) and not mega.get("warnings")
 
 
 def test_the_runner_puts_the_framework_folder_on_pythonpath_when_asked(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ registry configs), models/common/moe.py and token_dispatcher.py.
 from __future__ import annotations
 
 import re
+import textwrap
 
 from jobctl.frameworks.base import (
     Capabilities,
@@ -57,13 +58,13 @@ CAPS = Capabilities(
     offload=("none", "optimizer+params"),
     optimizers=("adamw",),
     methods=("full",),
-    # fp8: torchao's row-wise Float8 through torchtitan's own Float8LinearConverter, in a registry
-    # config jobctl writes around the model's (render: FLOAT8_MODULE)
-    precisions=("bf16-mixed", "fp32", "fp8"),
+    # fp8, mxfp8: torchao's row-wise Float8 and MXFP8 through torchtitan's own converters, in a
+    # registry config jobctl writes around the model's (render: LOW_PRECISION_MODULES)
+    precisions=("bf16-mixed", "fp32", "fp8", "mxfp8"),
     fp8_recipes=("rowwise",),
     fp8_backend="torchao",
-    low_precision_note=("jobctl renders torchtitan 0.3.0's Float8 (fp8, row-wise); its MXFP8 and NVFP4 "
-                        "converters (models/llama3/config_registry.py llama3_8b_mxfp8, *_nvfp4) are not "
+    low_precision_note=("jobctl renders torchtitan 0.3.0's Float8 (fp8, row-wise) and MXFP8; its NVFP4 "
+                        "converter (models/llama3/config_registry.py *_nvfp4, with the spmd_types backend) is not "
                         "rendered yet: name such a config in your command with framework custom"),
     vocab_multiple_per_tp=1,
     state_recipe=StateRecipe.FP32_PARAMS,
@@ -159,29 +160,53 @@ CAPS = Capabilities(
          "llama3_405b's is), the output layer filtered out by name (lm_head); row-wise scaling casts at each GEMM "
          "and saves the 16-bit input and weight (torchao float8_linear.py)",
          f"{TT} components/quantization/float8.py, models/llama3/config_registry.py llama3_405b"),
+        ("MXFP8: every Linear layer (the output layer too) swapped for torchao's MXFP8Linear by MXFP8LinearConverter "
+         "(an empty fqns list converts all), as llama3_8b_mxfp8 does; it needs compute capability 10.0 and saves the "
+         "16-bit input and weight (torchao prototype/moe_training/mxfp8_linear.py mx_mm)",
+         f"{TT} components/quantization/mx.py, models/llama3/config_registry.py llama3_8b_mxfp8"),
     ),
 )
 
-# precision fp8: a registry config jobctl writes into the job's framework folder, which the job
-# puts on PYTHONPATH (runtime/runner.py): torchtitan's --module takes a module path
+# precision fp8 or mxfp8: a registry config jobctl writes into the job's framework folder, which
+# the job puts on PYTHONPATH (runtime/runner.py): torchtitan's --module takes a module path
 # (config/manager.py: "Fully qualified module path"), and a converter can only be named in Python
-FLOAT8_MODULE = "jobctl_torchtitan_float8"
-FLOAT8_TEMPLATE = '''"""Written by jobctl: torchtitan's registry config {module}.{config} with its Linear layers
-converted to Float8 by torchtitan's own Float8LinearConverter (torchao, {recipe} scaling), as its
-llama3_405b config does; the output layer (lm_head) stays 16-bit. The job runs it as
-`--module {float8_module} --config {function}`, with this folder on PYTHONPATH."""
+LOW_PRECISION_TEMPLATE = '''"""{doc}"""
 
-from torchtitan.components.quantization import Float8LinearConverter
+from torchtitan.components.quantization import {converter}
 from torchtitan.models.{module}.config_registry import {config} as registry_config
 
 
 def {function}():
     config = registry_config()
-    converter = Float8LinearConverter.Config(recipe_name="{recipe}", filter_fqns=["lm_head"],
-                                             model_compile_enabled={compiled})
+    converter = {converter}.Config({converter_args}model_compile_enabled={compiled})
     config.model_spec.model = converter.build().convert(config.model_spec.model)
     return config
 '''
+# per precision: (module, config suffix, converter, its arguments, what it does)
+LOW_PRECISION_MODULES = {
+    "fp8": ("jobctl_torchtitan_float8", "float8", "Float8LinearConverter", 'recipe_name="{recipe}", filter_fqns=["lm_head"], ',
+            "its Linear layers converted to Float8 by torchtitan's own Float8LinearConverter (torchao, {recipe} "
+            "scaling), as its llama3_405b config does; the output layer (lm_head) stays 16-bit"),
+    "mxfp8": ("jobctl_torchtitan_mxfp8", "mxfp8", "MXFP8LinearConverter", "",
+              "every Linear layer converted to MXFP8 by torchtitan's own MXFP8LinearConverter (torchao), as its "
+              "llama3_8b_mxfp8 config does"),
+}
+FLOAT8_MODULE = LOW_PRECISION_MODULES["fp8"][0]
+
+
+def low_precision_module(precision: str, known: tuple[str, str], recipe: str, compiled: bool) -> tuple[str, str, str]:
+    """(module, config function, the module's text) of the registry config `known` converted to
+    `precision` by torchtitan's own converter."""
+    lp_module, suffix, converter, args, what = LOW_PRECISION_MODULES[precision]
+    function = f"{known[1]}_{suffix}"
+    doc = textwrap.fill(f"Written by jobctl: torchtitan's registry config {known[0]}.{known[1]} with "
+                        f"{what.format(recipe=recipe)}. The job runs it as `--module {lp_module} --config "
+                        f"{function}`, with this folder on PYTHONPATH.", width=96)
+    text = LOW_PRECISION_TEMPLATE.format(
+        doc=doc, module=known[0], config=known[1], function=function,
+        converter=converter, converter_args=args.format(recipe=recipe), compiled=compiled)
+    return lp_module, function, text
+
 
 # The Llama 3 configs torchtitan registers (torchtitan/models/llama3/config_registry.py).
 KNOWN_CONFIGS = {"8b": "llama3_8b", "70b": "llama3_70b"}  # llama3_405b turns on float8 (torchao)
@@ -254,14 +279,17 @@ def problems(plan, w) -> list[str]:
 def recipe_problems(w) -> list[str]:
     """What jobctl cannot render for torchtitan whatever the layout."""
     out = []
-    if w.precision == "fp8" and w.model.moe is not None:
-        out.append("train.precision=fp8 under torchtitan: Float8LinearConverter converts the Linear layers, not the "
-                   "grouped experts (their Float8 path is a separate MoE converter), which jobctl does not render; "
+    if w.precision not in LOW_PRECISION_MODULES:
+        return out
+    converter = LOW_PRECISION_MODULES[w.precision][2]
+    if w.model.moe is not None:
+        out.append(f"train.precision={w.precision} under torchtitan: {converter} converts the Linear layers, not the "
+                   "grouped experts (their path is a separate MoE converter), which jobctl does not render; "
                    "use bf16-mixed, or framework megatron")
-    elif w.precision == "fp8" and registry_config(w.model) is None:
-        out.append(f"train.precision=fp8 under torchtitan: jobctl converts a registry config's Linear layers to "
-                   f"Float8, and {w.model.name} is not one (it knows llama3_8b and llama3_70b); name your own Float8 "
-                   "config in the command with framework custom")
+    elif registry_config(w.model) is None:
+        out.append(f"train.precision={w.precision} under torchtitan: jobctl converts a registry config's Linear layers "
+                   f"with {converter}, and {w.model.name} is not one (it knows llama3_8b and llama3_70b); name your "
+                   "own config in the command with framework custom")
     return out
 
 
@@ -292,17 +320,17 @@ def render(plan, w) -> Rendered:
 
     known = registry_config(w.model)
     files, env = {}, {}
-    if known and w.precision == "fp8":
-        function = f"{known[1]}_float8"
-        files[FLOAT8_MODULE + ".py"] = FLOAT8_TEMPLATE.format(
-            module=known[0], config=known[1], recipe=w.fp8_recipe, compiled=bool(w.compiled),
-            float8_module=FLOAT8_MODULE, function=function)
+    if known and w.precision in LOW_PRECISION_MODULES:
+        module, function, text = low_precision_module(w.precision, known, w.fp8_recipe, bool(w.compiled))
+        files[module + ".py"] = text
         env[FRAMEWORK_ON_PYTHONPATH] = "1"
-        opt("module", FLOAT8_MODULE)
+        opt("module", module)
         opt("config", function)
-        notes.append(f"fp8: framework/{FLOAT8_MODULE}.py is torchtitan's {known[1]} with its Linear layers in Float8 "
-                     f"({w.fp8_recipe} scaling, torchao; lm_head stays 16-bit); the job puts that folder on "
-                     "PYTHONPATH. Needs torchao and a GPU of compute capability 8.9 or later")
+        what = (f"Float8 ({w.fp8_recipe} scaling, torchao; lm_head stays 16-bit)" if w.precision == "fp8" else
+                "MXFP8 (torchao, lm_head included, as torchtitan's llama3_8b_mxfp8)")
+        notes.append(f"{w.precision}: framework/{module}.py is torchtitan's {known[1]} with its Linear layers in "
+                     f"{what}; the job puts that folder on PYTHONPATH. Needs torchao and a GPU of compute "
+                     f"capability {'8.9' if w.precision == 'fp8' else '10.0'} or later")
     elif known:
         opt("module", known[0])
         opt("config", known[1])

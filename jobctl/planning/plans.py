@@ -184,13 +184,19 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
     fitted yet, and the release of the framework the recipe declares (framework.version) when
     jobctl renders it for another."""
     out = []
-    fmt = low_precision_format(w.precision, w.fp8_recipe, w.caps.fp8_backend)
+    caps = w.caps
+    fmt = low_precision_format(w.precision, w.fp8_recipe, caps.fp8_backend)
     rowwise = fmt == "fp8-rowwise"
     if w.precision in LOW_PRECISIONS and not (links and links.low_tflops):
-        copies = {"fp8-rowwise": "row-wise Float8 keeps no weight copies (its memory is BF16's)",
-                  "fp8-torchao": "torchao's Float8 keeps no weight copies; under FSDP2 the layers' weights are "
-                                 "all-gathered in FP8"}.get(
-            fmt, f"the memory includes Transformer Engine's {w.precision} weight copies")
+        if rowwise:
+            copies = "row-wise Float8 keeps no weight copies (its memory is BF16's)"
+        elif caps.fp8_backend == "torchao":
+            name = {"fp8": "Float8", "mxfp8": "MXFP8"}.get(w.precision, w.precision)
+            copies = f"torchao's {name} keeps no weight copies" + (
+                "; under FSDP2 the layers' weights are all-gathered in FP8" if caps.fsdp_float8_all_gather else
+                " (its memory is BF16's)")
+        else:
+            copies = f"the memory includes Transformer Engine's {w.precision} weight copies"
         out.append(f"{w.precision}: the step time counts the GEMMs at the BF16 rate on this GPU until the "
                    f"{w.precision} efficiency is fitted on published runs of it (no speed-up is promised yet); "
                    f"{copies}")
@@ -198,7 +204,6 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
         out.append("fp8 row-wise (torchao): torchtitan measured it no faster than BF16 under TP 8 (0.81x-1.00x of "
                    "BF16's tokens/s; docs/step-time-accuracy.md), and the step time counts its casts; plan bf16-mixed "
                    "too before choosing it")
-    caps = w.caps
     if w.precision == "fp8" and caps.fp8_loads_model_per_rank:
         per_rank = w.model.params() * 4 / GIB
         out.append(f"fp8 under FSDP2 ({caps.name}): every rank loads the whole model into host RAM and upcasts it "

@@ -7,11 +7,12 @@ build_mesh: the sparse mesh pp x dp_replicate x efsdp x ep over the same ranks a
 and the model config the rendered --module/--config names is built on the meta device to read
 its experts.
 
-Under fp8 the rendered files hold a registry config module (--module names it): it is written to a
-folder put first on sys.path, as the job's runner puts the job's framework folder on PYTHONPATH,
-and ConfigManager imports it, which builds torchtitan's Float8LinearConverter (with torchao). The
-converter refuses GPUs below compute capability 8.9 and this check runs on a CPU: its capability
-probe answers for the H100 the plan is for (the only patch)."""
+Under fp8 and mxfp8 the rendered files hold a registry config module (--module names it): it is
+written to a folder put first on sys.path, as the job's runner puts the job's framework folder on
+PYTHONPATH, and ConfigManager imports it, which builds torchtitan's Float8LinearConverter or
+MXFP8LinearConverter (with torchao). The converters refuse GPUs below compute capability 8.9 (10.0
+for MXFP8) and this check runs on a CPU: their capability probes answer for the H100 or B200 the
+plan is for (the only patch)."""
 
 import contextlib
 import io
@@ -54,10 +55,12 @@ def _linears(cfg) -> dict:
     the names of those that are not (torchtitan's model config tree, models/common/linear.py)."""
     from torchtitan.models.common.linear import Linear
 
-    out = {"float8": 0, "other": 0, "other_names": set()}
+    out = {"float8": 0, "mxfp8": 0, "other": 0, "other_names": set()}
     for fqn, lc, _parent, _attr in cfg.model_spec.model.traverse(Linear.Config):
         if type(lc).__qualname__ == "Float8Linear.Config":
             out["float8"] += 1
+        elif type(lc).__qualname__ == "MXFP8Linear.Config":
+            out["mxfp8"] += 1
         else:
             out["other"] += 1
             out["other_names"].add(fqn.split(".")[-1])
@@ -71,8 +74,10 @@ def _with_files(case) -> None:
     if not py:
         return
     import torchtitan.components.quantization.float8 as tt_float8
+    import torchtitan.components.quantization.mx as tt_mx
 
-    tt_float8.has_cuda_capability = lambda major, minor: True  # the plan's H100 (9.0), not this CPU
+    # the plan's H100 (9.0) or B200 (10.0), not this CPU
+    tt_float8.has_cuda_capability = tt_mx.has_cuda_capability = lambda major, minor: True
     folder = Path(tempfile.mkdtemp(prefix="jobctl-tt-"))
     for name, text in py.items():
         (folder / name).write_text(text)

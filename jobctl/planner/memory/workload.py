@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from jobctl import frameworks
 from jobctl.frameworks import Framework
+from jobctl.frameworks.base import LOW_PRECISIONS
 from jobctl.planner.models import ModelSpec
 
 GIB = 1 << 30
@@ -162,11 +163,12 @@ def tp_overlap(w: Workload, plan) -> bool:
 
 def low_precision_format(precision: str, fp8_recipe: str | None, backend: str = "transformer-engine") -> str:
     """The GEMM format a precision runs in: its name under Transformer Engine; under torchao's
-    Float8Linear "fp8-rowwise" (torchtitan's row-wise scaling) or "fp8-torchao" (tensor-wise, as
-    accelerate's AO backend runs it, eager), whose efficiency, casts and memory are their own."""
-    if precision != "fp8" or backend != "torchao":
+    Float8Linear and MXFP8Linear "fp8-rowwise" (torchtitan's row-wise scaling), else the precision
+    with "-torchao" (accelerate's eager tensor-wise Float8, torchtitan's MXFP8), whose efficiency,
+    casts and memory are their own."""
+    if backend != "torchao" or precision not in LOW_PRECISIONS:
         return precision
-    return "fp8-rowwise" if fp8_recipe == "rowwise" else "fp8-torchao"
+    return "fp8-rowwise" if precision == "fp8" and fp8_recipe == "rowwise" else f"{precision}-torchao"
 
 
 def low_weight_bytes(w: Workload) -> float:
