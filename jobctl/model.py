@@ -22,6 +22,19 @@ _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 SLUG_MAX = 48
 
 
+def duration(seconds) -> str:
+    """Seconds as a person reads them: "42.0 s", "17 min", "5.3 h", "70.7 days" ("" for None)."""
+    if seconds is None:
+        return ""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
 def slug(name: str) -> str:
     """The one form a user's name takes where it becomes a file name or a scheduler's job name:
     letters, digits, '.', '_' and '-' only (no '/', '%', spaces or control characters), no

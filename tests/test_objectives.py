@@ -158,7 +158,10 @@ def test_framework_advice_names_a_faster_framework_only_when_it_is_not_less_effi
 
     # 4x faster on 4x the GPUs, and a little more per GPU: said, with both counts
     (text,) = framework_advice("megatron", [row("torchtitan", 64, 1.0, 33000)], True, 4.0, 32500, 16)
-    assert "torchtitan is 4.0x faster here (64 GPUs, step 1 s vs 16 GPUs, 4 s with megatron)" in text
+    assert "torchtitan is 4.0x faster here (64 GPUs, step 1.0 s vs 16 GPUs, 4.0 s with megatron)" in text
+    # steps as a person reads them: 6,112.8 s is 101.9 minutes
+    (text,) = framework_advice("fsdp", [row("megatron", 128, 36.7, 5000)], True, 6112.8, 686, 2)
+    assert "(128 GPUs, step 36.7 s vs 2 GPUs, 102 min with fsdp)" in text
     # 4x faster only for 8x the GPUs (half the tokens/s per GPU): the objective weighed that
     assert framework_advice("megatron", [row("torchtitan", 128, 1.0, 16000)], True, 4.0, 32500, 16) == []
     # within the gap: nothing

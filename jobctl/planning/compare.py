@@ -4,6 +4,7 @@ framework does not fit or another is far faster."""
 from __future__ import annotations
 
 from jobctl.frameworks import NAMES
+from jobctl.model import duration
 from jobctl.planner import inputs
 from jobctl.planner.plan import Plan
 from jobctl.planner.search import DEFAULT_OBJECTIVE, search
@@ -129,13 +130,14 @@ def framework_advice(current: str, rows: list[dict], feasible: bool, step_time_s
            "with a launch command for it); `--framework all` compares them")
     if not feasible:
         return [f"framework {current} does not fit here; {best['framework']} does ({_gpus(best['gpus'])}, step "
-                f"{best['step_time_s']:.3g} s): {how}"]
+                f"{duration(best['step_time_s'])}): {how}"]
     if step_time_s and step_time_s > FRAMEWORK_GAP * best["step_time_s"]:
         if per_gpu and (best["tokens_per_s_per_gpu"] or 0) < per_gpu:
             return []
         on = f"{_gpus(gpus)}, " if gpus else ""
         return [f"framework {best['framework']} is {step_time_s / best['step_time_s']:.1f}x faster here "
-                f"({_gpus(best['gpus'])}, step {best['step_time_s']:.3g} s vs {on}{step_time_s:.3g} s with {current}): "
+                f"({_gpus(best['gpus'])}, step {duration(best['step_time_s'])} vs {on}{duration(step_time_s)} with "
+                f"{current}): "
                 f"{how}"]
     return []
 

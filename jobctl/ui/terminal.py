@@ -7,6 +7,8 @@ import json
 import re
 import sys
 
+from jobctl.model import duration  # noqa: F401  (the ui's modules take it from here)
+
 GIB = 1 << 30
 
 
@@ -201,18 +203,6 @@ def bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
     n = min(value / scale, 1.25) * width
     full = int(n)
     return "█" * full + ("▌" if n - full >= 0.5 else "")
-
-
-def duration(seconds) -> str:
-    if seconds is None:
-        return ""
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
 
 
 def local_time(iso: str | None) -> str:
