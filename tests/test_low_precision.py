@@ -31,10 +31,10 @@ def test_block_scaled_formats_need_blackwell():
 
 
 def test_frameworks_without_a_renderable_fp8_recipe_say_why():
-    # torchtitan: fp8 is rendered (tests/test_torchtitan_float8.py); its MXFP8 converter is not
-    d = plan("llama8b", "b200", "train.precision=mxfp8")
+    # torchtitan: fp8 and mxfp8 are rendered (tests/test_torchtitan_float8.py); its NVFP4 converter is not
+    d = plan("llama8b", "b200", "train.precision=nvfp4")
     assert not d["feasible"]
-    assert "llama3_8b_mxfp8" in d["reasons"][0] and "not rendered yet" in d["reasons"][0]
+    assert "_nvfp4" in d["reasons"][0] and "not rendered yet" in d["reasons"][0]
     d = plan("llama3.2-1b-a10g", "h100", "train.precision=fp8")  # deepspeed
     assert "no FP8 training recipe" in d["reasons"][0]
 

@@ -45,9 +45,10 @@ CAPS = Capabilities(
     optimizers=("adamw", "lion", "adam8bit", "sgd", "sgd-momentum", "adafactor", "adam-mini"),
     methods=("full", "lora", "qlora"),
     precisions=("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32", "fp8"),
-    low_precision_note=("jobctl renders accelerate's FP8 with its torchao backend (fp8, tensor-wise); MXFP8 and "
-                        "NVFP4 are not among accelerate 1.15.0's FP8 backends' recipes it builds from the "
-                        "environment (utils/dataclasses.py AORecipeKwargs, TERecipeKwargs)"),
+    low_precision_note=("jobctl renders accelerate's FP8 with its torchao backend (fp8, tensor-wise); its "
+                        "Transformer Engine backend, whose options include MXFP8 block scaling (utils/dataclasses.py "
+                        "TERecipeKwargs use_mxfp8_block_scaling), is not rendered yet, and accelerate 1.15.0 has no "
+                        "NVFP4"),
     fp8_recipes=("tensorwise",),
     fp8_backend="torchao",
     fsdp_float8_all_gather=True,
@@ -110,6 +111,7 @@ FP8_ENV = {"ACCELERATE_FP8_BACKEND": "AO", "ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_AL
 
 
 def recipe_problems(w) -> list[str]:
+    """What jobctl cannot render for accelerate whatever the layout."""
     if w.precision == "fp8" and w.method != "full":
         return [f"accelerate's FP8 converts every nn.Linear (utils/ao.py filter_linear_layers), which would take "
                 f"PEFT's adapters and bitsandbytes' 4-bit layers too: jobctl renders it for method full only "

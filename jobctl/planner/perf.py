@@ -261,8 +261,8 @@ def low_precision_cast_bytes(precision: str, fp8_recipe: str | None = None,
 def low_precision_ceiling(gpu_key: str, precision: str, fp8_recipe: str | None = None,
                           backend: str = "transformer-engine") -> float:
     """The fitted large-GEMM efficiency of a low-precision format on a GPU, or 0 (not fitted);
-    torchao's Float8Linear has its own (row-wise under torchtitan; tensor-wise eager, accelerate's,
-    not fitted)."""
+    torchao's Float8Linear and MXFP8Linear have their own (row-wise under torchtitan; accelerate's
+    eager tensor-wise and torchtitan's MXFP8 not fitted)."""
     fmt = low_precision_format(precision, fp8_recipe, backend)
     return LOW_PRECISION_GEMM_EFFICIENCY.get((generation(gpu_key), fmt), 0.0)
 

@@ -175,10 +175,11 @@ def low_weight_bytes(w: Workload) -> float:
     """Bytes per layer weight of its low-precision copies (0: none): row-wise and transposed,
     except per-tensor FP8 on Blackwell, whose FP8 GEMMs take every layout, so Transformer Engine
     makes no transposed copy (pytorch/utils.py is_non_tn_fp8_gemm_supported: compute
-    capability 10.x; the GPUs whose formats include nvfp4 here). torchao's Float8 keeps none:
-    Float8Linear casts the 16-bit weight at each GEMM and saves the 16-bit input and weight for
-    backward (float8/float8_linear.py matmul_with_hp_or_float8_args), so its memory is BF16's
-    (but for the FP8 all-gather under FSDP2: fp8_gathered_layers)."""
+    capability 10.x; the GPUs whose formats include nvfp4 here). torchao keeps none: Float8Linear
+    and MXFP8Linear cast the 16-bit weight at each GEMM and save the 16-bit input and weight for
+    backward (float8/float8_linear.py matmul_with_hp_or_float8_args, prototype/moe_training/
+    mxfp8_linear.py mx_mm), so their memory is BF16's (but for the FP8 all-gather under FSDP2:
+    fp8_gathered_layers)."""
     if w.caps.fp8_backend == "torchao":
         return 0.0
     low = LOW_PRECISION_WEIGHT_BYTES.get(w.precision, 0.0)
