@@ -193,11 +193,11 @@ def config_yaml(plan, w) -> str:
         f"use_cpu: {'true' if w.device == 'cpu' else 'false'}",
         "debug: false",
     ]
+    env = environment(plan, w)
     if w.precision == "fp8":
-        gather = environment(plan, w)["ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"]
+        gather = env["ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"]
         lines += ["fp8_config:", "  backend: AO", f"  enable_fsdp_float8_all_gather: {gather}", "  pad_inner_dim: true"]
     if plan.sharding != "none":
-        env = environment(plan, w)
         lines += [
             "fsdp_config:",
             "  fsdp_version: 2",
