@@ -112,9 +112,10 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     # Transformer Engine under fp8/mxfp8/nvfp4: a GEMM keeps the quantised copy of its input
     q8 = LOW_PRECISION_SAVED_BYTES.get(w.precision) if w.caps.te_layernorm_mlp else None
     qn = f"{q8:.3g}-B {w.precision}" if q8 else ""
+    compiled = _compiled_set(w, d)
     if q8:
         terms.append(("qkv input", q8 * sbh / mm_rep, f"RMSNorm output kept by the QKV GEMM as {qn}: sbh" + gathered))
-    else:
+    elif compiled != "float8":
         terms.append(("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh" + gathered))
     # eager repeat_kv copies K and V up to a heads; fused kernels (and HF's SDPA path, which
     # hands grouped K/V to the kernel: caps.sdpa_gqa) keep them at g heads
@@ -180,7 +181,7 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         if share < 1:
             terms.append(("mlp input", (1 - share) * e * sbh / mm_rep, f"RMSNorm output kept by the dense layers' "
                           f"gate/up: 2·sbh x {1 - share:.3g} of the layers" + gathered))
-    else:
+    elif compiled != "float8":
         terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
     if x is not None:
         return terms + _moe_terms(w, d, 3 * e if w.caps.te_layernorm_mlp else 4 * e)
@@ -189,9 +190,33 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         # SwiGLU output (2·sbf), recomputing SiLU in backward (layernorm_mlp.py, save_for_backward).
         terms.append(("mlp intermediates", 3 * e * s * b * f / t,
                       "TE LayerNormMLP: fc1 output (gate, up) and SwiGLU output: 3 · 2·sbf /t"))
+    elif compiled == "16-bit":
+        terms.append(("mlp intermediates", 3 * e * s * b * f / t, "SwiGLU gate, up and product: 3 · 2·sbf /t "
+                      "(compiled: SiLU recomputed from the gate in backward)"))
+    elif compiled == "float8":
+        terms.append(("mlp intermediates", 2 * e * s * b * f / t, "SwiGLU gate and up: 2 · 2·sbf /t (compiled "
+                      "with Float8: SiLU and the product recomputed, as are both RMSNorm outputs)"))
     else:
         terms.append(("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t"))
     return terms
+
+
+def _compiled_set(w: Workload, d: _Dims) -> str | None:
+    """What torch.compile's partitioner keeps of a dense Llama block in place of eager's set:
+    None (eager, or not measured: mixtures of experts, Transformer Engine), "16-bit" or "float8"
+    (torchao's row-wise Float8Linear). Measured on torchtitan 0.3.0's own block, compiled as its
+    apply_compile does (per block, fullgraph, inductor), its saved tensors counted through
+    autograd's saved-tensor hooks on CPU (benchmarks/compiled_activations.py): in 16-bit the
+    backward recomputes SiLU's output from the gate (3 of SwiGLU's 4 sbf tensors kept); with
+    Float8 it also recomputes the product and both RMSNorm outputs from the norms' inputs and
+    rstd (the backward casts them again). Under sequence parallelism the norm outputs are
+    all-gathered before the GEMMs, and a collective is never recomputed: kept there (not
+    measured: the trace ran one rank)."""
+    if not w.compiled or w.model.moe is not None or w.model.mla is not None or w.caps.te_layernorm_mlp:
+        return None
+    if w.precision == "fp8" and w.caps.fp8_backend == "torchao" and w.fp8_recipe == "rowwise" and d.rep == 1:
+        return "float8"
+    return "16-bit"
 
 
 def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None) -> list[tuple[str, float, str]]:
@@ -267,7 +292,8 @@ def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str
     own input), the outputs of every odd matmul in forward order (fused wqkv, w1, w2 with
     torchtitan's `wqkv`; wq, wv, w1, w2 with separate projections), the attention kernel's output
     and log-sum-exp, and under TP + SP the two reduce-scatter outputs. Norms, RoPE, SiLU and
-    products are recomputed."""
+    products are recomputed. Compiled, the partitioner keeps only what the backward reads: not
+    w2's output (measured on a dense block, _compiled_set)."""
     m = w.model
     t, c = plan.tp, plan.cp
     sp = plan.sequence_parallel and t > 1
@@ -288,8 +314,11 @@ def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str
         ("attention output", e * sbh / t, "attention kernel output saved: 2·sbh /t"),
         ("attention lse", 4 * a * s * b / t, "its fp32 log-sum-exp: 4·asb /t"),
         ("w1 output", e * s * b * f / t, f"{w1} mm (w1, the SiLU input) saved: 2·sbf /t"),
-        ("w2 output", e * sbh, f"{w2} mm (w2) saved: 2·sbh (a partial sum before the TP reduction)"),
     ]
+    if not w.compiled or m.moe is not None:
+        # compiled, only what the backward reads is kept, and none reads w2's output (measured on a
+        # dense block: benchmarks/compiled_activations.py; a mixture of experts' is not)
+        out.append(("w2 output", e * sbh, f"{w2} mm (w2) saved: 2·sbh (a partial sum before the TP reduction)"))
     if sp:
         out.append(("reduce-scatter outputs", 2 * e * sbh / t, "wo and w2 reduce-scatter outputs (SP): 2 · 2·sbh /t"))
     return out

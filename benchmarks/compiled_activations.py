@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""What one torchtitan Llama 3 block keeps for its backward, eager and under torch.compile,
+measured against jobctl's activation terms (issue 29: "torch.compile ... with its memory effect").
+
+What it does, per case (recompute none or torchtitan's op-level selective AC; 16-bit or
+torchao's row-wise Float8; eager or compiled):
+  1. builds one block with torchtitan 0.3.0's own builder (models/llama3 _build_llama3_layers:
+     fused wqkv, GQA, RMSNorm, SwiGLU; the attention core swapped for its SDPA) in bf16 on the
+     CPU, with small, pairwise different sizes so a tensor's shape says what it is;
+  2. with --fp8 converts its Linears as torchtitan's Float8 converter does (torchao
+     convert_to_float8_training, recipe "rowwise"); with --ac sac wraps it with torchtitan's
+     SelectiveAC (activation_checkpoint.py), whose save list is CUDA's: the CPU's SDPA kernel is
+     added to it, standing in for the flash kernel the list names;
+  3. compiled: block.compile(backend="inductor", fullgraph=True), as torchtitan's
+     apply_compile (distributed/compile.py) does per TransformerBlock;
+  4. runs forward and backward once (the compile), then once more with autograd's
+     saved_tensors_hooks counting each saved storage once, leaving out the block's parameters,
+     buffers and its input (the caller keeps that: jobctl counts it in the block's terms, so it
+     is added back, 2·sbh). Eager CPU RMSNorm keeps two fp32 copies of its input where CUDA's
+     fused kernel keeps the 16-bit input and rstd: eager runs use CUDA's set
+     (trace_memory._cuda_like_rms_norm); compiled runs decompose the norm as inductor does on
+     either device.
+Saved tensors under compile are what AOTAutograd's partitioner chose to keep: the same graph on
+CPU and CUDA, so the same choice. Its result is compared with jobctl's layer_activation_terms for
+the same sizes (framework torchtitan, train.compile on or off).
+
+Run (from the repository root; each compiled case takes 10-30 s of CPU):
+  python benchmarks/compiled_activations.py             # every case, a table
+  python benchmarks/compiled_activations.py --write     # and record them in
+                                                        #   benchmarks/data/compiled_activations.json
+  python benchmarks/compiled_activations.py --cases none-bf16-compiled --json
+Needs torch and torchtitan (the test extra); both are imported only here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "data" / "compiled_activations.json"
+# (dim, heads, kv heads, ffn, seq, batch): b·s differs from every width, f/h and g/a differ
+SHAPES = {"a": (512, 8, 2, 1536, 384, 2), "b": (640, 10, 5, 1792, 320, 3)}
+# Eager selective AC is not among them: its checkpoint packs the saved tensors through saved-tensor
+# hooks of its own, which hide them from these (trace_memory.py traces it with torch's memory tracker)
+CASES = ["none-bf16-eager", "none-bf16-compiled", "none-fp8-eager", "none-fp8-compiled", "sac-bf16-compiled",
+         "sac-fp8-compiled"]
+
+
+def measure(case: str, shape: tuple) -> int:
+    """Bytes the block saves for backward (its input included), one case, on the CPU."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models.common.rope import ComplexRoPE
+    from torchtitan.models.llama3 import _build_llama3_layers
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import trace_memory
+
+    ac, precision, mode = case.split("-")
+    dim, heads, kv, ffn, seq, batch = shape
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager_norm = RMSNorm.forward
+    if mode == "eager":
+        RMSNorm.forward = trace_memory._cuda_like_rms_norm()
+    try:
+        rope = ComplexRoPE.Config(dim=dim // heads, max_seq_len=seq, theta=500000, scaling="llama")
+        (cfg,) = _build_llama3_layers(n_layers=1, dim=dim, n_heads=heads, n_kv_heads=kv, hidden_dim=ffn, rope=rope,
+                                      attn_backend="flex")
+        cfg.attention.inner_attention = ScaledDotProductAttention.Config()
+        block = cfg.build().to(torch.bfloat16)
+        for p in block.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+        if precision == "fp8":
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+            convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name("rowwise"))
+        if ac == "sac":
+            from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+            class CudaSaveList(SelectiveAC):
+                def get_save_ops(self):
+                    return super().get_save_ops() | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+            block = CudaSaveList(CudaSaveList.Config())._wrap_block(block, base_fqn="layers.0")
+        if mode == "compiled":
+            block.compile(backend="inductor", fullgraph=True)
+        x = torch.randn(batch, seq, dim, dtype=torch.bfloat16, requires_grad=True)
+        skip = {StorageWeakRef(t.untyped_storage()) for t in (*block.parameters(), *block.buffers(), x)}
+
+        def step(count: bool) -> int:
+            saved: dict = {}
+
+            def pack(t):
+                ref = StorageWeakRef(t.untyped_storage())
+                if count and ref not in skip:
+                    saved[ref] = t.untyped_storage().nbytes()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = block(x, None)
+            out.float().sum().backward()
+            return sum(saved.values())
+
+        step(False)
+        return step(True) + x.numel() * x.element_size()
+    finally:
+        RMSNorm.forward = eager_norm
+
+
+def modelled(case: str, shape: tuple) -> tuple[float, list]:
+    """jobctl's bytes for the same block (layer_activation_terms), and its terms."""
+    from jobctl import frameworks
+    from jobctl.planner.memory import Workload, layer_activation_terms
+    from jobctl.planner.models import ModelSpec
+    from jobctl.planner.plan import Plan
+
+    ac, precision, mode = case.split("-")
+    dim, heads, kv, ffn, seq, batch = shape
+    spec = ModelSpec("block", "llama", 1, dim, ffn, heads, kv, 2048)
+    w = Workload(spec, seq, batch, framework=frameworks.get("torchtitan"), attention="flash",
+                 precision="fp8" if precision == "fp8" else "bf16-mixed", fp8_recipe="rowwise",
+                 compile=mode == "compiled", formats=("fp8",))
+    plan = Plan(1, 1, 1, 1, 1, 1, "none", batch, 1, batch, "selective" if ac == "sac" else "none", "none", False)
+    terms = layer_activation_terms(w, plan, batch)
+    return sum(v for _, v, _ in terms), terms
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", nargs="*", default=CASES, choices=CASES)
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--json", action="store_true", help="raw numbers (bytes)")
+    ap.add_argument("--write", action="store_true", help=f"record the measurements in {DATA.relative_to(ROOT)}")
+    a = ap.parse_args(argv)
+    rows = []
+    for name in a.shapes:
+        shape = SHAPES[name]
+        dim, heads, kv, ffn, seq, batch = shape
+        for case in a.cases:
+            t0 = time.process_time()
+            got = measure(case, shape)
+            model, _ = modelled(case, shape)
+            rows.append({"shape": name, "case": case, "measured_bytes": got, "modelled_bytes": model,
+                         "sbh": seq * batch * dim, "cpu_s": round(time.process_time() - t0, 1)})
+    if a.write:
+        import torch
+        import torchtitan
+        doc = {"measured_with": {"torch": torch.__version__, "torchtitan": getattr(torchtitan, "__version__", "?")},
+               "shapes": {k: dict(zip(("dim", "heads", "kv_heads", "ffn", "seq", "batch"), v)) for k, v in SHAPES.items()},
+               "rows": [{k: r[k] for k in ("shape", "case", "measured_bytes")} for r in rows]}
+        DATA.write_text(json.dumps(doc, indent=1) + "\n")
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print("One torchtitan Llama block's saved tensors (input included), in units of s·b·h")
+    print(f"{'shape':5} {'case':22} {'measured':>9} {'modelled':>9} {'diff':>7} {'cpu s':>6}")
+    for r in rows:
+        diff = (r["modelled_bytes"] - r["measured_bytes"]) / r["measured_bytes"]
+        print(f"{r['shape']:5} {r['case']:22} {r['measured_bytes'] / r['sbh']:9.3f} {r['modelled_bytes'] / r['sbh']:9.3f} "
+              f"{diff:+7.1%} {r['cpu_s']:6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

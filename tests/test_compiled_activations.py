@@ -1,0 +1,59 @@
+"""torch.compile's effect on what a torchtitan Llama block keeps for backward (issue 29), measured
+on torchtitan 0.3.0's own block (benchmarks/compiled_activations.py; its docstring says how).
+
+Expected values are the measurement's: benchmarks/data/compiled_activations.json holds the saved
+bytes of 12 runs (two block sizes; recompute none or torchtitan's op-level selective AC; 16-bit or
+torchao's row-wise Float8; eager or compiled) as the benchmark recorded them, and one case is
+measured again here."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from jobctl_run import benchmark, need_package
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = json.loads((ROOT / "benchmarks" / "data" / "compiled_activations.json").read_text())
+
+
+def _modelled(case: str, shape: str) -> float:
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import compiled_activations
+    return compiled_activations.modelled(case, compiled_activations.SHAPES[shape])[0]
+
+
+@pytest.mark.parametrize("row", DATA["rows"], ids=[f"{r['shape']}-{r['case']}" for r in DATA["rows"]])
+def test_the_model_holds_what_the_block_saved(row):
+    assert _modelled(row["case"], row["shape"]) == pytest.approx(row["measured_bytes"], rel=0.01)
+
+
+def test_compiling_saves_what_the_measurement_says():
+    """The measured differences, in units the formulas use (shape a: h 512, f 1536 = 3h, a 8,
+    g 2, s 384, b 2): compiled in 16-bit, one of SwiGLU's four sb·f tensors goes (2·sbf = 6·sbh);
+    with Float8 three of them and two sb·h ones (the norm outputs): 4·sbf + 4·sbh = 16·sbh;
+    under selective AC, w2's output (2·sbh), which no backward reads."""
+    got = {r["case"]: r["measured_bytes"] for r in DATA["rows"] if r["shape"] == "a"}
+    sbh = 384 * 2 * 512
+    assert got["none-bf16-eager"] - got["none-bf16-compiled"] == 6 * sbh
+    assert got["none-fp8-eager"] == got["none-bf16-eager"]  # eager Float8Linear saves the 16-bit operands
+    assert got["none-fp8-eager"] - got["none-fp8-compiled"] == 16 * sbh
+    # eager selective AC (tests/test_memory_model.py, traced): block input, wqkv, attention output
+    # and lse, w1, w2 = 2 + 3 + 2 + 4·a·s·b/(s·b·h) + 6 + 2 sbh; compiled, all but w2
+    eager_sac = (2 + 3 + 2 + 6 + 2) * sbh + 4 * 8 * 384 * 2
+    assert got["sac-bf16-compiled"] == eager_sac - 2 * sbh
+
+
+def test_the_measurement_reproduces():
+    """One case measured again, compiled from scratch as on a user's GPU node (10-30 s of CPU)."""
+    need_package("torchtitan")
+    if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
+            pytest.fail("no C++ compiler: torch.compile needs one to build the block for the CPU")
+        pytest.skip("no C++ compiler for torch.compile on the CPU")
+    out = json.loads(benchmark("compiled_activations.py", "--cases", "none-fp8-compiled", "--shapes", "a", "--json"))
+    recorded = next(r for r in DATA["rows"] if r["case"] == "none-fp8-compiled" and r["shape"] == "a")
+    assert out[0]["measured_bytes"] == recorded["measured_bytes"]
+    assert out[0]["modelled_bytes"] == pytest.approx(out[0]["measured_bytes"], rel=0.01)
