@@ -148,7 +148,8 @@ class Train(_Strict):
     fused_cross_entropy: bool | Literal["te"] = False
     # torch.compile of the model (torchtitan --compile.enable; with tp > 1 also its async TP):
     # auto turns it on where jobctl renders and models it (torchtitan, as its published benchmark
-    # runs are compiled), off elsewhere; true where the framework has no compile is refused
+    # runs are compiled), off elsewhere; true where the framework has no compile is refused.
+    # Compiled, a dense block keeps less for backward (docs/memory-model.md §3, measured)
     compile: Literal["auto"] | bool = "auto"
     # the forward and backward captured as one CUDA graph (torchtitan 0.3.0's default, which it
     # cannot do under pipeline or expert parallelism): auto leaves it on where the framework can;
