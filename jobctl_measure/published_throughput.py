@@ -23,15 +23,8 @@ from jobctl import frameworks
 from jobctl.planner.catalog import lookup_gpu
 from jobctl.planner.memory import Workload
 from jobctl.planner.models import ModelSpec
-from jobctl.planner.perf import (
-    Links,
-    estimate_step,
-    gemm_ceiling,
-    low_precision_cast_bytes,
-    low_precision_ceiling,
-    moe_gemm_ceiling,
-    te_gemm_ceiling,
-)
+from jobctl.planner import inputs
+from jobctl.planner.perf import Links, estimate_step
 from jobctl.planner.plan import Plan
 
 
@@ -105,12 +98,8 @@ RECOMPUTE = {"full": "full", "selective": "selective", "op-sac": "selective", "n
 
 def _links(gpu, precision: str, fp8_recipe: str | None = None, fp8_backend: str = "transformer-engine") -> Links:
     """A catalog GPU's links and fitted efficiencies, as the planner builds them for a
-    partition that says nothing of its own (planner/inputs.py links)."""
-    low = low_precision_ceiling(gpu.key, precision, fp8_recipe, fp8_backend)
-    return Links(gpu.intra_node_gbs, gpu.inter_node_gbit / 8, gpu.pcie_gbs, gpu.mem_bandwidth_gbs,
-                 gpu.peak_tflops(precision), gemm_ceiling(gpu.key), te_gemm_ceiling(gpu.key),
-                 gpu.low_precision_tflops(precision) if low else 0.0, low,
-                 low_precision_cast_bytes(precision, fp8_recipe, fp8_backend) if low else 0.0, moe_gemm_ceiling(gpu.key))
+    partition that says nothing of its own."""
+    return inputs.links(None, gpu, precision, fp8_recipe, fp8_backend)
 
 
 def _learned_positions(m: dict) -> bool:

@@ -106,19 +106,21 @@ def training(recipe) -> Training:
 
 def links(partition, gpu, precision: str, fp8_recipe: str | None = None,
           fp8_backend: str = "transformer-engine") -> Links:
-    """Link bandwidths: the partition's fields where given, else the catalog's defaults; the
-    fitted GEMM efficiencies of the GPU, of `precision` under its fp8 scaling and the framework's
+    """Link bandwidths: the partition's fields where given, else the catalog's defaults (all of
+    them with `partition` None: a published run's GPU, jobctl_measure); the fitted GEMM
+    efficiencies of the GPU, of `precision` under its fp8 scaling and the framework's
     low-precision GEMMs (caps.fp8_backend)."""
-    if partition.inter_node_gbit is not None:
-        inter = partition.inter_node_gbit / 8
-    elif partition.inter_node_gbit_per_node is not None:
-        inter = partition.inter_node_gbit_per_node / 8 / partition.gpus_per_node
+    p = partition
+    if p is not None and p.inter_node_gbit is not None:
+        inter = p.inter_node_gbit / 8
+    elif p is not None and p.inter_node_gbit_per_node is not None:
+        inter = p.inter_node_gbit_per_node / 8 / p.gpus_per_node
     else:
         inter = gpu.inter_node_gbit / 8
     low = low_precision_ceiling(gpu.key, precision, fp8_recipe, fp8_backend)
     return Links(
-        intra_node_gbs=partition.intra_node_gbs or gpu.intra_node_gbs, inter_node_gbs=inter,
-        pcie_gbs=partition.pcie_gbs or gpu.pcie_gbs, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs,
+        intra_node_gbs=(p and p.intra_node_gbs) or gpu.intra_node_gbs, inter_node_gbs=inter,
+        pcie_gbs=(p and p.pcie_gbs) or gpu.pcie_gbs, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs,
         peak_tflops=gpu.peak_tflops(precision), gemm_efficiency=gemm_ceiling(gpu.key),
         te_gemm_efficiency=te_gemm_ceiling(gpu.key),
         low_tflops=gpu.low_precision_tflops(precision) if low else 0.0, low_efficiency=low,
