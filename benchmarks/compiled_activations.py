@@ -2,11 +2,12 @@
 """What one torchtitan Llama 3 block keeps for its backward, eager and under torch.compile,
 measured against jobctl's activation terms (issue 29: "torch.compile ... with its memory effect").
 
-What it does, per case (recompute none or torchtitan's op-level selective AC; 16-bit or
-torchao's row-wise Float8; eager or compiled):
+What it does, per case (recompute none or torchtitan's op-level selective AC; 16-bit,
+torchao's row-wise Float8, or a mixture-of-experts block in 16-bit; eager or compiled):
   1. builds one block with torchtitan 0.3.0's own builder (models/llama3 _build_llama3_layers:
-     fused wqkv, GQA, RMSNorm, SwiGLU; the attention core swapped for its SDPA) in bf16 on the
-     CPU, with small, pairwise different sizes so a tensor's shape says what it is;
+     fused wqkv, GQA, RMSNorm, SwiGLU; or models/qwen3 _build_qwen3_moe_layers; the attention
+     core swapped for its SDPA) in bf16 on the CPU, with small, pairwise different sizes so a
+     tensor's shape says what it is; the MoE router's gate as CUDA's fp32 autocast runs it;
   2. with --fp8 converts its Linears as torchtitan's Float8 converter does (torchao
      convert_to_float8_training, recipe "rowwise"); with --ac sac wraps it with torchtitan's
      SelectiveAC (activation_checkpoint.py), whose save list is CUDA's: the CPU's SDPA kernel is
@@ -46,7 +47,11 @@ SHAPES = {"a": (512, 8, 2, 1536, 384, 2), "b": (640, 10, 5, 1792, 320, 3)}
 # Eager selective AC is not among them: its checkpoint packs the saved tensors through saved-tensor
 # hooks of its own, which hide them from these (trace_memory.py traces it with torch's memory tracker)
 CASES = ["none-bf16-eager", "none-bf16-compiled", "none-fp8-eager", "none-fp8-compiled", "sac-bf16-compiled",
-         "sac-fp8-compiled"]
+         "sac-fp8-compiled", "none-moe-eager", "none-moe-compiled"]
+# "moe": torchtitan's Qwen3 MoE block (models/qwen3 _build_qwen3_moe_layers: RMSNorm on each head's
+# query and key, a softmax router over 8 experts, top 2, the standard dispatcher) of the shape's
+# width and heads, experts of a quarter of its ffn
+EXPERTS, TOP_K = 8, 2
 
 
 def measure(case: str, shape: tuple) -> int:
@@ -69,13 +74,28 @@ def measure(case: str, shape: tuple) -> int:
     if mode == "eager":
         RMSNorm.forward = trace_memory._cuda_like_rms_norm()
     try:
-        rope = ComplexRoPE.Config(dim=dim // heads, max_seq_len=seq, theta=500000, scaling="llama")
-        (cfg,) = _build_llama3_layers(n_layers=1, dim=dim, n_heads=heads, n_kv_heads=kv, hidden_dim=ffn, rope=rope,
-                                      attn_backend="flex")
+        if precision == "moe":
+            from torchtitan.models.common.rope import CosSinRoPE
+            from torchtitan.models.qwen3 import _build_qwen3_moe_layers
+            rope = CosSinRoPE.Config(dim=dim // heads, max_seq_len=seq, theta=1e6)
+            (cfg,) = _build_qwen3_moe_layers(n_layers=1, dim=dim, n_heads=heads, n_kv_heads=kv, head_dim=dim // heads,
+                                             moe_hidden_dim=ffn // 4, num_experts=EXPERTS, top_k=TOP_K,
+                                             attn_backend="flex", moe_comm_backend="standard", rope=rope)
+        else:
+            rope = ComplexRoPE.Config(dim=dim // heads, max_seq_len=seq, theta=500000, scaling="llama")
+            (cfg,) = _build_llama3_layers(n_layers=1, dim=dim, n_heads=heads, n_kv_heads=kv, hidden_dim=ffn,
+                                          rope=rope, attn_backend="flex")
         cfg.attention.inner_attention = ScaledDotProductAttention.Config()
         block = cfg.build().to(torch.bfloat16)
         for p in block.parameters():
             torch.nn.init.normal_(p, std=0.02)
+        if precision == "moe":
+            # the router's gate runs under autocast to fp32: on CUDA on fp32 copies of its input and
+            # weight; CPU autocast has no fp32, so the gate does what CUDA's autocast does (as
+            # trace_memory._patch_router_for_cuda_autocast, set once here so that compile sees it)
+            gate = block.moe.router.gate
+            gate.forward = lambda inp: torch.nn.functional.linear(inp.float(), gate.weight.float())
+            torch._dynamo.config.capture_scalar_outputs = True  # as torchtitan's apply_compile
         if precision == "fp8":
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
             convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name("rowwise"))
@@ -117,11 +137,16 @@ def modelled(case: str, shape: tuple) -> tuple[float, list]:
     from jobctl import frameworks
     from jobctl.planner.memory import Workload, layer_activation_terms
     from jobctl.planner.models import ModelSpec
+    from jobctl.planner.moe import MoE
     from jobctl.planner.plan import Plan
 
     ac, precision, mode = case.split("-")
     dim, heads, kv, ffn, seq, batch = shape
-    spec = ModelSpec("block", "llama", 1, dim, ffn, heads, kv, 2048)
+    if precision == "moe":
+        spec = ModelSpec("block", "llama", 1, dim, ffn, heads, kv, 2048, moe=MoE(EXPERTS, TOP_K, ffn // 4),
+                         qk_norm=True)
+    else:
+        spec = ModelSpec("block", "llama", 1, dim, ffn, heads, kv, 2048)
     w = Workload(spec, seq, batch, framework=frameworks.get("torchtitan"), attention="flash",
                  precision="fp8" if precision == "fp8" else "bf16-mixed", fp8_recipe="rowwise",
                  compile=mode == "compiled", formats=("fp8",))

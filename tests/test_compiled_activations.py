@@ -2,8 +2,8 @@
 on torchtitan 0.3.0's own block (benchmarks/compiled_activations.py; its docstring says how).
 
 Expected values are the measurement's: benchmarks/data/compiled_activations.json holds the saved
-bytes of 12 runs (two block sizes; recompute none or torchtitan's op-level selective AC; 16-bit or
-torchao's row-wise Float8; eager or compiled) as the benchmark recorded them, and one case is
+bytes of 16 runs (two block sizes; recompute none or torchtitan's op-level selective AC; 16-bit,
+torchao's row-wise Float8, or a mixture-of-experts block; eager or compiled) as the benchmark recorded them, and one case is
 measured again here."""
 
 import json
@@ -44,6 +44,20 @@ def test_compiling_saves_what_the_measurement_says():
     # and lse, w1, w2 = 2 + 3 + 2 + 4·a·s·b/(s·b·h) + 6 + 2 sbh; compiled, all but w2
     eager_sac = (2 + 3 + 2 + 6 + 2) * sbh + 4 * 8 * 384 * 2
     assert got["sac-bf16-compiled"] == eager_sac - 2 * sbh
+
+
+def test_compiling_a_mixture_of_experts_saves_what_the_measurement_says():
+    """Shape a's MoE block: 8 experts of f/4 = 384, top 2, so 2·s·b = 1,536 routed copies. Compiled,
+    one of each expert's four 16-bit intermediates goes (1,536 x 384 x 2 B), the combine keeps
+    the 16-bit expert output instead of its fp32 cast (1,536 x 512 x 2 B less) and drops the
+    sorted fp32 score (1,536 x 4 B), and the output projection keeps its own copy of the
+    attention output (s·b x a·d x 2 B = 384·2 x 512 x 2 B more). jobctl leaves the router's
+    top-k scores (0.01% of the block) as eager keeps them."""
+    got = {r["case"]: r["measured_bytes"] for r in DATA["rows"] if r["shape"] == "a"}
+    copies = 2 * 384 * 2
+    less = copies * 384 * 2 + copies * 512 * 2 + copies * 4 - 384 * 2 * 512 * 2
+    # and the router's 16-bit top-k scores (s·b x k x 2 B), which eager keeps and compile recomputes
+    assert got["none-moe-eager"] - got["none-moe-compiled"] == less + 384 * 2 * 2 * 2
 
 
 def test_the_measurement_reproduces():

@@ -184,6 +184,11 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     elif compiled != "float8":
         terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
     if x is not None:
+        if compiled == "moe":  # the routed experts' SiLU output is recomputed, as the dense MLP's
+            dv = m.head_dim
+            terms.append(("attention output copy", e * s * b * a * dv / t, f"compiled: the output projection's own "
+                          f"[s·b, a·{dv}] copy of the attention output, beside the kernel's: 2·sb·a·{dv} /t"))
+            return terms + _moe_terms(w, d, 3 * e, compiled=True)
         return terms + _moe_terms(w, d, 3 * e if w.caps.te_layernorm_mlp else 4 * e)
     if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
@@ -211,15 +216,22 @@ def _compiled_set(w: Workload, d: _Dims) -> str | None:
     Float8 it also recomputes the product and both RMSNorm outputs from the norms' inputs and
     rstd (the backward casts them again). Under sequence parallelism the norm outputs are
     all-gathered before the GEMMs, and a collective is never recomputed: kept there (not
-    measured: the trace ran one rank)."""
-    if not w.compiled or w.model.moe is not None or w.model.mla is not None or w.caps.te_layernorm_mlp:
+    measured: the trace ran one rank). "moe": torchtitan's MoE block (Qwen3's, measured the same
+    way): the experts recompute SiLU, the combine keeps each expert output in 16 bits and
+    recomputes its fp32 cast, and the output projection keeps its own copy of the attention
+    output (the block's input to the MoE norm is rebuilt from the projection's output: the router
+    keeps only an fp32 copy of the norm output). DeepSeek-V3's MLA block is not measured."""
+    if not w.compiled or w.model.mla is not None or w.caps.te_layernorm_mlp:
         return None
+    if w.model.moe is not None:  # torchtitan's MoE block (its router's fp32 copies), 16-bit
+        return "moe" if w.caps.moe_fp32_copies and w.precision not in LOW_PRECISION_SAVED_BYTES else None
     if w.precision == "fp8" and w.caps.fp8_backend == "torchao" and w.fp8_recipe == "rowwise" and d.rep == 1:
         return "float8"
     return "16-bit"
 
 
-def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None) -> list[tuple[str, float, str]]:
+def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None,
+               compiled: bool = False) -> list[tuple[str, float, str]]:
     """A mixture-of-experts feed-forward's activations, averaged over the layers (a share
     moe_layers / layers of them route; the rest are dense MLPs of ffn_hidden). `per_f`: bytes a
     SwiGLU MLP keeps per token and intermediate unit (as the dense term: 3·e with Transformer
@@ -245,7 +257,7 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None) -> 
     routed = x.top_k * tokens * cf
     capped = f" x capacity {cf:g}" if x.capacity_factor else ""
     if w.caps.moe_fp32_copies:
-        out = _eager_router_and_copies(w, d, share, tokens, routed, capped)
+        out = _eager_router_and_copies(w, d, share, tokens, routed, capped, compiled)
     else:
         out = [("router", share * 8 * tokens * x.experts, f"fp32 router logits and probabilities: 2 · 4·E per token x "
                 f"{share:.3g} of the layers"),
@@ -265,7 +277,7 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None) -> 
 
 
 def _eager_router_and_copies(w: Workload, d: _Dims, share: float, tokens: float, routed: float,
-                             capped: str) -> list[tuple[str, float, str]]:
+                             capped: str, compiled: bool = False) -> list[tuple[str, float, str]]:
     """torchtitan's router and routed copies (models/common/moe.py TokenChoiceTopKRouter, MoE;
     token_dispatcher.py LocalTokenDispatcher). The gate runs under autocast to fp32: the linear
     keeps fp32 copies of its input (4·h per token) and of its E x h weight; softmax or sigmoid
@@ -274,13 +286,21 @@ def _eager_router_and_copies(w: Workload, d: _Dims, share: float, tokens: float,
     sum (4·k + 4). The dispatcher sorts the k·T copies by expert (argsort and the token index of
     each copy: 2 · 8 B, the sorted score 4 B per copy) and gathers them (the grouped GEMMs keep
     that 16-bit copy, 2·h); the combine casts each expert output to fp32 to weight it, keeping
-    that fp32 copy (4·h per copy). Traced (benchmarks/trace_memory.py --model 30B-A3B)."""
+    that fp32 copy (4·h per copy). Traced (benchmarks/trace_memory.py --model 30B-A3B). Compiled
+    (`compiled`), the combine keeps the 16-bit expert output instead and the sorted score is
+    recomputed (measured: benchmarks/compiled_activations.py)."""
     x = w.model.moe
     h, e, k, E = d.h, d.e, x.top_k, x.experts
     per_token = 4 * h + 4 * E + 12 * k + 4
-    return [("router", share * (per_token * tokens + 4 * E * h), f"fp32 copies of the gate's input and weight, "
-             f"probabilities, top-k ids and scores: ({4 * h} + {4 * E} + {12 * k + 4}) B per token + 4·E·h x "
-             f"{share:.3g} of the layers"),
+    router = ("router", share * (per_token * tokens + 4 * E * h), f"fp32 copies of the gate's input and weight, "
+              f"probabilities, top-k ids and scores: ({4 * h} + {4 * E} + {12 * k + 4}) B per token + 4·E·h x "
+              f"{share:.3g} of the layers")
+    if compiled:
+        return [router, ("routed tokens", share * (2 * e * h + 16) * routed, f"the top_{k} copies of each token "
+                         f"sorted to their experts (2·h, the grouped GEMMs' input), their 16-bit outputs kept for "
+                         f"the combine, compiled (2·h), and the sort's indices (16 B){capped} x {share:.3g} of the "
+                         "layers")]
+    return [router,
             ("routed tokens", share * ((e + 4) * h + 20) * routed, f"the top_{k} copies of each token sorted to "
              f"their experts (2·h, the grouped GEMMs' input), their fp32 outputs weighted in the combine (4·h) and "
              f"the sort's indices and scores (20 B){capped} x {share:.3g} of the layers")]
