@@ -63,7 +63,8 @@ def measure(case: str, shape: tuple) -> int:
     from torchtitan.models.common.rope import ComplexRoPE
     from torchtitan.models.llama3 import _build_llama3_layers
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     import trace_memory
 
     ac, precision, mode = case.split("-")

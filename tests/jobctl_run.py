@@ -41,6 +41,16 @@ def need_package(name: str) -> None:
         pytest.skip(f"{name} is not installed")
 
 
+def need_compiler(what: str) -> None:
+    """Skip a test that runs torch.compile on the CPU (inductor builds C++) where no C++ compiler is
+    found; under JOBCTL_REQUIRE_FRAMEWORKS fail instead, as need_package does."""
+    import shutil
+    if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
+            pytest.fail(f"no C++ compiler: torch.compile needs one to build {what} for the CPU")
+        pytest.skip(f"no C++ compiler for torch.compile on the CPU ({what})")
+
+
 def benchmark(script: str, *args, timeout=900) -> str:
     """Run benchmarks/<script> from the repository and return its standard output."""
     r = subprocess.run([sys.executable, f"benchmarks/{script}", *args], capture_output=True, text=True,

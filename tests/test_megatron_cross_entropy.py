@@ -6,19 +6,14 @@ fused_vocab_parallel_cross_entropy (compiled by torch.compile, as megatron.core.
 torch >= 2.2) run on bf16 logits, with every CPU allocation recorded by torch.profiler."""
 
 import json
-import os
-import shutil
 
 import pytest
-from jobctl_run import benchmark, need_package
+from jobctl_run import benchmark, need_compiler, need_package
 
 
 def test_megatron_losses_hold_what_the_model_counts():
     need_package("megatron")
-    if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
-        if os.environ.get("JOBCTL_REQUIRE_FRAMEWORKS"):
-            pytest.fail("no C++ compiler: torch.compile needs one to build Megatron's fused loss for the CPU")
-        pytest.skip("no C++ compiler for torch.compile on the CPU")
+    need_compiler("Megatron's fused loss")
     out = json.loads(benchmark("megatron_cross_entropy.py", "--json", timeout=900))
     rows = {r["fused"]: r for r in out["rows"]}
     assert out["jit_fuser"] == "compile"  # the fused steps ran compiled, as on a GPU with torch >= 2.2

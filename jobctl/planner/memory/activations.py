@@ -207,9 +207,10 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
 
 
 def _compiled_set(w: Workload, d: _Dims) -> str | None:
-    """What torch.compile's partitioner keeps of a dense Llama block in place of eager's set:
-    None (eager, or not measured: mixtures of experts, Transformer Engine), "16-bit" or "float8"
-    (torchao's row-wise Float8Linear). Measured on torchtitan 0.3.0's own block, compiled as its
+    """What torch.compile's partitioner keeps of a torchtitan block in place of eager's set: None
+    (eager, or not measured: MLA, Transformer Engine, a mixture of experts in low precision),
+    "16-bit" or "float8" (torchao's row-wise Float8Linear) for a dense Llama block, "moe" for a
+    mixture of experts in 16-bit. Measured on torchtitan 0.3.0's own block, compiled as its
     apply_compile does (per block, fullgraph, inductor), its saved tensors counted through
     autograd's saved-tensor hooks on CPU (benchmarks/compiled_activations.py): in 16-bit the
     backward recomputes SiLU's output from the gate (3 of SwiGLU's 4 sbf tensors kept); with
@@ -337,7 +338,7 @@ def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str
     ]
     if not w.compiled or m.moe is not None:
         # compiled, only what the backward reads is kept, and none reads w2's output (measured on a
-        # dense block: benchmarks/compiled_activations.py; a mixture of experts' is not)
+        # dense block, one rank: benchmarks/compiled_activations.py; a mixture of experts' is not)
         out.append(("w2 output", e * sbh, f"{w2} mm (w2) saved: 2·sbh (a partial sum before the TP reduction)"))
     if sp:
         out.append(("reduce-scatter outputs", 2 * e * sbh / t, "wo and w2 reduce-scatter outputs (SP): 2 · 2·sbh /t"))
