@@ -30,6 +30,7 @@ Run (from the repository root; each compiled case takes 10-30 s of CPU):
   python benchmarks/compiled_activations.py --write     # and record them in
                                                         #   benchmarks/data/compiled_activations.json
   python benchmarks/compiled_activations.py --cases none-bf16-compiled --json
+  python benchmarks/compiled_activations.py --tp --write  # an 8B block on TP 2's rank 0 (~2-3 min)
 Needs torch and torchtitan (the test extra); both are imported only here."""
 
 from __future__ import annotations
@@ -133,6 +134,88 @@ def measure(case: str, shape: tuple) -> int:
         RMSNorm.forward = eager_norm
 
 
+def measure_tp(mode: str, tp: int = 2, seq: int = 256) -> int:
+    """Bytes one torchtitan Llama 3 8B block saves on rank 0 of tensor parallelism `tp` (its own
+    TP plan: sequence-parallel norms, column/row-wise linears; the partial_dtensor backend, as
+    trace_memory.py runs it), real tensors over torch's fake process group (collectives move no
+    data; shapes and storages are real), batch 1. The block's input is counted (it is a
+    sequence shard); parameters and buffers are not; DTensors are counted by their local shard."""
+    import torch
+    import torch.nn as nn
+    from torch.distributed.tensor import DTensor
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    import trace_memory
+
+    torch._dynamo.reset()
+    env = trace_memory._Env(ranks=tp, backend="partial_dtensor", cuda_rmsnorm=mode == "eager", tp=tp)
+    _, cfg, _ = trace_memory._torchtitan_config(env, "8B", "none", seq, 1)
+    with torch.device("meta"):
+        model = cfg.build()
+    model.parallelize(env.parallel_dims)
+    block = model.layers["0"]
+    if mode == "compiled":
+        block.compile(backend="inductor", fullgraph=True)
+    model.to_empty(device="cpu")
+    model.to(torch.bfloat16)
+    local = lambda t: t._local_tensor if isinstance(t, DTensor) else t  # noqa: E731
+    with torch.no_grad():
+        for p in model.parameters():
+            local(p).normal_(0, 0.02)
+    inside = [False]
+
+    class Marked(nn.Module):  # the block's own calls, without hooks inside the compiled region
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kw):
+            inside[0] = True
+            try:
+                return self.inner(*args, **kw)
+            finally:
+                inside[0] = False
+
+    model.layers["0"] = Marked(block)
+    skip = {StorageWeakRef(local(t).untyped_storage()) for t in (*model.parameters(), *model.buffers())}
+    tokens = torch.randint(0, 1000, (1, seq))
+
+    def step(count: bool) -> int:
+        saved: dict = {}
+
+        def pack(t):
+            if count and inside[0]:
+                ref = StorageWeakRef(local(t).untyped_storage())
+                if ref not in skip:
+                    saved[ref] = local(t).untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(tokens)
+        (out.to_local() if isinstance(out, DTensor) else out).float().sum().backward()
+        return sum(saved.values())
+
+    step(False)
+    return step(True)
+
+
+def modelled_tp(mode: str, tp: int = 2, seq: int = 256) -> float:
+    """jobctl's bytes for one 8B block on a TP rank (sequence parallel), as measure_tp runs it."""
+    import dataclasses
+
+    from jobctl import frameworks
+    from jobctl.planner.memory import Workload, layer_activation_terms
+    from jobctl.planner.models import PRESETS
+    from jobctl.planner.plan import Plan
+
+    spec = dataclasses.replace(PRESETS["llama3.1-8b"], layers=1)
+    w = Workload(spec, seq, 1, framework=frameworks.get("torchtitan"), attention="flash", compile=mode == "compiled")
+    plan = Plan(1, tp, tp, 1, 1, 1, "none", 1, 1, 1, "none", "none", True)
+    return sum(v for _, v, _ in layer_activation_terms(w, plan, 1))
+
+
 def modelled(case: str, shape: tuple) -> tuple[float, list]:
     """jobctl's bytes for the same block (layer_activation_terms), and its terms."""
     from jobctl import frameworks
@@ -160,10 +243,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", nargs="*", default=CASES, choices=CASES)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--tp", action="store_true", help="instead: one 8B block on rank 0 of TP 2 (sequence "
+                    "parallel), eager and compiled")
     ap.add_argument("--json", action="store_true", help="raw numbers (bytes)")
     ap.add_argument("--write", action="store_true", help=f"record the measurements in {DATA.relative_to(ROOT)}")
     a = ap.parse_args(argv)
     rows = []
+    if a.tp:
+        for mode in ("eager", "compiled"):
+            t0 = time.process_time()
+            rows.append({"shape": "8b-tp2", "case": f"tp2-bf16-{mode}", "measured_bytes": measure_tp(mode),
+                         "modelled_bytes": modelled_tp(mode), "sbh": 256 * 4096,
+                         "cpu_s": round(time.process_time() - t0, 1)})
+        a.shapes = []
     for name in a.shapes:
         shape = SHAPES[name]
         dim, heads, kv, ffn, seq, batch = shape
@@ -176,9 +268,15 @@ def main(argv=None) -> int:
     if a.write:
         import torch
         import torchtitan
+        # the rows measured now replace their namesakes; the others are kept
+        new = [{k: r[k] for k in ("shape", "case", "measured_bytes")} for r in rows]
+        fresh = {(r["shape"], r["case"]) for r in new}
+        kept = [r for r in json.loads(DATA.read_text())["rows"] if (r["shape"], r["case"]) not in fresh] \
+            if DATA.exists() else []
         doc = {"measured_with": {"torch": torch.__version__, "torchtitan": getattr(torchtitan, "__version__", "?")},
-               "shapes": {k: dict(zip(("dim", "heads", "kv_heads", "ffn", "seq", "batch"), v)) for k, v in SHAPES.items()},
-               "rows": [{k: r[k] for k in ("shape", "case", "measured_bytes")} for r in rows]}
+               "shapes": {k: dict(zip(("dim", "heads", "kv_heads", "ffn", "seq", "batch"), v)) for k, v in SHAPES.items()}
+               | {"8b-tp2": "Llama 3 8B's block (h 4096, f 14336, 32 heads, 8 KV heads), seq 256, batch 1, TP 2 rank 0"},
+               "rows": kept + new}
         DATA.write_text(json.dumps(doc, indent=1) + "\n")
     if a.json:
         print(json.dumps(rows, indent=1))
