@@ -22,11 +22,25 @@ def checks(*args) -> dict:
 def test_a_layout_the_trace_covers_is_labelled_traced():
     # recipes/llama8b.yaml is torchtitan's Llama 3.1 8B; on the h100 inventory the plan is FSDP
     # only (tp = pp = cp = 1), the layout benchmarks/trace_memory.py traced.
-    plan, c = checks("recipes/llama8b.yaml", "--cluster", "h100")
+    # The trace ran the eager program: train.compile=false.
+    plan, c = checks("recipes/llama8b.yaml", "--cluster", "h100", "train.compile=false")
     assert (plan["tp"], plan["pp"], plan["cp"]) == (1, 1, 1)
     assert c["weights"]["check"] == c["gradients"]["check"] == c["optimizer states"]["check"] == "exact"
     assert c["layer activations"]["check"] == "traced"
     assert c["cuda context"]["check"] == c["nccl buffers"]["check"] == "modelled"
+
+
+def test_a_compiled_block_is_labelled_measured_not_traced():
+    # compiled (torchtitan on GPUs by default) the block keeps another set than the traced eager
+    # program: measured on torchtitan's compiled block (tests/test_compiled_activations.py)
+    _, c = checks("recipes/llama8b.yaml", "--cluster", "h100")
+    assert c["layer activations"]["check"] == "measured"
+    assert "compiled" in c["layer activations"]["by"]
+    _, c = checks("recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "--framework", "torchtitan")
+    assert c["layer activations"]["check"] == "measured"
+    # DeepSeek-V3's MLA block was neither traced nor measured compiled
+    _, c = checks("recipes/deepseek-v3.yaml", "--cluster", "h100", "--framework", "torchtitan")
+    assert c["layer activations"]["check"] == "modelled"
 
 
 def test_a_layout_the_trace_does_not_cover_is_not_called_traced():
@@ -43,11 +57,11 @@ def test_torchtitan_with_tensor_and_pipeline_parallelism_is_traced():
     # (pipeline_llm: 1F1B, the first stage at TP 8, the last one without TP; Interleaved1F1B with
     # two chunks per rank).
     _, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
-                  "parallelism.tp=8", "parallelism.pp=1", "parallelism.cp=1")
+                  "parallelism.tp=8", "parallelism.pp=1", "parallelism.cp=1", "train.compile=false")
     assert c["layer activations"]["check"] == "traced"
     plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
                      "parallelism.tp=8", "parallelism.pp=4", "parallelism.cp=1", "parallelism.virtual_stages=1",
-                     "parallelism.recompute=full")
+                     "parallelism.recompute=full", "train.compile=false")
     assert (plan["pp"], plan["virtual_stages"]) == (4, 1)
     assert c["layer activations"]["check"] == "traced"
     assert c["unsharded stage (FSDP under PP)"]["check"] == "traced"
