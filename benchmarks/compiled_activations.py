@@ -1,13 +1,14 @@
 #!/usr/bin/env python
-"""What one torchtitan Llama 3 block keeps for its backward, eager and under torch.compile,
-measured against jobctl's activation terms (issue 29: "torch.compile ... with its memory effect").
+"""What one torchtitan block keeps for its backward, eager and under torch.compile, measured
+against jobctl's activation terms (issue 29: "torch.compile ... with its memory effect").
 
 What it does, per case (recompute none or torchtitan's op-level selective AC; 16-bit,
 torchao's row-wise Float8, or a mixture-of-experts block in 16-bit; eager or compiled):
   1. builds one block with torchtitan 0.3.0's own builder (models/llama3 _build_llama3_layers:
-     fused wqkv, GQA, RMSNorm, SwiGLU; or models/qwen3 _build_qwen3_moe_layers; the attention
-     core swapped for its SDPA) in bf16 on the CPU, with small, pairwise different sizes so a
-     tensor's shape says what it is; the MoE router's gate as CUDA's fp32 autocast runs it;
+     fused wqkv, GQA, RMSNorm, SwiGLU; models/qwen3 _build_qwen3_moe_layers; or models/deepseek_v3
+     _build_dsv3_layers: MLA and a shared expert; the attention core swapped for its SDPA) in
+     bf16 on the CPU, with small, pairwise different sizes so a tensor's shape says what it is;
+     the MoE router's gate as CUDA's fp32 autocast runs it;
   2. with --fp8 converts its Linears as torchtitan's Float8 converter does (torchao
      convert_to_float8_training, recipe "rowwise"); with --ac sac wraps it with torchtitan's
      SelectiveAC (activation_checkpoint.py), whose save list is CUDA's: the CPU's SDPA kernel is
@@ -48,11 +49,26 @@ SHAPES = {"a": (512, 8, 2, 1536, 384, 2), "b": (640, 10, 5, 1792, 320, 3)}
 # Eager selective AC is not among them: its checkpoint packs the saved tensors through saved-tensor
 # hooks of its own, which hide them from these (trace_memory.py traces it with torch's memory tracker)
 CASES = ["none-bf16-eager", "none-bf16-compiled", "none-fp8-eager", "none-fp8-compiled", "sac-bf16-compiled",
-         "sac-fp8-compiled", "none-moe-eager", "none-moe-compiled"]
+         "sac-fp8-compiled", "none-moe-eager", "none-moe-compiled", "none-mla-eager", "none-mla-compiled"]
 # "moe": torchtitan's Qwen3 MoE block (models/qwen3 _build_qwen3_moe_layers: RMSNorm on each head's
 # query and key, a softmax router over 8 experts, top 2, the standard dispatcher) of the shape's
-# width and heads, experts of a quarter of its ffn
+# width and heads, experts of a quarter of its ffn; heads of 3/4 of h/a, so that a tensor a·d wide
+# is told from one h wide (Qwen3's heads are wider than h/a: 30B-A3B a·d = 4,096, h = 2,048)
 EXPERTS, TOP_K = 8, 2
+
+
+def moe_head_dim(dim: int, heads: int) -> int:
+    return dim // heads * 3 // 4
+
+
+# "mla": torchtitan's DeepSeek-V3 block (models/deepseek_v3 _build_dsv3_layers: MLA with a query
+# latent, one shared expert beside 8 routed ones of a quarter of the ffn, top 2, DeepSeek-V3's
+# sigmoid router over 4 groups of which 2 are kept, route scale 2.5, normalised). The value heads
+# are as wide as the query/key heads (48 + 16 = 64), as the CPU's flash kernel needs; CUDA's
+# kernels keep the same set (q, k, v, output, log-sum-exp) at any widths.
+def mla_dims(dim: int) -> dict:
+    return {"q_lora_rank": dim * 7 // 16, "kv_lora_rank": dim * 5 // 16, "qk_nope_head_dim": 48,
+            "qk_rope_head_dim": 16, "v_head_dim": 64}
 
 
 def measure(case: str, shape: tuple) -> int:
@@ -79,10 +95,22 @@ def measure(case: str, shape: tuple) -> int:
         if precision == "moe":
             from torchtitan.models.common.rope import CosSinRoPE
             from torchtitan.models.qwen3 import _build_qwen3_moe_layers
-            rope = CosSinRoPE.Config(dim=dim // heads, max_seq_len=seq, theta=1e6)
-            (cfg,) = _build_qwen3_moe_layers(n_layers=1, dim=dim, n_heads=heads, n_kv_heads=kv, head_dim=dim // heads,
+            hd = moe_head_dim(dim, heads)
+            rope = CosSinRoPE.Config(dim=hd, max_seq_len=seq, theta=1e6)
+            (cfg,) = _build_qwen3_moe_layers(n_layers=1, dim=dim, n_heads=heads, n_kv_heads=kv, head_dim=hd,
                                              moe_hidden_dim=ffn // 4, num_experts=EXPERTS, top_k=TOP_K,
                                              attn_backend="flex", moe_comm_backend="standard", rope=rope)
+        elif precision == "mla":
+            from torchtitan.models.deepseek_v3 import _build_dsv3_layers
+            x = mla_dims(dim)
+            rope = ComplexRoPE.Config(dim=x["qk_rope_head_dim"], max_seq_len=seq, theta=10000.0, scaling="yarn",
+                                      rope_factor=40.0, beta_fast=32.0, beta_slow=1.0, original_seq_len=4096)
+            (cfg,) = _build_dsv3_layers(n_layers=1, n_dense_layers=0, dim=dim, n_heads=heads, **x, mscale=1.0,
+                                        dense_hidden_dim=ffn, moe_hidden_dim=ffn // 4, num_experts=EXPERTS,
+                                        num_shared_experts=1, router_top_k=TOP_K, router_score_func="sigmoid",
+                                        router_num_expert_groups=4, router_num_limited_groups=2,
+                                        router_route_scale=2.5, router_route_norm=True, attn_backend="flex",
+                                        moe_comm_backend="standard", non_blocking_capacity_factor=None, rope=rope)
         else:
             rope = ComplexRoPE.Config(dim=dim // heads, max_seq_len=seq, theta=500000, scaling="llama")
             (cfg,) = _build_llama3_layers(n_layers=1, dim=dim, n_heads=heads, n_kv_heads=kv, hidden_dim=ffn,
@@ -91,7 +119,7 @@ def measure(case: str, shape: tuple) -> int:
         block = cfg.build().to(torch.bfloat16)
         for p in block.parameters():
             torch.nn.init.normal_(p, std=0.02)
-        if precision == "moe":
+        if precision in ("moe", "mla"):
             # the router's gate runs under autocast to fp32: on CUDA on fp32 copies of its input and
             # weight; CPU autocast has no fp32, so the gate does what CUDA's autocast does (as
             # trace_memory._patch_router_for_cuda_autocast, set once here so that compile sees it)
@@ -221,14 +249,20 @@ def modelled(case: str, shape: tuple) -> tuple[float, list]:
     from jobctl import frameworks
     from jobctl.planner.memory import Workload, layer_activation_terms
     from jobctl.planner.models import ModelSpec
-    from jobctl.planner.moe import MoE
+    from jobctl.planner.moe import MLA, MoE
     from jobctl.planner.plan import Plan
 
     ac, precision, mode = case.split("-")
     dim, heads, kv, ffn, seq, batch = shape
     if precision == "moe":
         spec = ModelSpec("block", "llama", 1, dim, ffn, heads, kv, 2048, moe=MoE(EXPERTS, TOP_K, ffn // 4),
-                         qk_norm=True)
+                         qk_norm=True, explicit_head_dim=moe_head_dim(dim, heads))
+    elif precision == "mla":
+        x = mla_dims(dim)
+        spec = ModelSpec("block", "llama", 1, dim, ffn, heads, heads, 2048,
+                         moe=MoE(EXPERTS, TOP_K, ffn // 4, shared_experts=1, score_bias=True),
+                         mla=MLA(x["q_lora_rank"], x["kv_lora_rank"], x["qk_rope_head_dim"], x["qk_nope_head_dim"],
+                                 x["v_head_dim"]))
     else:
         spec = ModelSpec("block", "llama", 1, dim, ffn, heads, kv, 2048)
     w = Workload(spec, seq, batch, framework=frameworks.get("torchtitan"), attention="flash",
@@ -275,13 +309,17 @@ def main(argv=None) -> int:
             if DATA.exists() else []
         doc = {"measured_with": {"torch": torch.__version__, "torchtitan": getattr(torchtitan, "__version__", "?")},
                "shapes": {k: dict(zip(("dim", "heads", "kv_heads", "ffn", "seq", "batch"), v)) for k, v in SHAPES.items()}
-               | {"8b-tp2": "Llama 3 8B's block (h 4096, f 14336, 32 heads, 8 KV heads), seq 256, batch 1, TP 2 rank 0"},
+               | {"8b-tp2": "Llama 3 8B's block (h 4096, f 14336, 32 heads, 8 KV heads), seq 256, batch 1, TP 2 rank 0",
+                  "moe": f"Qwen3 MoE block: {EXPERTS} experts of ffn/4, top {TOP_K}, head_dim 3/4 of dim/heads",
+                  "mla": f"DeepSeek-V3 block: q_lora_rank 7/16 and kv_lora_rank 5/16 of dim, heads of 48 + 16 "
+                         f"(RoPE) for q/k and 64 for v, {EXPERTS} experts of ffn/4 and one shared, top {TOP_K}, "
+                         "sigmoid router over 4 groups keeping 2"},
                "rows": kept + new}
         DATA.write_text(json.dumps(doc, indent=1) + "\n")
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print("One torchtitan Llama block's saved tensors (input included), in units of s·b·h")
+    print("One torchtitan block's saved tensors (input included), in units of s·b·h")
     print(f"{'shape':5} {'case':22} {'measured':>9} {'modelled':>9} {'diff':>7} {'cpu s':>6}")
     for r in rows:
         diff = (r["modelled_bytes"] - r["measured_bytes"]) / r["measured_bytes"]

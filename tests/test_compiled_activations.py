@@ -2,8 +2,9 @@
 torchtitan 0.3.0's own blocks (benchmarks/compiled_activations.py; its docstring says how).
 
 Expected values are the measurement's: benchmarks/data/compiled_activations.json holds the saved
-bytes of 16 runs (two block sizes; recompute none or torchtitan's op-level selective AC; 16-bit,
-torchao's row-wise Float8, or a mixture-of-experts block; eager or compiled) and of Llama 3 8B's
+bytes of 20 runs (two block sizes; recompute none or torchtitan's op-level selective AC; 16-bit,
+torchao's row-wise Float8, Qwen3's mixture-of-experts block or DeepSeek-V3's MLA block; eager or
+compiled) and of Llama 3 8B's
 block on rank 0 of TP 2, eager and compiled, as the benchmark recorded them; one case is
 measured again here."""
 
@@ -66,17 +67,31 @@ def test_compiling_under_tensor_parallelism_saves_what_the_measurement_says():
 
 
 def test_compiling_a_mixture_of_experts_saves_what_the_measurement_says():
-    """Shape a's MoE block: 8 experts of f/4 = 384, top 2, so 2·s·b = 1,536 routed copies. Compiled,
-    one of each expert's four 16-bit intermediates goes (1,536 x 384 x 2 B), the combine keeps
-    the 16-bit expert output instead of its fp32 cast (1,536 x 512 x 2 B less) and drops the
-    sorted fp32 score (1,536 x 4 B), and the output projection keeps its own copy of the
-    attention output (s·b x a·d x 2 B = 384·2 x 512 x 2 B more). jobctl leaves the router's
-    top-k scores (0.01% of the block) as eager keeps them."""
+    """Shape a's Qwen3 MoE block: 8 experts of f/4 = 384, top 2, so 2·s·b = 1,536 routed copies;
+    heads of 48 (a·d = 384, not h = 512). Compiled, one of each expert's four 16-bit intermediates
+    goes (1,536 x 384 x 2 B), the combine keeps the 16-bit expert output instead of its fp32 cast
+    (1,536 x 512 x 2 B less) and drops the sorted fp32 score (1,536 x 4 B) and the router's top-k
+    scores (s·b x k x 2 B); the MoE's output is kept (s·b x h x 2 B more: h wide, not a·d)."""
     got = {r["case"]: r["measured_bytes"] for r in DATA["rows"] if r["shape"] == "a"}
-    copies = 2 * 384 * 2
-    less = copies * 384 * 2 + copies * 512 * 2 + copies * 4 - 384 * 2 * 512 * 2
-    # and the router's 16-bit top-k scores (s·b x k x 2 B), which eager keeps and compile recomputes
-    assert got["none-moe-eager"] - got["none-moe-compiled"] == less + 384 * 2 * 2 * 2
+    copies, sb = 2 * 384 * 2, 384 * 2
+    less = copies * 384 * 2 + copies * 512 * 2 + copies * 4 + sb * 2 * 2
+    assert got["none-moe-eager"] - got["none-moe-compiled"] == less - sb * 512 * 2
+
+
+def test_compiling_deepseek_v3s_block_saves_what_the_measurement_says():
+    """Shape a's DeepSeek-V3 block (MLA; 8 routed experts of 384 and one shared, top 2; sigmoid
+    router over 4 groups keeping 2). Compiled, the MLA attention keeps what eager keeps; the MoE
+    changes as Qwen3's (one of four 16-bit intermediates per routed copy, the fp32 combine copy
+    becomes 16-bit, the sorted score goes, the MoE output is kept), the shared expert drops its
+    SiLU output (s·b x 384 x 2 B) and the group-limited router what it computed per token: each
+    group's top-2 indices (4 x 2 x 8 B), the group mask (4 B), the kept groups' ids (2 x 8 B) and
+    one fp32 per token (4 B)."""
+    got = {r["case"]: r["measured_bytes"] for r in DATA["rows"] if r["shape"] == "a"}
+    copies, sb = 2 * 384 * 2, 384 * 2
+    routed = copies * 384 * 2 + copies * 512 * 2 + copies * 4
+    shared = sb * 384 * 2
+    router = sb * (4 * 2 * 8 + 4 + 2 * 8 + 4)
+    assert got["none-mla-eager"] - got["none-mla-compiled"] == routed + shared + router - sb * 512 * 2
 
 
 def test_the_measurement_reproduces():

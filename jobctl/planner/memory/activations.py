@@ -185,9 +185,9 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
     if x is not None:
         if compiled == "moe":  # the routed experts' SiLU output is recomputed, as the dense MLP's
-            dv = m.head_dim
-            terms.append(("attention output copy", e * s * b * a * dv / t, f"compiled: the output projection's own "
-                          f"[s·b, a·{dv}] copy of the attention output, beside the kernel's: 2·sb·a·{dv} /t"))
+            share = m.moe_layers / m.layers
+            terms.append(("moe output", share * e * sbh / rep, f"compiled: the MoE's 16-bit output (routed and shared "
+                          f"experts combined), kept by the partitioner: 2·sbh x {share:.3g} of the layers"))
             return terms + _moe_terms(w, d, 3 * e, compiled=True)
         return terms + _moe_terms(w, d, 3 * e if w.caps.te_layernorm_mlp else 4 * e)
     if w.caps.te_layernorm_mlp:
@@ -206,23 +206,28 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     return terms
 
 
+def compiled_set(w: Workload, plan: Plan) -> str | None:
+    """The compiled block's saved set on `plan` (see _compiled_set), for what reports it."""
+    return _compiled_set(w, _dims(w, plan, 1))
+
+
 def _compiled_set(w: Workload, d: _Dims) -> str | None:
     """What torch.compile's partitioner keeps of a torchtitan block in place of eager's set: None
-    (eager, or not measured: MLA, Transformer Engine, a mixture of experts in low precision),
-    "16-bit" or "float8" (torchao's row-wise Float8Linear) for a dense Llama block, "moe" for a
-    mixture of experts in 16-bit. Measured on torchtitan 0.3.0's own block, compiled as its
-    apply_compile does (per block, fullgraph, inductor), its saved tensors counted through
-    autograd's saved-tensor hooks on CPU (benchmarks/compiled_activations.py): in 16-bit the
-    backward recomputes SiLU's output from the gate (3 of SwiGLU's 4 sbf tensors kept); with
-    Float8 it also recomputes the product and both RMSNorm outputs from the norms' inputs and
-    rstd (the backward casts them again). Under sequence parallelism the norm outputs are
-    all-gathered before the GEMMs, and a collective is never recomputed: kept there (not
-    measured: the trace ran one rank). "moe": torchtitan's MoE block (Qwen3's, measured the same
-    way): the experts recompute SiLU, the combine keeps each expert output in 16 bits and
-    recomputes its fp32 cast, and the output projection keeps its own copy of the attention
-    output (the block's input to the MoE norm is rebuilt from the projection's output: the router
-    keeps only an fp32 copy of the norm output). DeepSeek-V3's MLA block is not measured."""
-    if not w.compiled or w.model.mla is not None or w.caps.te_layernorm_mlp:
+    (eager, or not measured: Transformer Engine, MLA without experts, a mixture of experts in low
+    precision), "16-bit" or "float8" (torchao's row-wise Float8Linear) for a dense Llama block,
+    "moe" for a mixture of experts in 16-bit (Qwen3's block; DeepSeek-V3's, with MLA). Measured on
+    torchtitan 0.3.0's own blocks, compiled as its apply_compile does (per block, fullgraph,
+    inductor), their saved tensors counted through autograd's saved-tensor hooks on CPU
+    (benchmarks/compiled_activations.py): in 16-bit the backward recomputes SiLU's output from the
+    gate (3 of SwiGLU's 4 sbf tensors kept); with Float8 it also recomputes the product and both
+    RMSNorm outputs from the norms' inputs and rstd (the backward casts them again). Under
+    sequence parallelism the norm outputs are all-gathered before the GEMMs, and a collective is
+    never recomputed: kept there (not measured: the trace ran one rank). "moe": the experts
+    (routed and shared) recompute SiLU, the combine keeps each expert output in 16 bits and
+    recomputes its fp32 cast, and the MoE's output is kept (h wide; the block's input to the MoE
+    norm is rebuilt from the output projection's output, kept instead, of the same size). In
+    DeepSeek-V3's block the MLA attention and its latents keep what eager keeps."""
+    if not w.compiled or w.caps.te_layernorm_mlp or (w.model.mla is not None and w.model.moe is None):
         return None
     if w.model.moe is not None:  # torchtitan's MoE block (its router's fp32 copies), 16-bit
         return "moe" if w.caps.moe_fp32_copies and w.precision not in LOW_PRECISION_SAVED_BYTES else None
