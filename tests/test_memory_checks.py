@@ -36,11 +36,28 @@ def test_a_compiled_block_is_labelled_measured_not_traced():
     _, c = checks("recipes/llama8b.yaml", "--cluster", "h100")
     assert c["layer activations"]["check"] == "measured"
     assert "compiled" in c["layer activations"]["by"]
-    _, c = checks("recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "--framework", "torchtitan")
-    assert c["layer activations"]["check"] == "measured"
-    # DeepSeek-V3's MLA block was neither traced nor measured compiled
-    _, c = checks("recipes/deepseek-v3.yaml", "--cluster", "h100", "--framework", "torchtitan")
+    # the MoE blocks were measured on one rank: with experts spread over ranks (ep > 1) they are not
+    plan, c = checks("recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "--framework", "torchtitan",
+                     "parallelism.ep=1", "parallelism.tp=1")
+    assert (plan["tp"], plan["ep"]) == (1, 1) and c["layer activations"]["check"] == "measured"
+    plan, c = checks("recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "--framework", "torchtitan",
+                     "parallelism.ep=8")
+    assert plan["ep"] == 8 and c["layer activations"]["check"] == "modelled"
+    # eager, Qwen3's and DeepSeek-V3's blocks were measured too (one rank)
+    _, c = checks("recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "--framework", "torchtitan",
+                  "parallelism.ep=1", "parallelism.tp=1", "train.compile=false")
+    assert c["layer activations"]["check"] == "measured" and "eager" in c["layer activations"]["by"]
+    # Float8 compiled was measured on one rank only: under sequence parallelism (70B at TP > 1) the
+    # model assumes 16-bit's compiled set, and the label says so
+    plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
+                     "train.precision=fp8")
+    assert plan["tp"] > 1 and plan["sequence_parallel"]
     assert c["layer activations"]["check"] == "modelled"
+    plan, c = checks("recipes/llama8b.yaml", "--cluster", "h100", "train.precision=fp8")
+    assert plan["tp"] == 1 and c["layer activations"]["check"] == "measured"
+    # DeepSeek-V3 on h100 spreads its experts (ep > 1) and heads (tp > 1): not measured there
+    plan, c = checks("recipes/deepseek-v3.yaml", "--cluster", "h100", "--framework", "torchtitan")
+    assert plan["ep"] > 1 and c["layer activations"]["check"] == "modelled"
 
 
 def test_a_layout_the_trace_does_not_cover_is_not_called_traced():

@@ -7,6 +7,8 @@ from dataclasses import replace
 
 from jobctl.planner.catalog import GIB
 from jobctl.planner.memory import FSDP2_ALLOCATOR_TERMS
+from jobctl.planner.memory.activations import compiled_set
+from jobctl.planner.memory.workload import LOW_PRECISION_SAVED_BYTES
 from jobctl.planner.perf import INTRA_NODE_EFFICIENCY, NETWORK_EFFICIENCY
 from jobctl.planner.search import (
     OBJECTIVES,
@@ -300,6 +302,7 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
     pp_traced = plan.pp > 1 and plan.virtual_stages <= 2 and w.caps.name == "torchtitan"
     traced = w.model.family == "llama" and plan.cp == 1 and plan.offload == "none" and (plan.pp == 1 or pp_traced) and (
         w.caps.name == "torchtitan" or (w.caps.name == "fsdp" and plan.tp == 1))
+    compiled = compiled_set(w, plan)  # the set the memory model took: None where eager's terms stand
     out = []
     for term in terms:
         name = term["name"]
@@ -308,9 +311,19 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
             kind, by = "exact", "byte counts; = CPU" + (", = trace" if traced else "")
         elif name.startswith("expert ") and name.split(" ", 1)[1] in ("weights", "gradients", "optimizer states"):
             kind, by = "exact", "byte counts of the routed experts over EP and expert DP (Megatron-Core's folding)"
-        elif name == "layer activations" and w.compiled and w.model.mla is None:
+        elif name == "layer activations" and compiled is not None:
             # compiled, the block keeps another set than the traced (eager) program's
-            kind, by = "measured", ("torchtitan's block compiled on CPU (16-bit, Float8, MoE; TP 2): within 0.1% "
+            if compiled == "16-bit" and w.precision in LOW_PRECISION_SAVED_BYTES:  # 16-bit's set assumed
+                kind, by = "modelled", (f"compiled {w.precision} ({w.fp8_recipe}, sequence parallel {plan.sequence_parallel})"
+                                        ": 16-bit's compiled set, not measured")
+            elif compiled == "moe" and (plan.tp > 1 or plan.ep > 1):
+                kind, by = "modelled", (f"compiled MoE block at tp {plan.tp}, ep {plan.ep}: measured on one rank only "
+                                        "(benchmarks/compiled_activations.py)")
+            else:
+                kind, by = "measured", ("torchtitan's block compiled on CPU (16-bit, Float8, Qwen3 MoE, DeepSeek-V3 "
+                                        "MLA; dense at TP 2): within 0.1% (benchmarks/compiled_activations.py)")
+        elif moe and name == "layer activations" and w.caps.moe_fp32_copies and plan.tp == 1 and plan.ep == 1:
+            kind, by = "measured", ("torchtitan's Qwen3 MoE and DeepSeek-V3 MLA blocks, eager on CPU: within 0.3% "
                                     "(benchmarks/compiled_activations.py)")
         elif moe and name == "layer activations":
             kind, by = "modelled", "routed tokens, router and MLA terms: not traced or measured yet"
