@@ -167,7 +167,8 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256) -> int:
     TP plan: sequence-parallel norms, column/row-wise linears; the partial_dtensor backend, as
     trace_memory.py runs it), real tensors over torch's fake process group (collectives move no
     data; shapes and storages are real), batch 1. The block's input is counted (it is a
-    sequence shard); parameters and buffers are not; DTensors are counted by their local shard."""
+    sequence shard); parameters and buffers are not; DTensors are counted by their local shard, a
+    collective's output by the tensor its AsyncCollectiveTensor wrappers share."""
     import torch
     import torch.nn as nn
     from torch.distributed.tensor import DTensor
@@ -188,7 +189,14 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256) -> int:
         block.compile(backend="inductor", fullgraph=True)
     model.to_empty(device="cpu")
     model.to(torch.bfloat16)
-    local = lambda t: t._local_tensor if isinstance(t, DTensor) else t  # noqa: E731
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    def local(t):
+        # a DTensor's shard; a collective's output comes wrapped (AsyncCollectiveTensor), one
+        # wrapper per use of the same gathered tensor: the storage is the wrapped one's
+        t = t._local_tensor if isinstance(t, DTensor) else t
+        return t.elem if isinstance(t, AsyncCollectiveTensor) else t
+
     with torch.no_grad():
         for p in model.parameters():
             local(p).normal_(0, 0.02)
