@@ -971,7 +971,9 @@ def record_allocations(env, model_name: str, batch: int, ac: str, seq_len: int, 
 
 def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ranks: int, tp: int = 1,
              impl: str = "torchtitan", pp: int = 1, stage: str = "first", virtual: int = 1,
-             cuda_graphs: bool = False, loss: str = "chunked") -> dict:
+             cuda_graphs: bool = False, loss: str = "chunked", compile: bool = False) -> dict:
+    """jobctl's memory for a layout this script traces (`compile`: the blocks compiled, which the
+    trace does not run: tests compare it with published compiled runs)."""
     from jobctl import frameworks
     from jobctl.planner.memory import Workload, estimate_stage, layer_activation_terms, stored_layer_bytes
     from jobctl.planner.models import PRESETS
@@ -990,7 +992,7 @@ def modelled(model_name: str, batch: int, ac: str, seq_len: int, layers: int, ra
         # trainer before its registry configs chunked it): the model of that program
         framework = dataclasses.replace(framework, caps=dataclasses.replace(framework.caps, loss_chunks=0))
     w = Workload(spec, seq_len, batch * dp, framework=framework, attention="sdpa" if impl == "hf" else "flash",
-                 cuda_graphs=cuda_graphs)
+                 cuda_graphs=cuda_graphs, compile=compile)
     # torchtitan's TP plan always shards the norms and the block boundaries by sequence
     # (SequenceParallel in models/llama3/model.py's parallelize plan)
     # under PP torchtitan's micro-batches are of one sample (pipeline_parallel_microbatch_size
