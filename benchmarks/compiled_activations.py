@@ -31,13 +31,15 @@ Run (from the repository root; each compiled case takes 10-30 s of CPU):
   python benchmarks/compiled_activations.py --write     # and record them in
                                                         #   benchmarks/data/compiled_activations.json
   python benchmarks/compiled_activations.py --cases none-bf16-compiled --json
-  python benchmarks/compiled_activations.py --tp --write  # an 8B block on TP 2's rank 0 (~2-3 min)
+  python benchmarks/compiled_activations.py --tp --write  # an 8B block under TP 2, TP 4, TP 2 x FSDP 2,
+                                                        #   16-bit and Float8 (~10 min)
 Needs torch and torchtitan (the test extra); both are imported only here."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,6 +57,16 @@ CASES = ["none-bf16-eager", "none-bf16-compiled", "none-fp8-eager", "none-fp8-co
 # width and heads, experts of a quarter of its ffn; heads of 3/4 of h/a, so that a tensor a·d wide
 # is told from one h wide (Qwen3's heads are wider than h/a: 30B-A3B a·d = 4,096, h = 2,048)
 EXPERTS, TOP_K = 8, 2
+# (tp, precision, mode, fsdp) of Llama 3 8B's block on rank 0; fsdp > 1: torchtitan's own
+# parallelize_llama over tp·fsdp ranks
+TP_CASES = [(2, "bf16", "eager", 1), (2, "bf16", "compiled", 1), (2, "fp8", "eager", 1), (2, "fp8", "compiled", 1),
+            (4, "fp8", "compiled", 1), (2, "fp8", "compiled", 2)]
+
+
+def tp_case(tp: int, precision: str, mode: str, fsdp: int) -> tuple[str, str]:
+    """(shape, case) names of a TP_CASES entry."""
+    shape = f"8b-tp{tp}" + (f"-fsdp{fsdp}" if fsdp > 1 else "")
+    return shape, f"tp{tp}-{precision}-{mode}" + (f"-fsdp{fsdp}" if fsdp > 1 else "")
 
 
 def moe_head_dim(dim: int, heads: int) -> int:
@@ -162,12 +174,18 @@ def measure(case: str, shape: tuple) -> int:
         RMSNorm.forward = eager_norm
 
 
-def measure_tp(mode: str, tp: int = 2, seq: int = 256) -> int:
+def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", fsdp: int = 1) -> int:
     """Bytes one torchtitan Llama 3 8B block saves on rank 0 of tensor parallelism `tp` (its own
     TP plan: sequence-parallel norms, column/row-wise linears; the partial_dtensor backend, as
     trace_memory.py runs it), real tensors over torch's fake process group (collectives move no
-    data; shapes and storages are real), batch 1. The block's input is counted (it is a
-    sequence shard); parameters and buffers are not; DTensors are counted by their local shard, a
+    data; shapes and storages are real), batch 1. `precision` fp8: torchtitan's own
+    Float8LinearConverter (row-wise; the output layer left out, as its registry configs do),
+    applied before the sharding configs as its model registry applies it; its check for an
+    SM89 GPU is stood in for (nothing here runs an FP8 GEMM kernel: the CPU emulates it).
+    `fsdp` > 1: tp·fsdp ranks, the model parallelised and compiled by torchtitan's own
+    parallelize_llama (TP, then per-block compile, then FSDP2 with its bf16 mixed precision), as
+    its Trainer does. The block's input is counted (it is a sequence shard); parameters (FSDP's
+    unsharded ones included) and buffers are not; DTensors are counted by their local shard, a
     collective's output by the tensor its AsyncCollectiveTensor wrappers share."""
     import torch
     import torch.nn as nn
@@ -179,16 +197,31 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256) -> int:
     import trace_memory
 
     torch._dynamo.reset()
-    env = trace_memory._Env(ranks=tp, backend="partial_dtensor", cuda_rmsnorm=mode == "eager", tp=tp)
-    _, cfg, _ = trace_memory._torchtitan_config(env, "8B", "none", seq, 1)
+    env = trace_memory._Env(ranks=tp * fsdp, backend="partial_dtensor", cuda_rmsnorm=mode == "eager", tp=tp)
+    convert = None
+    if precision == "fp8":
+        import torchtitan.components.quantization.float8 as tt_float8
+        tt_float8.has_cuda_capability = lambda *a: True
+        convert = tt_float8.Float8LinearConverter(tt_float8.Float8LinearConverter.Config(
+            recipe_name="rowwise", filter_fqns=["output"])).convert
+    parallelism, cfg, _ = trace_memory._torchtitan_config(env, "8B", "none", seq, 1, convert=convert)
     with torch.device("meta"):
         model = cfg.build()
-    model.parallelize(env.parallel_dims)
-    block = model.layers["0"]
-    if mode == "compiled":
-        block.compile(backend="inductor", fullgraph=True)
-    model.to_empty(device="cpu")
-    model.to(torch.bfloat16)
+    if fsdp > 1:
+        from torchtitan.config import CompileConfig, TrainingConfig
+        from torchtitan.models.llama3 import parallelize_llama
+        model = parallelize_llama(model, parallel_dims=env.parallel_dims, training=TrainingConfig(),
+                                  parallelism=parallelism, compile_config=CompileConfig(enable=mode == "compiled"),
+                                  ac_config=None, dump_folder="/tmp")
+        model.to_empty(device="cpu")  # fp32 shards; FSDP2 gathers them in bf16
+        block = model.layers["0"]
+    else:
+        model.parallelize(env.parallel_dims)
+        block = model.layers["0"]
+        if mode == "compiled":
+            block.compile(backend="inductor", fullgraph=True)
+        model.to_empty(device="cpu")
+        model.to(torch.bfloat16)
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
     def local(t):
@@ -215,7 +248,6 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256) -> int:
                 inside[0] = False
 
     model.layers["0"] = Marked(block)
-    skip = {StorageWeakRef(local(t).untyped_storage()) for t in (*model.parameters(), *model.buffers())}
     tokens = torch.randint(0, 1000, (1, seq))
 
     def step(count: bool) -> int:
@@ -223,6 +255,8 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256) -> int:
 
         def pack(t):
             if count and inside[0]:
+                # the parameters as they are now: FSDP2 swaps in the unsharded ones for forward
+                skip = {StorageWeakRef(local(p).untyped_storage()) for p in (*model.parameters(), *model.buffers())}
                 ref = StorageWeakRef(local(t).untyped_storage())
                 if ref not in skip:
                     saved[ref] = local(t).untyped_storage().nbytes()
@@ -237,7 +271,7 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256) -> int:
     return step(True)
 
 
-def modelled_tp(mode: str, tp: int = 2, seq: int = 256) -> float:
+def modelled_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16") -> float:
     """jobctl's bytes for one 8B block on a TP rank (sequence parallel), as measure_tp runs it."""
     import dataclasses
 
@@ -247,7 +281,8 @@ def modelled_tp(mode: str, tp: int = 2, seq: int = 256) -> float:
     from jobctl.planner.plan import Plan
 
     spec = dataclasses.replace(PRESETS["llama3.1-8b"], layers=1)
-    w = Workload(spec, seq, 1, framework=frameworks.get("torchtitan"), attention="flash", compile=mode == "compiled")
+    w = Workload(spec, seq, 1, framework=frameworks.get("torchtitan"), attention="flash", compile=mode == "compiled",
+                 precision="fp8" if precision == "fp8" else "bf16-mixed", fp8_recipe="rowwise", formats=("fp8",))
     plan = Plan(1, tp, tp, 1, 1, 1, "none", 1, 1, 1, "none", "none", True)
     return sum(v for _, v, _ in layer_activation_terms(w, plan, 1))
 
@@ -281,22 +316,41 @@ def modelled(case: str, shape: tuple) -> tuple[float, list]:
     return sum(v for _, v, _ in terms), terms
 
 
+def _children_cpu() -> float:
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", nargs="*", default=CASES, choices=CASES)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--tp", action="store_true", help="instead: one 8B block on rank 0 of TP 2 (sequence "
-                    "parallel), eager and compiled")
+                    "parallel), eager and compiled, 16-bit and row-wise Float8; compiled Float8 at TP 4 and at "
+                    "TP 2 x FSDP 2 (~10 min)")
+    ap.add_argument("--tp-case", help=argparse.SUPPRESS)  # TP-PRECISION-MODE-FSDP: one --tp case, bytes out
     ap.add_argument("--json", action="store_true", help="raw numbers (bytes)")
     ap.add_argument("--write", action="store_true", help=f"record the measurements in {DATA.relative_to(ROOT)}")
     a = ap.parse_args(argv)
     rows = []
+    if a.tp_case:  # one --tp case, in a process of its own (its process group's world is tp·fsdp)
+        tp, precision, mode, fsdp = a.tp_case.split("-")
+        print(json.dumps(measure_tp(mode, int(tp), precision=precision, fsdp=int(fsdp))))
+        return 0
     if a.tp:
-        for mode in ("eager", "compiled"):
-            t0 = time.process_time()
-            rows.append({"shape": "8b-tp2", "case": f"tp2-bf16-{mode}", "measured_bytes": measure_tp(mode),
-                         "modelled_bytes": modelled_tp(mode), "sbh": 256 * 4096,
-                         "cpu_s": round(time.process_time() - t0, 1)})
+        for tp, precision, mode, fsdp in TP_CASES:
+            t0 = _children_cpu()
+            r = subprocess.run([sys.executable, __file__, "--tp-case", f"{tp}-{precision}-{mode}-{fsdp}"], text=True,
+                               capture_output=True, cwd=ROOT)
+            if r.returncode:
+                sys.stderr.write(r.stderr[-4000:])
+                return r.returncode
+            shape, case = tp_case(tp, precision, mode, fsdp)
+            rows.append({"shape": shape, "case": case,
+                         "measured_bytes": json.loads(r.stdout.strip().splitlines()[-1]),
+                         "modelled_bytes": modelled_tp(mode, tp, precision=precision), "sbh": 256 * 4096,
+                         "cpu_s": round(_children_cpu() - t0, 1)})
         a.shapes = []
     for name in a.shapes:
         shape = SHAPES[name]
@@ -317,7 +371,11 @@ def main(argv=None) -> int:
             if DATA.exists() else []
         doc = {"measured_with": {"torch": torch.__version__, "torchtitan": getattr(torchtitan, "__version__", "?")},
                "shapes": {k: dict(zip(("dim", "heads", "kv_heads", "ffn", "seq", "batch"), v)) for k, v in SHAPES.items()}
-               | {"8b-tp2": "Llama 3 8B's block (h 4096, f 14336, 32 heads, 8 KV heads), seq 256, batch 1, TP 2 rank 0",
+               | {f"8b-tp{tp}": f"Llama 3 8B's block (h 4096, f 14336, 32 heads, 8 KV heads), seq 256, batch 1, "
+                  f"TP {tp} rank 0" for tp in (2, 4)}
+               | {"8b-tp2-fsdp2": "the same block on rank 0 of TP 2 x FSDP 2, parallelised and compiled by "
+                  "torchtitan's parallelize_llama"}
+               | {
                   "moe": f"Qwen3 MoE block: {EXPERTS} experts of ffn/4, top {TOP_K}, head_dim 3/4 of dim/heads",
                   "mla": f"DeepSeek-V3 block: q_lora_rank 7/16 and kv_lora_rank 5/16 of dim, heads of 48 + 16 "
                          f"(RoPE) for q/k and 64 for v, {EXPERTS} experts of ffn/4 and one shared, top {TOP_K}, "

@@ -642,9 +642,12 @@ def _state(name):
     return getattr(_FSDPModState, name)
 
 
-def _torchtitan_config(env, model_name: str, ac: str, seq_len: int, layers: int, **parallelism_kw):
+def _torchtitan_config(env, model_name: str, ac: str, seq_len: int, layers: int, convert=None, **parallelism_kw):
     """torchtitan's ParallelismConfig, its Llama 3 config cut to `layers` blocks (attention swapped
-    for its SDPA, RoPE cache at seq_len) and the AC config, as the Trainer sets them up."""
+    for its SDPA, RoPE cache at seq_len) and the AC config, as the Trainer sets them up.
+    `convert`: a model converter's convert (the Float8 one), applied where the registry applies
+    it, before update_from_config sets the sharding configs (a converted Linear's config keeps
+    only its sizes)."""
     from torchtitan.config import ParallelismConfig
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.models.common.attention import ScaledDotProductAttention
@@ -660,6 +663,8 @@ def _torchtitan_config(env, model_name: str, ac: str, seq_len: int, layers: int,
     else:
         cfg = llama3_configs[model_name](attn_backend="flex")
     cfg.layers = cfg.layers[:layers]
+    if convert is not None:
+        cfg = convert(cfg) or cfg
     # Trainer: model_config.update_from_config(config=...) sets the sharding configs
     # (and the RoPE cache length to training.seq_len, done by hand below).
     cfg.update_from_config(config=argparse.Namespace(parallelism=parallelism))

@@ -4,8 +4,8 @@ torchtitan 0.3.0's own blocks (benchmarks/compiled_activations.py; its docstring
 Expected values are the measurement's: benchmarks/data/compiled_activations.json holds the saved
 bytes of 20 runs (two block sizes; recompute none or torchtitan's op-level selective AC; 16-bit,
 torchao's row-wise Float8, Qwen3's mixture-of-experts block or DeepSeek-V3's MLA block; eager or
-compiled) and of Llama 3 8B's
-block on rank 0 of TP 2, eager and compiled, as the benchmark recorded them; one case is
+compiled) and of Llama 3 8B's block on rank 0 of TP 2 (16-bit and Float8, eager and compiled)
+and TP 4 and TP 2 x FSDP 2 (Float8 compiled), as the benchmark recorded them; one case is
 measured again here."""
 
 import json
@@ -23,8 +23,9 @@ def _modelled(case: str, shape: str) -> float:
     if str(ROOT / "benchmarks") not in sys.path:
         sys.path.insert(0, str(ROOT / "benchmarks"))
     import compiled_activations
-    if shape == "8b-tp2":
-        return compiled_activations.modelled_tp(case.rsplit("-", 1)[1])
+    if shape.startswith("8b-tp"):
+        tp, precision, mode = case.split("-")[:3]  # FSDP (a fourth part) shards no activation
+        return compiled_activations.modelled_tp(mode, int(tp[2:]), precision=precision)
     return compiled_activations.modelled(case, compiled_activations.SHAPES[shape])[0]
 
 
@@ -57,6 +58,29 @@ def test_compiling_under_tensor_parallelism_saves_what_the_measurement_says():
     wrapper per use, each with a storage object of its own)."""
     got = {r["case"]: r["measured_bytes"] for r in DATA["rows"] if r["shape"] == "8b-tp2"}
     assert got["tp2-bf16-eager"] - got["tp2-bf16-compiled"] == 256 * 7168 * 2
+
+
+def test_compiled_float8_under_tensor_parallelism_keeps_fp8_weights():
+    """8B's block on TP 2's and TP 4's rank 0 with torchtitan's row-wise Float8 (s 256, b 1).
+    Eager, Float8Linear saves the 16-bit operands: what BF16 keeps. Compiled, against compiled
+    BF16 at TP 2: the two all-gathered norm outputs are kept as FP8 casts (256 x 4,096 x 1 B
+    each instead of x 2 B), SwiGLU's product is recomputed (256 x 7,168 x 2 B), and the FP8
+    casts of wo's, w1's, w2's and w3's shards are kept: 4,096 x 2,048 + 3 x 4,096 x 7,168 B at
+    TP 2, half of it at TP 4, with their scales (3 fp32 and 2 bf16 vectors of 4,096, one bf16
+    of f/t)."""
+    got = {r["case"]: r["measured_bytes"] for r in DATA["rows"] if r["shape"].startswith("8b-tp")}
+    assert got["tp2-fp8-eager"] == got["tp2-bf16-eager"]
+    # torchtitan's own parallelize_llama over TP 2 x FSDP 2: FSDP2 shards parameters, and the
+    # unsharded ones it gathers are not what the block saves: the same set
+    assert got["tp2-fp8-compiled-fsdp2"] == got["tp2-fp8-compiled"]
+    weights2 = 4096 * 2048 + 3 * 4096 * 7168
+    scales2 = 3 * 4096 * 4 + 2 * 4096 * 2 + 7168 * 2
+    assert got["tp2-fp8-compiled"] - got["tp2-bf16-compiled"] == \
+        weights2 + scales2 - 2 * 256 * 4096 - 256 * 7168 * 2
+    # TP 4: every per-rank tensor but the two gathered norm outputs and the scales of h halves
+    weights4, scales4 = weights2 // 2, 3 * 4096 * 4 + 2 * 4096 * 2 + 3584 * 2
+    rest2 = got["tp2-fp8-compiled"] - weights2 - scales2 - 2 * 256 * 4096
+    assert got["tp4-fp8-compiled"] == weights4 + scales4 + 2 * 256 * 4096 + rest2 // 2
 
 
 def test_compiling_a_mixture_of_experts_saves_what_the_measurement_says():

@@ -47,12 +47,15 @@ def test_a_compiled_block_is_labelled_measured_not_traced():
     _, c = checks("recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "--framework", "torchtitan",
                   "parallelism.ep=1", "parallelism.tp=1", "train.compile=false")
     assert c["layer activations"]["check"] == "measured" and "eager" in c["layer activations"]["by"]
-    # Float8 compiled was measured on one rank only: under sequence parallelism (70B at TP > 1) the
-    # model assumes 16-bit's compiled set, and the label says so
+    # Float8 compiled under TP was measured too (8B's block at TP 2 and 4); selective AC under TP
+    # only on one rank
     plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
-                     "train.precision=fp8")
+                     "train.precision=fp8", "parallelism.recompute=none")
     assert plan["tp"] > 1 and plan["sequence_parallel"]
-    assert c["layer activations"]["check"] == "modelled"
+    assert c["layer activations"]["check"] == "measured"
+    plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
+                     "train.precision=fp8", "parallelism.recompute=selective")
+    assert plan["tp"] > 1 and c["layer activations"]["check"] == "modelled"
     plan, c = checks("recipes/llama8b.yaml", "--cluster", "h100", "train.precision=fp8")
     assert plan["tp"] == 1 and c["layer activations"]["check"] == "measured"
     # DeepSeek-V3 on h100 spreads its experts (ep > 1) and heads (tp > 1): not measured there

@@ -115,6 +115,9 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     compiled = _compiled_set(w, d)
     if q8:
         terms.append(("qkv input", q8 * sbh / mm_rep, f"RMSNorm output kept by the QKV GEMM as {qn}: sbh" + gathered))
+    elif compiled == "float8-tp":
+        terms.append(("qkv input", sbh / mm_rep, "compiled Float8 under TP: the all-gathered RMSNorm output kept as "
+                      "its FP8 cast: sbh" + gathered))
     elif compiled != "float8":
         terms.append(("qkv input", e * sbh / mm_rep, "RMSNorm output kept by the Q/K/V matmuls: 2·sbh" + gathered))
     # eager repeat_kv copies K and V up to a heads; fused kernels (and HF's SDPA path, which
@@ -181,6 +184,9 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         if share < 1:
             terms.append(("mlp input", (1 - share) * e * sbh / mm_rep, f"RMSNorm output kept by the dense layers' "
                           f"gate/up: 2·sbh x {1 - share:.3g} of the layers" + gathered))
+    elif compiled == "float8-tp":
+        terms.append(("mlp input", sbh / mm_rep, "compiled Float8 under TP: the all-gathered RMSNorm output kept as "
+                      "its FP8 cast: sbh" + gathered))
     elif compiled != "float8":
         terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
     if x is not None:
@@ -198,9 +204,15 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     elif compiled == "16-bit":
         terms.append(("mlp intermediates", 3 * e * s * b * f / t, "SwiGLU gate, up and product: 3 · 2·sbf /t "
                       "(compiled: SiLU recomputed from the gate in backward)"))
-    elif compiled == "float8":
+    elif compiled in ("float8", "float8-tp"):
         terms.append(("mlp intermediates", 2 * e * s * b * f / t, "SwiGLU gate and up: 2 · 2·sbf /t (compiled "
                       "with Float8: SiLU and the product recomputed, as are both RMSNorm outputs)"))
+        if compiled == "float8-tp":
+            h, ad = d.h, a * m.head_dim
+            terms.append(("fp8 weight copies", (ad * h + 3 * h * f) / t + 16 * h + 2 * f / t, f"compiled Float8 "
+                          f"under TP: the FP8 casts of wo, w1, w2 and w3's shards, kept for the backward GEMMs "
+                          f"(1 B x (a·d·h + 3·h·f) /t, with their scales: 16·h + 2·f/t B), per micro-batch in "
+                          f"flight, whatever its size"))
     else:
         terms.append(("mlp intermediates", 4 * e * s * b * f / t, "SwiGLU gate, SiLU, up and product: 4 · 2·sbf /t"))
     return terms
@@ -214,15 +226,19 @@ def compiled_set(w: Workload, plan: Plan) -> str | None:
 def _compiled_set(w: Workload, d: _Dims) -> str | None:
     """What torch.compile's partitioner keeps of a torchtitan block in place of eager's set: None
     (eager, or not measured: Transformer Engine, MLA without experts, a mixture of experts in low
-    precision), "16-bit" or "float8" (torchao's row-wise Float8Linear) for a dense Llama block,
+    precision), "16-bit", "float8" or "float8-tp" (torchao's row-wise Float8Linear, one rank or
+    tensor-parallel) for a dense Llama block,
     "moe" for a mixture of experts in 16-bit (Qwen3's block; DeepSeek-V3's, with MLA). Measured on
     torchtitan 0.3.0's own blocks, compiled as its apply_compile does (per block, fullgraph,
     inductor), their saved tensors counted through autograd's saved-tensor hooks on CPU
     (benchmarks/compiled_activations.py): in 16-bit the backward recomputes SiLU's output from the
     gate (3 of SwiGLU's 4 sbf tensors kept); with Float8 it also recomputes the product and both
-    RMSNorm outputs from the norms' inputs and rstd (the backward casts them again). Under
-    sequence parallelism the norm outputs are all-gathered before the GEMMs, and a collective is
-    never recomputed: kept there (not measured: the trace ran one rank). "moe": the experts
+    RMSNorm outputs from the norms' inputs and rstd (the backward casts them again). "float8-tp":
+    under TP (torchtitan's, with sequence parallelism; measured at TP 2 and 4 on rank 0, with and
+    without FSDP) the norm outputs are all-gathered before the GEMMs and a collective is not
+    recomputed: each gathered output is kept as its FP8 cast (1 B per element); and the
+    partitioner keeps the FP8 casts of wo's, w1's, w2's and w3's weight shards (with their
+    scales) for the backward GEMMs, where on one rank it recasts the weights. "moe": the experts
     (routed and shared) recompute SiLU, the combine keeps each expert output in 16 bits and
     recomputes its fp32 cast, and the MoE's output is kept (h wide; the block's input to the MoE
     norm is rebuilt from the output projection's output, kept instead, of the same size). In
@@ -231,8 +247,8 @@ def _compiled_set(w: Workload, d: _Dims) -> str | None:
         return None
     if w.model.moe is not None:  # torchtitan's MoE block (its router's fp32 copies), 16-bit
         return "moe" if w.caps.moe_fp32_copies and w.precision not in LOW_PRECISION_SAVED_BYTES else None
-    if w.precision == "fp8" and w.caps.fp8_backend == "torchao" and w.fp8_recipe == "rowwise" and d.rep == 1:
-        return "float8"
+    if w.precision == "fp8" and w.caps.fp8_backend == "torchao" and w.fp8_recipe == "rowwise":
+        return "float8" if d.t == 1 else "float8-tp"
     return "16-bit"
 
 
