@@ -203,7 +203,7 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", 
         import torchtitan.components.quantization.float8 as tt_float8
         tt_float8.has_cuda_capability = lambda *a: True
         convert = tt_float8.Float8LinearConverter(tt_float8.Float8LinearConverter.Config(
-            recipe_name="rowwise", filter_fqns=["output"])).convert
+            recipe_name="rowwise", filter_fqns=["lm_head"])).convert
     parallelism, cfg, _ = trace_memory._torchtitan_config(env, "8B", "none", seq, 1, convert=convert)
     with torch.device("meta"):
         model = cfg.build()
