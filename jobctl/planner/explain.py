@@ -314,8 +314,7 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
         elif name == "layer activations" and compiled is not None:
             # compiled, the block keeps another set than the traced (eager) program's
             if compiled == "16-bit" and w.precision in LOW_PRECISION_SAVED_BYTES:  # 16-bit's set assumed
-                kind, by = "modelled", (f"compiled {w.precision} ({w.fp8_recipe}, sequence parallel {plan.sequence_parallel})"
-                                        ": 16-bit's compiled set, not measured")
+                kind, by = "modelled", f"compiled {w.precision}: 16-bit's compiled set assumed, not measured"
             elif compiled == "moe" and (plan.tp > 1 or plan.ep > 1):
                 kind, by = "modelled", (f"compiled MoE block at tp {plan.tp}, ep {plan.ep}: measured on one rank only "
                                         "(benchmarks/compiled_activations.py)")
