@@ -112,6 +112,27 @@ def test_the_rendered_module_wraps_the_registry_config_with_the_converter():
     assert not bf16["files"] and "--config=llama3_70b" in bf16["args"]
 
 
+def test_registry_config_by_name_and_shape():
+    """A recipe names its model as it likes ("Llama 3.1 8B", "meta-llama-3-70b"); torchtitan's
+    llama3_8b / llama3_70b are taken only where the shape is theirs (torchtitan 0.3.0
+    models/llama3/__init__.py: _8b dim 4096, 32 layers, 32 heads, 8 KV heads, hidden
+    compute_ffn_hidden_dim(4096, multiple_of=1024, ffn_dim_multiplier=1.3) = 1024·ceil(1.3·10922/1024)
+    = 14336; _70b dim 8192, 80 layers, 64 heads, 8 KV heads, 4096·ceil(1.3·21845/4096) = 28672;
+    vocab 128256)."""
+    import dataclasses
+    from jobctl.frameworks.torchtitan import registry_config
+    from jobctl.planner.models import PRESETS
+    l8, l70 = PRESETS["llama3.1-8b"], PRESETS["llama3.1-70b"]
+    assert (l8.ffn_hidden, l70.ffn_hidden) == (1024 * -(-int(1.3 * 10922) // 1024), 4096 * -(-int(1.3 * 21845) // 4096))
+    for name in ("Llama 3.1 8B", "meta-llama-3-8b", "llama3_8b", "LLAMA-3.1-8B"):
+        assert registry_config(dataclasses.replace(l8, name=name)) == ("llama3", "llama3_8b"), name
+    assert registry_config(dataclasses.replace(l70, name="Llama 3 70B")) == ("llama3", "llama3_70b")
+    # named like one, another shape: not torchtitan's config (its own would train another model)
+    assert registry_config(dataclasses.replace(l8, name="Llama 3.1 8B", layers=40)) is None
+    assert registry_config(dataclasses.replace(l70, name="llama3-8b")) is None
+    assert registry_config(dataclasses.replace(l8, name="mistral-8b")) is None
+
+
 B200_LAYOUT = ["framework=torchtitan", "parallelism.tp=2", "parallelism.pp=1", "parallelism.dp=64",
                "parallelism.cp=1", "parallelism.sharding=zero3", "parallelism.micro_batch_size=1",
                "parallelism.recompute=full"]

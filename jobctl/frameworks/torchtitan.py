@@ -216,15 +216,24 @@ KNOWN_CONFIGS = {"8b": "llama3_8b", "70b": "llama3_70b"}  # llama3_405b turns on
 KNOWN_MOE_CONFIGS = {"qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b")}
 
 
+# The shapes of those configs (models/llama3/__init__.py _8b and _70b: dim, n_layers, n_heads,
+# n_kv_heads, vocab_size; hidden_dim = compute_ffn_hidden_dim(dim, multiple_of 1024 or 4096,
+# ffn_dim_multiplier 1.3)): (layers, hidden, heads, kv_heads, ffn_hidden, vocab)
+REGISTRY_SHAPES = {"llama3_8b": (32, 4096, 32, 8, 14336, 128256), "llama3_70b": (80, 8192, 64, 8, 28672, 128256)}
+
+
 def registry_config(model) -> tuple[str, str] | None:
-    """(module, config function) of a model torchtitan registers, or None."""
-    name = model.name.lower()
+    """(module, config function) of a model torchtitan registers, or None: named as one ("Llama 3.1
+    8B", "meta-llama-3-70b", "llama3.1-8b"; spaces and underscores read as hyphens) and, for the
+    dense Llama configs, of its shape (a model named like one but of another shape is not it)."""
+    name = re.sub(r"[\s_]+", "-", model.name.strip().lower())
     if model.moe is not None:
         return KNOWN_MOE_CONFIGS.get(name)
     if model.family != "llama" or not re.match(r"^(meta-)?llama-?3(\.\d)?-", name):
         return None
-    size = name.rsplit("-", 1)[-1]
-    return ("llama3", KNOWN_CONFIGS[size]) if size in KNOWN_CONFIGS else None
+    config = KNOWN_CONFIGS.get(name.rsplit("-", 1)[-1])
+    shape = (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn_hidden, model.vocab)
+    return ("llama3", config) if config and REGISTRY_SHAPES[config] == shape else None
 
 
 def degrees(plan) -> tuple[int, int]:
