@@ -274,6 +274,20 @@ def test_torchtitan_refuses_what_it_does_not_model_of_moe():
     assert not torchtitan.problems(plan(tp=2, dp=4, ep=8, sequence_parallel=True, **z3), q)
 
 
+def test_a_pin_the_framework_refuses_everywhere_is_named_as_the_reason():
+    """Pinned to recompute=selective, torchtitan's MoE plans that fit in memory are all refused
+    (its op-level SAC of an MoE block is not modelled): the answer says so, with the count, before
+    the smallest layout's memory (which is not why nothing is offered)."""
+    from jobctl.planning import load_inventory, load_recipe, plan_on
+    d = plan_on(load_recipe("recipes/qwen3-30b-a3b.yaml", ["framework=torchtitan", "parallelism.recompute=selective"]),
+                load_inventory("h100", ["partitions.0.nodes=2"]), alternatives=0, summary=False, learn=False).to_dict()
+    assert not d["feasible"]
+    refused = [x for x in d["reasons"] if "refused by torchtitan" in x]
+    assert refused and "selective recompute of an MoE block" in refused[0], d["reasons"]
+    assert int(refused[0].split()[0]) <= d["search"]["rejected"]["the framework refuses it"]
+    assert d["reasons"].index(refused[0]) < next(i for i, x in enumerate(d["reasons"]) if "smallest needs" in x)
+
+
 def test_torchtitan_moe_activations_by_hand():
     # torchtitan's MoE block (models/common/moe.py, token_dispatcher.py), Qwen3-30B-A3B, s·b = T
     # tokens, k = 8 copies each, no recompute, tp 1. The router's gate under autocast(float32)

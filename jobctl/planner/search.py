@@ -65,6 +65,7 @@ class SearchResult:
     objective: str = DEFAULT_OBJECTIVE
     ranked: list[Candidate] = field(default_factory=list)  # best first, one per layout
     smallest: dict = field(default_factory=dict)  # (dimension, value) -> least memory seen (bytes)
+    refused: Counter = field(default_factory=Counter)  # the framework's reason -> plans it refused that fit
     # the layouts and their evaluations, for other searches of the same space (other objectives,
     # pinned dimensions) to share
     evaluations: Evaluations | None = None
@@ -281,6 +282,7 @@ def _search(w: Workload, t: Target, c: Constraints, objective: str, steps: int |
         result.feasible_count += out.feasible
         for k, n in out.rejected.items():
             result.rejected[k] += n
+        result.refused.update(out.refused)
         for k, v in out.smallest.items():
             if k not in smallest or v < smallest[k]:
                 smallest[k] = v
@@ -444,6 +446,10 @@ def no_fit_reasons(w: Workload, t: Target, c: Constraints, closest: Candidate | 
                 f"global_batch_size {w.global_batch_size})"]
     out = [f"none of {r.considered} layouts fits on {t.cluster}/{t.partition} "
            f"({t.nodes} x {t.gpus_per_node} {t.gpu.key}, {t.gpu_memory_bytes / GIB:.1f} GiB each)"]
+    # plans that fit in memory but that the framework would not run: its reasons first
+    for reason, n in r.refused.most_common(2):
+        out.append(f"{n} that fit{'s' if n == 1 else ''} in memory {'is' if n == 1 else 'are'} refused by "
+                   f"{w.caps.name}: {reason}")
     if closest is not None:
         m = closest.memory
         if not m.fits_gpu:

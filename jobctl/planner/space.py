@@ -273,6 +273,7 @@ class Outcome:
     rejected: Counter = field(default_factory=Counter)
     closest: Candidate | None = None  # the smallest-memory plan that did not fit (the first of equals)
     smallest: dict = field(default_factory=dict)  # (dimension, value) -> least memory seen (bytes)
+    refused: Counter = field(default_factory=Counter)  # the framework's first reason -> plans it refused
 
 
 class Evaluations:
@@ -477,8 +478,10 @@ def _evaluate(ev: Evaluations, L: Layout) -> Outcome:
                 if rc == "none" and mbs == mbss[0]:
                     roomy.add((sh, of))
                 plan = make(mbs, v, sh, rc, of, hs, n_rc)
-                if w.framework.problems(plan, w):
+                problems = w.framework.problems(plan, w)
+                if problems:
                     out.rejected["the framework refuses it"] += 1
+                    out.refused[problems[0]] += 1
                     continue  # e.g. an interleaved schedule whose micro-batches do not divide
                 est = estimate_step(w, plan, t.links, t.nvlink_gpus, ev.steps) if t.links else None
                 cand = Candidate(plan, mem, est, plan.gpus_per_node == t.gpus_per_node)
