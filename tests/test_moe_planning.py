@@ -146,7 +146,7 @@ def test_the_combined_schedule_hides_the_all_to_alls_and_holds_one_layer_more():
     for nodes in (1, 2):  # inside NVLink (compute covers the all-to-alls), and across the network
         p = plan(nodes=nodes, dp=8 * nodes, ep=8 * nodes, grad_accum_steps=m, global_batch_size=m * 8 * nodes)
         on, off = estimate_step(w, p, t.links, 8), estimate_step(apart, p, t.links, 8)
-        c, _, _, e, _, _, _ = perf._layer_costs(qwen, 4096, w.act_bytes, w.attention, None, False, (True, False, True),
+        c, _, _, e, _, _, _ = perf._layer_costs(qwen, 4096, w.act_bytes, w.attention, None, "", (True, False, True),
                                              t.links, 8, 1, 1, 1, False, "none", 0.0, p.ep)
         assert off.ep_comm_s == pytest.approx(m * 48 * e)
         assert on.ep_comm_s == pytest.approx(m * 48 * (e / m + (1 - 1 / m) * max(0.0, e - c)))
@@ -189,7 +189,7 @@ def test_megatrons_experts_launched_one_by_one_cost_host_time_per_local_expert()
         on, off = estimate_step(launched, p, t.links, 8), estimate_step(replayed, p, t.links, 8)
         micro, local_experts = 32 // mbs, 128 // ep
         # G: the layer's GPU work, as the step model has it without the launches (perf._layer_costs)
-        g = perf._layer_costs(qwen, 4096, launched.act_bytes, launched.attention, None, False, (True, False, False),
+        g = perf._layer_costs(qwen, 4096, launched.act_bytes, launched.attention, None, "", (True, False, False),
                               t.links, 8, 1, 1, mbs, False, "none", 0.0, ep)[0]
         kernels = perf.KERNELS_PER_LAYER * perf.KERNEL_LAUNCH_S
         h = kernels + local_experts * perf.MOE_HOST_S_PER_EXPERT

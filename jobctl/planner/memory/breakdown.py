@@ -111,7 +111,7 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
     buffers, fsdp_pp = _framework_buffer_items(w, tp, pp, stage, plan.sharding, plan.offload, plan.dp * cp > 1,
                                                   plan.ep)
     apply(buffers)
-    if tp_overlap(w, plan) and w.caps.tp_comm_overlap:  # Transformer Engine's userbuffers (not async TP's)
+    if tp_overlap(w, plan) == "userbuffers":  # Transformer Engine's (async TP's workspace is not counted)
         tokens = b * w.seq_len // cp
         low = UB_FP8_BUFFERS if w.precision in LOW_PRECISION_WEIGHT_BYTES else 0
         ub = tokens * w.model.hidden * ((UB_BUFFERS - low) * w.act_bytes + low) + UB_EXTRA_WORKSPACE_BYTES

@@ -153,12 +153,17 @@ class Workload:
         return 4 if self.precision == "fp32" else 2
 
 
-def tp_overlap(w: Workload, plan) -> bool:
-    """The plan's tensor-parallel collectives run under its GEMMs: the framework overlaps them
-    (Megatron's --tp-comm-overlap; torchtitan's async TP, under torch.compile) and they are sequence-parallel reduce-scatters and all-gathers
-    (Megatron-LM validate_args: the overlap needs --sequence-parallel)."""
-    overlaps = w.caps.tp_comm_overlap or (w.caps.async_tp and w.compiled)
-    return overlaps and plan.sequence_parallel and plan.tp > 1
+def tp_overlap(w: Workload, plan) -> str:
+    """How the plan's tensor-parallel collectives run under its GEMMs ("" where they do not):
+    "userbuffers" (Megatron's --tp-comm-overlap, Transformer Engine's userbuffers) or "async-tp"
+    (torchtitan's async TP under torch.compile: torch's micro-pipelined symmetric-memory
+    collectives). Both need sequence-parallel reduce-scatters and all-gathers (Megatron-LM
+    validate_args: the overlap needs --sequence-parallel; torchtitan CompileConfig)."""
+    if not (plan.sequence_parallel and plan.tp > 1):
+        return ""
+    if w.caps.tp_comm_overlap:
+        return "userbuffers"
+    return "async-tp" if w.caps.async_tp and w.compiled else ""
 
 
 def low_precision_format(precision: str, fp8_recipe: str | None, backend: str = "transformer-engine") -> str:
