@@ -32,7 +32,7 @@ Run (from the repository root; each compiled case takes 10-30 s of CPU):
                                                         #   benchmarks/data/compiled_activations.json
   python benchmarks/compiled_activations.py --cases none-bf16-compiled --json
   python benchmarks/compiled_activations.py --tp --write  # an 8B block under TP 2, TP 4, TP 2 x FSDP 2,
-                                                        #   16-bit and Float8 (~10 min)
+                                                        #   16-bit and Float8, SAC (~15 min)
 Needs torch and torchtitan (the test extra); both are imported only here."""
 
 from __future__ import annotations
@@ -57,16 +57,31 @@ CASES = ["none-bf16-eager", "none-bf16-compiled", "none-fp8-eager", "none-fp8-co
 # width and heads, experts of a quarter of its ffn; heads of 3/4 of h/a, so that a tensor a·d wide
 # is told from one h wide (Qwen3's heads are wider than h/a: 30B-A3B a·d = 4,096, h = 2,048)
 EXPERTS, TOP_K = 8, 2
-# (tp, precision, mode, fsdp) of Llama 3 8B's block on rank 0; fsdp > 1: torchtitan's own
-# parallelize_llama over tp·fsdp ranks
-TP_CASES = [(2, "bf16", "eager", 1), (2, "bf16", "compiled", 1), (2, "fp8", "eager", 1), (2, "fp8", "compiled", 1),
-            (4, "fp8", "compiled", 1), (2, "fp8", "compiled", 2)]
+# (tp, precision, mode, fsdp, ac) of Llama 3 8B's block on rank 0; fsdp > 1: torchtitan's own
+# parallelize_llama over tp·fsdp ranks; ac "sac": torchtitan's op-level selective AC around the
+# sharded block, compiled after it (parallelize_llama's order: TP, AC, compile)
+TP_CASES = [(2, "bf16", "eager", 1, "none"), (2, "bf16", "compiled", 1, "none"), (2, "fp8", "eager", 1, "none"),
+            (2, "fp8", "compiled", 1, "none"), (4, "fp8", "compiled", 1, "none"), (2, "fp8", "compiled", 2, "none"),
+            (2, "bf16", "compiled", 1, "sac"), (2, "fp8", "compiled", 1, "sac")]
 
 
-def tp_case(tp: int, precision: str, mode: str, fsdp: int) -> tuple[str, str]:
+def tp_case(tp: int, precision: str, mode: str, fsdp: int, ac: str = "none") -> tuple[str, str]:
     """(shape, case) names of a TP_CASES entry."""
     shape = f"8b-tp{tp}" + (f"-fsdp{fsdp}" if fsdp > 1 else "")
-    return shape, f"tp{tp}-{precision}-{mode}" + (f"-fsdp{fsdp}" if fsdp > 1 else "")
+    return shape, f"tp{tp}-{precision}-{mode}" + (f"-fsdp{fsdp}" if fsdp > 1 else "") + ("-sac" if ac == "sac" else "")
+
+
+def _cuda_save_list_sac():
+    """torchtitan's SelectiveAC with CUDA's save list: the CPU's SDPA kernel stands in for the
+    flash kernel the list names."""
+    import torch
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+    class CudaSaveList(SelectiveAC):
+        def get_save_ops(self):
+            return super().get_save_ops() | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+    return CudaSaveList(CudaSaveList.Config())
 
 
 def moe_head_dim(dim: int, heads: int) -> int:
@@ -142,13 +157,7 @@ def measure(case: str, shape: tuple) -> int:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
             convert_to_float8_training(block, config=Float8LinearConfig.from_recipe_name("rowwise"))
         if ac == "sac":
-            from torchtitan.distributed.activation_checkpoint import SelectiveAC
-
-            class CudaSaveList(SelectiveAC):
-                def get_save_ops(self):
-                    return super().get_save_ops() | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
-
-            block = CudaSaveList(CudaSaveList.Config())._wrap_block(block, base_fqn="layers.0")
+            block = _cuda_save_list_sac()._wrap_block(block, base_fqn="layers.0")
         if mode == "compiled":
             block.compile(backend="inductor", fullgraph=True)
         x = torch.randn(batch, seq, dim, dtype=torch.bfloat16, requires_grad=True)
@@ -174,7 +183,7 @@ def measure(case: str, shape: tuple) -> int:
         RMSNorm.forward = eager_norm
 
 
-def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", fsdp: int = 1) -> int:
+def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", fsdp: int = 1, ac: str = "none") -> int:
     """Bytes one torchtitan Llama 3 8B block saves on rank 0 of tensor parallelism `tp` (its own
     TP plan: sequence-parallel norms, column/row-wise linears; the partial_dtensor backend, as
     trace_memory.py runs it), real tensors over torch's fake process group (collectives move no
@@ -184,7 +193,8 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", 
     SM89 GPU is stood in for (nothing here runs an FP8 GEMM kernel: the CPU emulates it).
     `fsdp` > 1: tp·fsdp ranks, the model parallelised and compiled by torchtitan's own
     parallelize_llama (TP, then per-block compile, then FSDP2 with its bf16 mixed precision), as
-    its Trainer does. The block's input is counted (it is a sequence shard); parameters (FSDP's
+    its Trainer does. `ac` "sac": torchtitan's SelectiveAC around the sharded block (its save list
+    with the CPU's SDPA kernel for the flash one, as `measure`), before compile. The block's input is counted (it is a sequence shard); parameters (FSDP's
     unsharded ones included) and buffers are not; DTensors are counted by their local shard, a
     collective's output by the tensor its AsyncCollectiveTensor wrappers share."""
     import torch
@@ -218,6 +228,8 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", 
     else:
         model.parallelize(env.parallel_dims)
         block = model.layers["0"]
+        if ac == "sac":
+            block = _cuda_save_list_sac()._wrap_block(block, base_fqn="layers.0")
         if mode == "compiled":
             block.compile(backend="inductor", fullgraph=True)
         model.to_empty(device="cpu")
@@ -271,7 +283,7 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", 
     return step(True)
 
 
-def modelled_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16") -> float:
+def modelled_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", ac: str = "none") -> float:
     """jobctl's bytes for one 8B block on a TP rank (sequence parallel), as measure_tp runs it."""
     import dataclasses
 
@@ -283,7 +295,7 @@ def modelled_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16")
     spec = dataclasses.replace(PRESETS["llama3.1-8b"], layers=1)
     w = Workload(spec, seq, 1, framework=frameworks.get("torchtitan"), attention="flash", compile=mode == "compiled",
                  precision="fp8" if precision == "fp8" else "bf16-mixed", fp8_recipe="rowwise", formats=("fp8",))
-    plan = Plan(1, tp, tp, 1, 1, 1, "none", 1, 1, 1, "none", "none", True)
+    plan = Plan(1, tp, tp, 1, 1, 1, "none", 1, 1, 1, "selective" if ac == "sac" else "none", "none", True)
     return sum(v for _, v, _ in layer_activation_terms(w, plan, 1))
 
 
@@ -324,38 +336,41 @@ def _children_cpu() -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", nargs="*", default=CASES, choices=CASES)
+    ap.add_argument("--cases", nargs="*", default=CASES, choices=CASES + [tp_case(*c)[1] for c in TP_CASES],
+                    help="the cases to run (with --tp: the TP cases named, e.g. tp2-bf16-compiled-sac)")
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--tp", action="store_true", help="instead: one 8B block on rank 0 of TP 2 (sequence "
-                    "parallel), eager and compiled, 16-bit and row-wise Float8; compiled Float8 at TP 4 and at "
-                    "TP 2 x FSDP 2 (~10 min)")
+                    "parallel), eager and compiled, 16-bit and row-wise Float8, and compiled with selective AC; "
+                    "compiled Float8 at TP 4 and at TP 2 x FSDP 2 (~15 min)")
     ap.add_argument("--tp-case", help=argparse.SUPPRESS)  # TP-PRECISION-MODE-FSDP: one --tp case, bytes out
     ap.add_argument("--json", action="store_true", help="raw numbers (bytes)")
     ap.add_argument("--write", action="store_true", help=f"record the measurements in {DATA.relative_to(ROOT)}")
     a = ap.parse_args(argv)
     rows = []
     if a.tp_case:  # one --tp case, in a process of its own (its process group's world is tp·fsdp)
-        tp, precision, mode, fsdp = a.tp_case.split("-")
-        print(json.dumps(measure_tp(mode, int(tp), precision=precision, fsdp=int(fsdp))))
+        tp, precision, mode, fsdp, ac = a.tp_case.split("-")
+        print(json.dumps(measure_tp(mode, int(tp), precision=precision, fsdp=int(fsdp), ac=ac)))
         return 0
     if a.tp:
-        for tp, precision, mode, fsdp in TP_CASES:
+        for tp, precision, mode, fsdp, ac in TP_CASES:
+            if a.cases != CASES and tp_case(tp, precision, mode, fsdp, ac)[1] not in a.cases:
+                continue
             t0 = _children_cpu()
-            r = subprocess.run([sys.executable, __file__, "--tp-case", f"{tp}-{precision}-{mode}-{fsdp}"], text=True,
+            r = subprocess.run([sys.executable, __file__, "--tp-case", f"{tp}-{precision}-{mode}-{fsdp}-{ac}"], text=True,
                                capture_output=True, cwd=ROOT)
             if r.returncode:
                 sys.stderr.write(r.stderr[-4000:])
                 return r.returncode
-            shape, case = tp_case(tp, precision, mode, fsdp)
+            shape, case = tp_case(tp, precision, mode, fsdp, ac)
             rows.append({"shape": shape, "case": case,
                          "measured_bytes": json.loads(r.stdout.strip().splitlines()[-1]),
-                         "modelled_bytes": modelled_tp(mode, tp, precision=precision), "sbh": 256 * 4096,
+                         "modelled_bytes": modelled_tp(mode, tp, precision=precision, ac=ac), "sbh": 256 * 4096,
                          "cpu_s": round(_children_cpu() - t0, 1)})
         a.shapes = []
     for name in a.shapes:
         shape = SHAPES[name]
         dim, heads, kv, ffn, seq, batch = shape
-        for case in a.cases:
+        for case in (c for c in a.cases if c in CASES):  # the TP cases run with --tp
             t0 = time.process_time()
             got = measure(case, shape)
             model, _ = modelled(case, shape)

@@ -4,9 +4,9 @@ torchtitan 0.3.0's own blocks (benchmarks/compiled_activations.py; its docstring
 Expected values are the measurement's: benchmarks/data/compiled_activations.json holds the saved
 bytes of 20 runs (two block sizes; recompute none or torchtitan's op-level selective AC; 16-bit,
 torchao's row-wise Float8, Qwen3's mixture-of-experts block or DeepSeek-V3's MLA block; eager or
-compiled) and of Llama 3 8B's block on rank 0 of TP 2 (16-bit and Float8, eager and compiled)
-and TP 4 and TP 2 x FSDP 2 (Float8 compiled), as the benchmark recorded them; one case is
-measured again here."""
+compiled) and of Llama 3 8B's block on rank 0 of TP 2 (16-bit and Float8, eager and compiled,
+and compiled with op-level selective AC) and TP 4 and TP 2 x FSDP 2 (Float8 compiled), as the
+benchmark recorded them; one case is measured again here."""
 
 import json
 from pathlib import Path
@@ -25,7 +25,8 @@ def _modelled(case: str, shape: str) -> float:
     import compiled_activations
     if shape.startswith("8b-tp"):
         tp, precision, mode = case.split("-")[:3]  # FSDP (a fourth part) shards no activation
-        return compiled_activations.modelled_tp(mode, int(tp[2:]), precision=precision)
+        return compiled_activations.modelled_tp(mode, int(tp[2:]), precision=precision,
+                                                ac="sac" if case.endswith("-sac") else "none")
     return compiled_activations.modelled(case, compiled_activations.SHAPES[shape])[0]
 
 
@@ -58,6 +59,21 @@ def test_compiling_under_tensor_parallelism_saves_what_the_measurement_says():
     wrapper per use, each with a storage object of its own)."""
     got = {r["case"]: r["measured_bytes"] for r in DATA["rows"] if r["shape"] == "8b-tp2"}
     assert got["tp2-bf16-eager"] - got["tp2-bf16-compiled"] == 256 * 7168 * 2
+
+
+def test_compiled_selective_ac_under_tensor_parallelism_keeps_one_reduce_scatter_output():
+    """8B's block on TP 2's rank 0 (s 256, b 1, h 4,096, f/t 7,168, 16 of 32 heads, 8 KV heads)
+    under torchtitan's op-level SAC, compiled: the block input's sequence shard (128 x 4,096 x 2),
+    wqkv's output (256 x (4,096 + 2 x 1,024)/2 x 2), the attention output (256 x 2,048 x 2) and
+    its fp32 log-sum-exp (16 heads x 256 x 4), w1's output (256 x 7,168 x 2) and wo's
+    reduce-scatter output (128 x 4,096 x 2), which recomputing the FFN norm's input reads. Eager
+    SAC also keeps w2's partial sum and w2's reduce-scatter output (traced: tests/test_memory_model.py);
+    compiled, nothing reads them. Under Float8 the weight casts are not kept (the policy
+    recomputes them): 50,176 B more than BF16, three fp32 vectors of h and one of s by size."""
+    got = {r["case"]: r["measured_bytes"] for r in DATA["rows"] if r["shape"] == "8b-tp2"}
+    kept = 128 * 4096 * 2 + 256 * 3072 * 2 + 256 * 2048 * 2 + 16 * 256 * 4 + 256 * 7168 * 2 + 128 * 4096 * 2
+    assert got["tp2-bf16-compiled-sac"] == kept
+    assert got["tp2-fp8-compiled-sac"] - got["tp2-bf16-compiled-sac"] == 3 * 4096 * 4 + 256 * 4
 
 
 def test_compiled_float8_under_tensor_parallelism_keeps_fp8_weights():

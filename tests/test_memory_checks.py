@@ -47,15 +47,17 @@ def test_a_compiled_block_is_labelled_measured_not_traced():
     _, c = checks("recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "--framework", "torchtitan",
                   "parallelism.ep=1", "parallelism.tp=1", "train.compile=false")
     assert c["layer activations"]["check"] == "measured" and "eager" in c["layer activations"]["by"]
-    # Float8 compiled under TP was measured too (8B's block at TP 2 and 4); selective AC under TP
-    # only on one rank
+    # Float8 compiled under TP was measured too (8B's block at TP 2 and 4), and with selective AC
+    # at TP 2; an MXFP8 block compiled was not (16-bit's set is assumed for it)
     plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
                      "train.precision=fp8", "parallelism.recompute=none")
     assert plan["tp"] > 1 and plan["sequence_parallel"]
     assert c["layer activations"]["check"] == "measured"
     plan, c = checks("recipes/llama70b.yaml", "--cluster", "h100", "--framework", "torchtitan",
                      "train.precision=fp8", "parallelism.recompute=selective")
-    assert plan["tp"] > 1 and c["layer activations"]["check"] == "modelled"
+    assert plan["tp"] > 1 and plan["recompute"] == "selective" and c["layer activations"]["check"] == "measured"
+    plan, c = checks("recipes/llama8b.yaml", "--cluster", "b200", "train.precision=mxfp8")
+    assert c["layer activations"]["check"] == "modelled" and "16-bit's compiled set assumed" in c["layer activations"]["by"]
     plan, c = checks("recipes/llama8b.yaml", "--cluster", "h100", "train.precision=fp8")
     assert plan["tp"] == 1 and c["layer activations"]["check"] == "measured"
     # DeepSeek-V3 on h100 spreads its experts (ep > 1) and heads (tp > 1): not measured there

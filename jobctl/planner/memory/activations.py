@@ -335,7 +335,8 @@ def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str
     torchtitan's `wqkv`; wq, wv, w1, w2 with separate projections), the attention kernel's output
     and log-sum-exp, and under TP + SP the two reduce-scatter outputs. Norms, RoPE, SiLU and
     products are recomputed. Compiled, the partitioner keeps only what the backward reads: not
-    w2's output (measured on a dense block, _compiled_set)."""
+    w2's output, nor under SP w2's reduce-scatter output; wo's is read to recompute the FFN norm's
+    input (measured on a dense block, one rank and TP 2: benchmarks/compiled_activations.py)."""
     m = w.model
     t, c = plan.tp, plan.cp
     sp = plan.sequence_parallel and t > 1
@@ -361,7 +362,10 @@ def _op_sac_terms(w: Workload, plan: Plan, b: int) -> list[tuple[str, float, str
         # compiled, only what the backward reads is kept, and none reads w2's output (measured on a
         # dense block, one rank: benchmarks/compiled_activations.py; a mixture of experts' is not)
         out.append(("w2 output", e * sbh, f"{w2} mm (w2) saved: 2·sbh (a partial sum before the TP reduction)"))
-    if sp:
+    if sp and w.compiled and m.moe is None:
+        out.append(("reduce-scatter output", e * sbh / t, "wo's reduce-scatter output (SP; the FFN norm's input is "
+                    "recomputed from it): 2·sbh /t; compiled, w2's is read by nothing and not kept"))
+    elif sp:
         out.append(("reduce-scatter outputs", 2 * e * sbh / t, "wo and w2 reduce-scatter outputs (SP): 2 · 2·sbh /t"))
     return out
 
