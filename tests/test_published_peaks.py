@@ -36,18 +36,20 @@ def predicted_reserved_gib(model: str, overrides: list[str]) -> float:
 
 
 # (model, published GiB, overrides: the run's layout), each from the table named in the docstring
-XFAIL_70B = ("measured 2026-11-26: predicted 62.3 GiB (-13%; 60.1 before the allocator's caches were modelled, "
-             "52.1 before the TP trace's corrections); the published run used torch.compile and Float8, which the "
-             "model does not model (fp8 weight copies and casts, compiled kernels' saved tensors); the traced tensors "
-             "of this layout without them are 57.2 GiB, and the caching-allocator model replaying them reserves 63.7")
-XFAIL_405B = ("measured 2026-11-26: predicted 56.0 GiB for the published 1F1B schedule (-32%; 54.5 before the "
-              "allocator's caches were modelled, 21.6 before FSDP under PP was modelled). torchtitan's own code for this layout, traced without compile, Float8 and "
+XFAIL_70B = ("measured 2026-11-29: predicted 41.3 GiB for torchtitan 0.3.0, whose registry configs compute the "
+             "loss in 8 chunks; jobctl's model of the December 2024 trainer of the published run (the whole "
+             "logits' loss: trace_memory.modelled(loss='ce')) gives 62.3 GiB (-13%), compiled or not (full AC "
+             "keeps the block inputs only). The run used Float8 (tensor-wise then, with FP8 all-gathers), which "
+             "torchtitan 0.3.0 cannot run and jobctl does not model; the traced tensors of this layout without it "
+             "are 57.2 GiB, and the caching-allocator model replaying them reserves 63.7")
+XFAIL_405B = ("measured 2026-11-29: predicted 57.4 GiB for the published 1F1B schedule (-30%; 56.0 on 2026-11-26, "
+              "54.5 before the allocator's caches were modelled, 21.6 before FSDP under PP was modelled). torchtitan's own code for this layout, traced without compile, Float8 and "
               "async TP (benchmarks/trace_memory.py --model 405B --tp 8 --pp 8, first stage), holds 50.2 GiB of "
               "tensors and the model 50.1 (-0.3%); replayed through the caching-allocator model they reserve 56.8 "
               "GiB (trace_memory.py --allocator): the 26 GiB above that in the published max reserved come from "
               "torch.compile, Float8 and async TP, not modelled")
-XFAIL_8B = ("measured 2026-11-28: predicted 60.4 GiB (-27%; 77.6 before jobctl modelled torchtitan 0.3.0's chunked "
-            "loss): jobctl plans torchtitan 0.3.0, whose registry configs compute the loss in 8 sequence chunks "
+XFAIL_8B = ("measured 2026-11-29: predicted 56.5 GiB (-31%; 60.4 on 2026-11-28, 77.6 before jobctl modelled "
+            "torchtitan 0.3.0's chunked loss): jobctl plans torchtitan 0.3.0, whose registry configs compute the loss in 8 sequence chunks "
             "(ChunkedLossWrapper), while the December 2024 trainer of the published run took the whole logits "
             "(2 x 8192 x 128,256 logits x 12 B = 23.5 GiB at the loss); that program, traced (--loss ce "
             "--cuda-graphs off) and replayed, reserves within 10% of the published figure and jobctl's model of "
