@@ -183,7 +183,8 @@ def measure(case: str, shape: tuple) -> int:
         RMSNorm.forward = eager_norm
 
 
-def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", fsdp: int = 1, ac: str = "none") -> int:
+def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", fsdp: int = 1,
+               ac: str = "none") -> int:
     """Bytes one torchtitan Llama 3 8B block saves on rank 0 of tensor parallelism `tp` (its own
     TP plan: sequence-parallel norms, column/row-wise linears; the partial_dtensor backend, as
     trace_memory.py runs it), real tensors over torch's fake process group (collectives move no
@@ -194,9 +195,10 @@ def measure_tp(mode: str, tp: int = 2, seq: int = 256, precision: str = "bf16", 
     `fsdp` > 1: tp·fsdp ranks, the model parallelised and compiled by torchtitan's own
     parallelize_llama (TP, then per-block compile, then FSDP2 with its bf16 mixed precision), as
     its Trainer does. `ac` "sac": torchtitan's SelectiveAC around the sharded block (its save list
-    with the CPU's SDPA kernel for the flash one, as `measure`), before compile. The block's input is counted (it is a sequence shard); parameters (FSDP's
-    unsharded ones included) and buffers are not; DTensors are counted by their local shard, a
-    collective's output by the tensor its AsyncCollectiveTensor wrappers share."""
+    with the CPU's SDPA kernel for the flash one, as `measure`), before compile. The block's input
+    is counted (it is a sequence shard); parameters (FSDP's unsharded ones included) and buffers
+    are not; DTensors are counted by their local shard, a collective's output by the tensor its
+    AsyncCollectiveTensor wrappers share."""
     import torch
     import torch.nn as nn
     from torch.distributed.tensor import DTensor
@@ -356,8 +358,8 @@ def main(argv=None) -> int:
             if a.cases != CASES and tp_case(tp, precision, mode, fsdp, ac)[1] not in a.cases:
                 continue
             t0 = _children_cpu()
-            r = subprocess.run([sys.executable, __file__, "--tp-case", f"{tp}-{precision}-{mode}-{fsdp}-{ac}"], text=True,
-                               capture_output=True, cwd=ROOT)
+            r = subprocess.run([sys.executable, __file__, "--tp-case", f"{tp}-{precision}-{mode}-{fsdp}-{ac}"],
+                               text=True, capture_output=True, cwd=ROOT)
             if r.returncode:
                 sys.stderr.write(r.stderr[-4000:])
                 return r.returncode

@@ -290,7 +290,8 @@ def versus_search(r: Row) -> dict:
     model fits it)."""
     gpn = r.plan.gpus_per_node
     gpu = lookup_gpu(r.gpu)
-    t = Target("published", "gpus", gpu, gpn, r.gpus // gpn, HOST_GIB * GIB, r.memory_bytes or gpu.memory_bytes, r.links,
+    t = Target("published", "gpus", gpu, gpn, r.gpus // gpn, HOST_GIB * GIB, r.memory_bytes or gpu.memory_bytes,
+               r.links,
                domain_gpus=r.link_gpus if r.link_gpus > gpn else 0)
     res = search(r.workload, t, Constraints(nodes=r.gpus // gpn, max_nodes=r.gpus // gpn))
     mem = estimate(r.workload, t.gpu_memory_bytes, r.plan, t.host_mem_bytes, detail=False)

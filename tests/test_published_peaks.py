@@ -43,7 +43,8 @@ XFAIL_70B = ("measured 2026-11-29: predicted 41.3 GiB for torchtitan 0.3.0, whos
              "torchtitan 0.3.0 cannot run and jobctl does not model; the traced tensors of this layout without it "
              "are 57.2 GiB, and the caching-allocator model replaying them reserves 63.7")
 XFAIL_405B = ("measured 2026-11-29: predicted 57.4 GiB for the published 1F1B schedule (-30%; 56.0 on 2026-11-26, "
-              "54.5 before the allocator's caches were modelled, 21.6 before FSDP under PP was modelled). torchtitan's own code for this layout, traced without compile, Float8 and "
+              "54.5 before the allocator's caches were modelled, 21.6 before FSDP under PP was modelled). "
+              "torchtitan's own code for this layout, traced without compile, Float8 and "
               "async TP (benchmarks/trace_memory.py --model 405B --tp 8 --pp 8, first stage), holds 50.2 GiB of "
               "tensors and the model 50.1 (-0.3%); replayed through the caching-allocator model they reserve 56.8 "
               "GiB (trace_memory.py --allocator): the 26 GiB above that in the published max reserved come from "

@@ -78,12 +78,12 @@ def test_async_tp_leaves_its_own_fitted_share_exposed():
     """torchtitan's async TP (torch's micro-pipelined symmetric-memory collectives) is not
     Transformer Engine's userbuffers: its own exposed share (ASYNC_TP_EXPOSED, fitted on the BF16
     pairs of torchtitan's async-TP table) and no SMs held by resident kernels. The layer's GEMMs
-    cover its traffic here, so exposed = max(share·t, t − gemm) = share·t."""
+    cover its traffic here, so exposed = max(0.6·t, t − gemm) = 0.6·t (0.6: the fitted share,
+    benchmarks/step_time_accuracy.py fit_async_tp)."""
     off = async_tp_seconds(False)  # eager: no async TP
     on = async_tp_seconds(True)
     assert off > 0
-    assert on == pytest.approx(off * perf.ASYNC_TP_EXPOSED, rel=1e-9)
-    assert 0 < perf.ASYNC_TP_EXPOSED < 1
+    assert on == pytest.approx(off * 0.6, rel=1e-9)
 
 
 def test_async_tp_pairs_measured_by_torchtitan_within_10_percent():

@@ -446,9 +446,10 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     micro-batch on one rank, the tensor-parallel message (bytes), the output layer with the loss
     (seconds) and what the experts' host launches add to the compute (seconds, in it).
     op_sac: (fused_qkv,) when "selective" is torchtitan's op-level SAC, else None; overlap: how the
-    TP collectives run under the GEMMs (tp_overlap: "", "userbuffers" or "async-tp"); stack: (Transformer Engine, whose BF16 GEMMs
-    reach links.te_gemm_efficiency where fitted; torch.compile, which fuses memory-bound kernels;
-    the routed experts launched one by one from the host, caps.moe_expert_launches)."""
+    TP collectives run under the GEMMs (tp_overlap: "", "userbuffers" or "async-tp"); stack:
+    (Transformer Engine, whose BF16 GEMMs reach links.te_gemm_efficiency where fitted;
+    torch.compile, which fuses memory-bound kernels; the routed experts launched one by one from
+    the host, caps.moe_expert_launches)."""
     te, compiled, launches = stack
     peak = links.peak_tflops * 1e12
     sp = sequence_parallel and t > 1
@@ -516,7 +517,9 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     tp_gbs = links.intra_node_gbs if t <= gpus_per_node else links.inter_node_gbs
     layer_tp = n_coll * _ring(t, msg, tp_gbs, INTRA_NODE_EFFICIENCY if t <= gpus_per_node else NETWORK_EFFICIENCY, 2,
                               _latency(tp_gbs, links))
-    if overlap == "userbuffers":  # only what the GEMMs do not cover, the share the overlap cannot hide, the SMs it takes
+    # overlapped: only what the GEMMs do not cover or the share the overlap cannot hide, and (for the
+    # userbuffers) the SMs it takes
+    if overlap == "userbuffers":
         layer_tp = max(TP_OVERLAP_EXPOSED * layer_tp, layer_tp - gemm_s) + TP_OVERLAP_SM_SHARE * min(layer_tp, gemm_s)
     elif overlap == "async-tp":
         layer_tp = max(ASYNC_TP_EXPOSED * layer_tp, layer_tp - gemm_s)
