@@ -28,10 +28,12 @@ from jobctl.planner.perf import Links, estimate_step
 from jobctl.planner.plan import Plan
 
 
-# GPU variants whose memory differs from their catalog GPU's: what a layout check gives them.
-# torchtitan's 2024-25 H100 tables ran "H100 with 96GB HBM2e" (as printed); read as 96·10⁹ B, the
-# smaller of the two readings (the driver's own figure for the part is not printed).
-VARIANT_MEMORY_BYTES = {"h100-96gb-hbm2e-500w": 96 * 10**9}
+# GPU variants that differ from their catalog GPU: (memory, memory bandwidth GB/s) as their
+# source prints them. torchtitan's 2024-25 H100 tables (benchmarks/llama3_h100_202412_torchtitan.md,
+# "Hardware"): "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power limit";
+# 96 GB read as 96·10⁹ B, the smaller of the two readings (the driver's figure is not printed). The
+# tensor-core peak at 500 W is not printed: the catalog's stays.
+VARIANTS = {"h100-96gb-hbm2e-500w": (96 * 10**9, 2400)}
 
 
 @dataclass
@@ -55,7 +57,7 @@ class Row:
     scored: bool = True  # False: the source leaves out part of the configuration, or other hardware
     why_not_scored: str = ""
     unmodelled: list = field(default_factory=list)  # what the run did that jobctl does not model (MoE rows)
-    memory_bytes: int = 0  # the GPU memory of the row's variant (VARIANT_MEMORY_BYTES); 0: the catalog GPU's
+    memory_bytes: int = 0  # the GPU memory of the row's variant (VARIANTS); 0: the catalog GPU's
 
     @property
     def predicted_s(self) -> float:
@@ -201,7 +203,9 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
             row.scored, row.why_not_scored = False, "configuration incomplete: " + ", ".join(assumed)
         elif r.get("gpu_variant"):
             row.scored, row.why_not_scored = False, f"other hardware: {r['gpu_variant']}"
-        row.memory_bytes = VARIANT_MEMORY_BYTES.get(r.get("gpu_variant") or "", 0)
+        if r.get("gpu_variant") in VARIANTS:
+            row.memory_bytes, bandwidth = VARIANTS[r["gpu_variant"]]
+            row.links = dataclasses.replace(row.links, mem_bandwidth_gbs=bandwidth)
         rows.append(row)
     # the halves: alternate within each source, in id order (the scored rows, and apart from them
     # the reference rows, which a fit may use under their stated assumptions)

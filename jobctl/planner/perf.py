@@ -48,14 +48,14 @@ LOW_PRECISION_GEMM_EFFICIENCY: dict[tuple[str, str], float] = {
     # operands cast, and cast again along the other axis for backward): 2 fit pairs of torchtitan's
     # async-TP table (BF16 -> row-wise, compiled, TP 8 on H100), which ran 1.00x and 0.81x of BF16
     # (benchmarks/step_time_accuracy.py fit_rowwise). Below BF16's rate: it measured no faster.
-    ("hopper", "fp8-rowwise"): 0.56,
+    ("hopper", "fp8-rowwise"): 0.58,
 }
 # ... whose casts are memory-bound work of their own: torchao casts each GEMM's operands with
 # per-row scales, and again along the other axis for the backward GEMMs (the input and weight
 # column-wise for the weight gradient, the output gradient both ways), each an amax reduction
 # and a scaled copy. Bytes moved per element of a linear's input and output, per token
 # (forward, backward and the casts a recomputed forward repeats), fitted with the efficiency above.
-ROWWISE_CAST_BYTES = 66.0
+ROWWISE_CAST_BYTES = 48.0
 # The generation a catalog GPU belongs to, for the constants fitted per generation (B200 and
 # GB200 share Blackwell's tensor cores; their peaks in the catalog differ by their clocks).
 GENERATION = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell"}
