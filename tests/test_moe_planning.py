@@ -277,7 +277,8 @@ def test_torchtitan_refuses_what_it_does_not_model_of_moe():
 def test_a_pin_the_framework_refuses_everywhere_is_named_as_the_reason():
     """Pinned to recompute=selective, torchtitan's MoE plans that fit in memory are all refused
     (its op-level SAC of an MoE block is not modelled): the answer says so, with the count, before
-    the smallest layout's memory (which is not why nothing is offered)."""
+    the smallest layout's memory (which is not why nothing is offered), and that layout is marked
+    as one the framework refuses too."""
     from jobctl.planning import load_inventory, load_recipe, plan_on
     d = plan_on(load_recipe("recipes/qwen3-30b-a3b.yaml", ["framework=torchtitan", "parallelism.recompute=selective"]),
                 load_inventory("h100", ["partitions.0.nodes=2"]), alternatives=0, summary=False, learn=False).to_dict()
@@ -285,7 +286,10 @@ def test_a_pin_the_framework_refuses_everywhere_is_named_as_the_reason():
     refused = [x for x in d["reasons"] if "refused by torchtitan" in x]
     assert refused and "selective recompute of an MoE block" in refused[0], d["reasons"]
     assert int(refused[0].split()[0]) <= d["search"]["rejected"]["the framework refuses it"]
-    assert d["reasons"].index(refused[0]) < next(i for i, x in enumerate(d["reasons"]) if "smallest needs" in x)
+    smallest = next(i for i, x in enumerate(d["reasons"]) if "smallest needs" in x)
+    assert d["reasons"].index(refused[0]) < smallest
+    # the smallest layout is selective too: the framework's check comes after memory's, so it says so
+    assert "recompute=selective" in d["reasons"][smallest] and "torchtitan would refuse it too" in d["reasons"][smallest]
 
 
 def test_torchtitan_moe_activations_by_hand():

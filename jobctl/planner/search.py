@@ -452,12 +452,14 @@ def no_fit_reasons(w: Workload, t: Target, c: Constraints, closest: Candidate | 
                    f"{w.caps.name}: {reason}")
     if closest is not None:
         m = closest.memory
+        # the memory check comes before the framework's: the smallest may be a layout it refuses
+        refused = f"; {w.caps.name} would refuse it too" if r.refused and w.framework.problems(closest.plan, w) else ""
         if not m.fits_gpu:
             out.append(f"the smallest needs {m.total_bytes / GIB:.1f} GiB per GPU, {m.gpu_usable_bytes / GIB:.1f} GiB usable "
-                       f"({closest.plan.summary()})")
+                       f"({closest.plan.summary()}{refused})")
         else:
             out.append(f"the smallest needs {m.host_bytes_per_node / GIB:.1f} GiB host RAM per node, "
-                       f"{m.host_usable_bytes / GIB:.1f} GiB usable ({closest.plan.summary()})")
+                       f"{m.host_usable_bytes / GIB:.1f} GiB usable ({closest.plan.summary()}{refused})")
     return out
 
 
