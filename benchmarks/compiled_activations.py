@@ -317,7 +317,7 @@ def modelled(case: str, shape: tuple) -> tuple[float, list]:
     elif precision == "mla":
         x = mla_dims(dim)
         spec = ModelSpec("block", "llama", 1, dim, ffn, heads, heads, 2048,
-                         moe=MoE(EXPERTS, TOP_K, ffn // 4, shared_experts=1, score_bias=True),
+                         moe=MoE(EXPERTS, TOP_K, ffn // 4, shared_experts=1, score_bias=True, groups=4, groups_kept=2),
                          mla=MLA(x["q_lora_rank"], x["kv_lora_rank"], x["qk_rope_head_dim"], x["qk_nope_head_dim"],
                                  x["v_head_dim"]))
     else:

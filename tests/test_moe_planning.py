@@ -292,6 +292,39 @@ def test_a_pin_the_framework_refuses_everywhere_is_named_as_the_reason():
     assert "recompute=selective" in d["reasons"][smallest] and "torchtitan would refuse it too" in d["reasons"][smallest]
 
 
+def test_a_group_limited_router_keeps_its_group_choices():
+    """torchtitan's group-limited router (models/common/moe.py _get_node_limited_routing_scores),
+    eager: topk(2) inside each group keeps its int64 indices (2 x 8 B per group), the topk over
+    the groups the kept groups' (8 B each), masked_fill its bool group mask (1 B per group):
+    DeepSeek-V3's 8 groups keeping 4 (torchtitan's deepseek_v3_671b: router_num_expert_groups 8,
+    router_num_limited_groups 4), 8 x 16 + 4 x 8 + 8 = 168 B per token, on the 58 of 61 layers
+    that route. Compiled they are recomputed. (benchmarks/compiled_activations.py measures the
+    same block with 4 groups keeping 2: 84 B per token.)"""
+    import dataclasses
+    ds = PRESETS["deepseek-v3"]
+    assert (ds.moe.groups, ds.moe.groups_kept) == (8, 4)
+    flat = dataclasses.replace(ds, moe=dataclasses.replace(ds.moe, groups=0, groups_kept=0))
+    T = 4096
+
+    def router(spec, compile_=False):
+        w = Workload(spec, T, 512, framework="torchtitan", compile=compile_)
+        return {n: b for n, b, _ in layer_activation_terms(w, plan(sharding="zero3"), 1)}["router"]
+    assert router(ds) - router(flat) == pytest.approx(58 / 61 * T * (8 * 16 + 4 * 8 + 8))
+    assert router(ds, True) == router(flat, True)
+
+
+def test_moe_expert_groups_are_checked_in_the_recipe():
+    from jobctl.config.schema import MoEArch
+    ok = dict(experts=256, top_k=8, expert_ffn_hidden=2048)
+    assert MoEArch(**ok, expert_groups=8, expert_groups_kept=4).expert_groups == 8
+    for bad in (dict(expert_groups=7, expert_groups_kept=4),   # 256 experts do not split in 7
+                dict(expert_groups=8),                          # kept missing
+                dict(expert_groups=8, expert_groups_kept=9),    # more kept than there are
+                dict(expert_groups=128, expert_groups_kept=3)):  # 3 groups of 2 hold 6 experts < top 8
+        with pytest.raises(ValueError):
+            MoEArch(**ok, **bad)
+
+
 def test_torchtitan_moe_activations_by_hand():
     # torchtitan's MoE block (models/common/moe.py, token_dispatcher.py), Qwen3-30B-A3B, s·b = T
     # tokens, k = 8 copies each, no recompute, tp 1. The router's gate under autocast(float32)

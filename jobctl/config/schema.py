@@ -58,6 +58,9 @@ class MoEArch(_Strict):
     router_bias: bool = False
     score_bias: bool = Field(default=False, description="DeepSeek-V3's per-expert score-correction bias")
     expert_bias: bool = False
+    expert_groups: int = Field(default=0, ge=0, le=4096, description="group-limited routing (DeepSeek-V3: 8): the "
+                               "experts in groups, a token's top_k drawn from the best expert_groups_kept of them")
+    expert_groups_kept: int = Field(default=0, ge=0, le=4096, description="groups a token may use (DeepSeek-V3: 4)")
     # the router's load-balancing regime: dropless (every token reaches its experts, whatever the
     # imbalance), or a capacity factor (an expert takes at most factor x its even share)
     capacity_factor: float | None = Field(default=None, gt=0, le=64)
@@ -66,6 +69,13 @@ class MoEArch(_Strict):
     def _k(self):
         if self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
+        g, kept = self.expert_groups, self.expert_groups_kept
+        if g and (self.experts % g or self.experts // g < 2):
+            raise ValueError(f"expert_groups ({g}) must divide experts ({self.experts}) into groups of 2 or more")
+        if bool(g) != bool(kept) or kept > g:
+            raise ValueError(f"expert_groups_kept ({kept}) must be set with expert_groups ({g}), and at most it")
+        if g and self.top_k > kept * (self.experts // g):
+            raise ValueError(f"top_k ({self.top_k}) exceeds the experts of the {kept} groups a token may use")
         return self
 
 

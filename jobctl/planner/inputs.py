@@ -27,7 +27,7 @@ def model_spec(model) -> ModelSpec:
     x, a = model.moe, model.attention
     moe = MoE(x.experts, x.top_k, x.expert_ffn_hidden, x.shared_experts, x.shared_expert_ffn_hidden,
               x.first_dense_layers, x.moe_every, x.router_bias, x.score_bias, x.expert_bias,
-              x.capacity_factor or 0.0) if x is not None else None
+              x.capacity_factor or 0.0, x.expert_groups, x.expert_groups_kept) if x is not None else None
     mla = MLA(a.q_lora_rank, a.kv_lora_rank, a.qk_rope_head_dim, a.qk_nope_head_dim, a.v_head_dim) \
         if a is not None and a.kind == "mla" else None
     return ModelSpec(

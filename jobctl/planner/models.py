@@ -173,9 +173,10 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec("gpt3-175b", "gpt", 96, 12288, 49152, 96, 96, 51200, True, 2048, 0.1),
         # Mixtures of experts (issue 31), from their released configs:
         # DeepSeek-V3: transformers' DeepseekV3Config defaults (= deepseek-ai/DeepSeek-V3), MLA and
-        # 3 dense layers of 18432, 256 experts of 2048 + 1 shared, top 8, one MTP module.
+        # 3 dense layers of 18432, 256 experts of 2048 + 1 shared, top 8 from the best 4 of 8
+        # expert groups (n_group, topk_group), one MTP module.
         ModelSpec("deepseek-v3", "llama", 61, 7168, 18432, 128, 128, 129280,
-                  moe=MoE(256, 8, 2048, shared_experts=1, dense_layers=3, score_bias=True),
+                  moe=MoE(256, 8, 2048, shared_experts=1, dense_layers=3, score_bias=True, groups=8, groups_kept=4),
                   mla=MLA(1536, 512, 64, 128, 128), mtp_layers=1, norm_eps=1e-6),
         # Qwen3 MoE: Qwen/Qwen3-235B-A22B and -30B-A3B config.json (head_dim 128, q/k norms, every
         # layer MoE, no shared expert; Megatron-Bridge's Qwen3 MoE provider @5ca1c1a1).

@@ -30,6 +30,10 @@ class MoE:
     score_bias: bool = False  # DeepSeek-V3's per-expert e_score_correction_bias
     expert_bias: bool = False  # biases on the experts' matrices (gpt-oss)
     capacity_factor: float = 0.0  # 0: dropless; else tokens an expert takes, x its even share
+    # group-limited routing (DeepSeek-V3 n_group 8, topk_group 4; torchtitan's router
+    # num_expert_groups, num_limited_groups): 0 = none
+    groups: int = 0
+    groups_kept: int = 0
 
     def is_moe(self, layer: int) -> bool:
         """Whether layer `layer` (0-based) routes its tokens to experts."""

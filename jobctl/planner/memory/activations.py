@@ -308,15 +308,20 @@ def _eager_router_and_copies(w: Workload, d: _Dims, share: float, tokens: float,
     sum (4·k + 4). The dispatcher sorts the k·T copies by expert (argsort and the token index of
     each copy: 2 · 8 B, the sorted score 4 B per copy) and gathers them (the grouped GEMMs keep
     that 16-bit copy, 2·h); the combine casts each expert output to fp32 to weight it, keeping
-    that fp32 copy (4·h per copy). Traced (benchmarks/trace_memory.py --model 30B-A3B). Compiled
-    (`compiled`), the combine keeps the 16-bit expert output instead and the sorted score is
-    recomputed (measured: benchmarks/compiled_activations.py)."""
+    that fp32 copy (4·h per copy). Traced (benchmarks/trace_memory.py --model 30B-A3B). A
+    group-limited router (_get_node_limited_routing_scores) also keeps, eager, each group's top-2
+    indices (int64: 16·G), the kept groups' indices (8·G_kept) and the bool group mask its
+    masked_fill reads (G) per token. Compiled (`compiled`), the combine keeps the 16-bit expert
+    output instead, and the sorted score and the group terms are recomputed (measured:
+    benchmarks/compiled_activations.py)."""
     x = w.model.moe
     h, e, k, E = d.h, d.e, x.top_k, x.experts
-    per_token = 4 * h + 4 * E + 12 * k + 4
+    groups = 0 if compiled else 17 * x.groups + 8 * x.groups_kept
+    per_token = 4 * h + 4 * E + 12 * k + 4 + groups
     router = ("router", share * (per_token * tokens + 4 * E * h), f"fp32 copies of the gate's input and weight, "
-              f"probabilities, top-k ids and scores: ({4 * h} + {4 * E} + {12 * k + 4}) B per token + 4·E·h x "
-              f"{share:.3g} of the layers")
+              f"probabilities, top-k ids and scores: ({4 * h} + {4 * E} + {12 * k + 4}"
+              + (f" + {groups} for the expert groups" if groups else "")
+              + f") B per token + 4·E·h x {share:.3g} of the layers")
     if compiled:
         return [router, ("routed tokens", share * (2 * e * h + 16) * routed, f"the top_{k} copies of each token "
                          f"sorted to their experts (2·h, the grouped GEMMs' input), their 16-bit outputs kept for "
