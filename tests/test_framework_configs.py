@@ -177,6 +177,9 @@ def test_megatron_accepts_what_jobctl_renders():
             assert r["qk_layernorm"] == (model.mla is not None or model.qk_norm)
             # DeepSeek-V3's sequence-wise balancing beside its expert bias; the others' aux loss
             assert r["moe_router_load_balancing_type"] == ("seq_aux_loss" if model.moe.score_bias else "aux_loss")
+            # DeepSeek-V3's group-limited routing (its config: n_group 8, topk_group 4), as the
+            # TransformerConfig built from the flags holds it
+            assert r["moe_router_groups"] == ([8, 4] if case["case"][0] == "deepseek-v3" else [None, None])
             # the all-to-alls under the paired micro-batch's compute wherever megatron-core's
             # TransformerConfig takes it (its __post_init__): experts split, no full recompute,
             # virtual stages when pipelined; the experts' weight gradients delayed with it
@@ -225,6 +228,9 @@ WRONG_MEGATRON = [
      "num_moe_experts must be non None to use expert-parallel"),
     ("--moe-router-enable-expert-bias", lambda a: _without_value(a, "--moe-router-score-function"),
      "Expert bias for aux-loss-free routing only supports sigmoid score function"),
+    # group-limited routing: more groups kept than there are
+    ("--moe-router-num-groups", lambda a: _with_value(a, "--moe-router-group-topk", "9"),
+     "should be smaller than"),
     # the combined 1F1B schedule: not with full recompute; the delayed weight gradients not without it
     ("--overlap-moe-expert-parallel-comm", lambda a: a + ["--recompute-granularity", "full", "--recompute-method",
                                                           "uniform", "--recompute-num-layers", "1"],

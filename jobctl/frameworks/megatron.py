@@ -250,6 +250,8 @@ def _moe_flags(plan, w) -> list:
         a += ["--moe-layer-freq", "[" + ",".join(str(int(x.is_moe(i))) for i in range(m.layers)) + "]"]
     if x.score_bias:  # DeepSeek-V3: sigmoid scores with a per-expert bias that balances the load
         a += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+    if x.groups:  # group-limited routing (DeepSeek-V3: top 8 experts from the best 4 of 8 groups)
+        a += ["--moe-router-num-groups", x.groups, "--moe-router-group-topk", x.groups_kept]
     if x.capacity_factor:
         a += ["--moe-expert-capacity-factor", num(x.capacity_factor)]
     return a

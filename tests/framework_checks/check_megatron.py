@@ -105,7 +105,9 @@ def check(case):
             "num_moe_experts": cfg.num_moe_experts, "ep": cfg.expert_model_parallel_size,
             "etp": cfg.expert_tensor_parallel_size, "moe_layer_freq": cfg.moe_layer_freq,
             "mla": isinstance(cfg, MLATransformerConfig), "qk_layernorm": cfg.qk_layernorm,
-            "moe_router_load_balancing_type": cfg.moe_router_load_balancing_type, "fp8": cfg.fp8, "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)) if cfg.fp8 else None,
+            "moe_router_load_balancing_type": cfg.moe_router_load_balancing_type,
+            "moe_router_groups": [cfg.moe_router_num_groups, cfg.moe_router_group_topk],
+            "fp8": cfg.fp8, "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)) if cfg.fp8 else None,
             "fp4": getattr(cfg, "fp4", None),
             "fp4_recipe": str(getattr(cfg.fp4_recipe, "value", cfg.fp4_recipe)) if getattr(cfg, "fp4", None) else None}
 
