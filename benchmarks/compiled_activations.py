@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tp", action="store_true", help="instead: one 8B block on rank 0 of TP 2 (sequence "
                     "parallel), eager and compiled, 16-bit and row-wise Float8, and compiled with selective AC; "
                     "compiled Float8 at TP 4 and at TP 2 x FSDP 2 (~15 min)")
-    ap.add_argument("--tp-case", help=argparse.SUPPRESS)  # TP-PRECISION-MODE-FSDP: one --tp case, bytes out
+    ap.add_argument("--tp-case", help=argparse.SUPPRESS)  # TP-PRECISION-MODE-FSDP-AC: one --tp case, bytes out
     ap.add_argument("--json", action="store_true", help="raw numbers (bytes)")
     ap.add_argument("--write", action="store_true", help=f"record the measurements in {DATA.relative_to(ROOT)}")
     a = ap.parse_args(argv)
