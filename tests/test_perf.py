@@ -13,6 +13,7 @@ from jobctl.planner.perf import (
     Links,
     estimate_step,
     model_flops_per_token,
+    stage_time,
 )
 from jobctl.planner.plan import Plan
 from jobctl.planner.search import search
@@ -119,6 +120,22 @@ def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     # interleaving v chunks divides the bubble by v
     e4 = estimate_step(w, replace(p, virtual_stages=4), H100, 8)
     assert e4.pp_bubble_s == pytest.approx(e.pp_bubble_s / 4)
+
+
+def test_interleaved_bubble_with_fewer_micro_batches_than_stages():
+    # torch's Interleaved1F1B takes m < p micro-batches; a micro-batch's next chunk on the first
+    # stage waits for it to leave the last, so each of the v rounds lasts p chunk-times: with
+    # p = 4, v = 4, m = 2, 4·4 + 2 − 1 = 17 chunk-times, of which m·v = 8 are this rank's work;
+    # the bubble is 17 − 8 = 9 chunk-times = 9/4 of a micro-batch's stage time (the textbook
+    # (p − 1)/v would give 3/4).
+    w = Workload(PRESETS["llama3.1-70b"], 4096, 2, framework="torchtitan")
+    p = plan(tp=2, pp=4, dp=1, nodes=1, grad_accum_steps=2, global_batch_size=2, virtual_stages=4, sharding="zero3")
+    e = estimate_step(w, p, H100, 8)
+    stage_mb = stage_time(w, p, H100, 8)
+    assert e.pp_bubble_s == pytest.approx(9 / 4 * stage_mb, rel=1e-9)
+    # without interleaving (v = 1) the textbook (p − 1) micro-batch stage times stand
+    e1 = estimate_step(w, replace(p, virtual_stages=1), H100, 8)
+    assert e1.pp_bubble_s == pytest.approx(3 * stage_time(w, replace(p, virtual_stages=1), H100, 8), rel=1e-9)
 
 
 def test_tensor_parallel_allreduce_by_hand():

@@ -404,11 +404,21 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
     # what selective recompute reruns: shared by every plan (and framework) that has them
     op_sac = (w.caps.fused_qkv,) if plan.recompute == "selective" and w.caps.selective is Selective.OP_SAC else None
     # te: the frameworks that run Transformer Engine's layers (Megatron-Core)
-    return _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, tp_overlap(w, plan),
-                           (w.caps.te_layernorm_mlp, w.compiled, w.caps.moe_expert_launches), links, gpus_per_node,
-                           plan.tp, plan.pp,
-                           plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, max(plan.virtual_stages, 1),
-                           plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan))
+    v = max(plan.virtual_stages, 1)
+    parts = _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, tp_overlap(w, plan),
+                            (w.caps.te_layernorm_mlp, w.compiled, w.caps.moe_expert_launches), links, gpus_per_node,
+                            plan.tp, plan.pp, plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, v,
+                            plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan))
+    short = plan.pp - plan.grad_accum_steps
+    if v > 1 and short > 0:
+        # fewer micro-batches than stages under an interleaved schedule (torch's Interleaved1F1B
+        # takes them: schedules.py, number_of_rounds = max(1, m // pp)): a micro-batch's next chunk
+        # on the first stage waits for it to leave the last, so each of the v rounds lasts p
+        # chunk-times, not m: v·p + m − 1 chunks in all where (p − 1)/v counts v·m + p − 1.
+        layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, layer_host = parts
+        bubble += short * (v - 1) / v * stage_mb
+        parts = (layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, layer_host)
+    return parts
 
 
 def _ep_hidden_share(w: Workload, plan) -> float:
