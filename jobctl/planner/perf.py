@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from functools import lru_cache
 
-from jobctl.frameworks import Selective, ep_overlap
+from jobctl.frameworks import GradBuffer, Selective, ep_overlap
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
-from jobctl.planner.memory.workload import fp8_gathered_layers, fp8_params, low_precision_format, tp_overlap
+from jobctl.planner.memory.workload import (DEEPSPEED_REDUCE_BUCKET_ELEMS, fp8_gathered_layers, fp8_params,
+                                           low_precision_format, tp_overlap)
 from jobctl.planner.plan import Plan
 
 # --- efficiency constants -----------------------------------------------------------------------
@@ -33,16 +34,16 @@ GEMM_EFFICIENCY_BY_GPU = {"a100": 0.80, "h100": 0.55, "h200": 0.55}
 # cast epilogues, cuDNN attention, CUDA_DEVICE_MAX_CONNECTIONS=1 scheduling), per generation:
 # the BF16 runs of Megatron-Core's H100 table (fit half, benchmarks/step_time_accuracy.py --fit)
 # reach more of Hopper's peak than the 2023 FSDP rows above.
-GEMM_EFFICIENCY_TE = {"hopper": 0.76}  # 5 fit rows: Megatron-Core H100 table 1.7B, 16B, 70B, 314B, 462B
+GEMM_EFFICIENCY_TE = {"hopper": 0.74}  # 5 fit rows: Megatron-Core H100 table 1.7B, 16B, 70B, 314B, 462B
 # The layers' linear GEMMs under a low-precision recipe (Transformer Engine's fp8, mxfp8,
 # nvfp4; attention and the output layer stay in BF16) reach this fraction of the format's dense
 # peak, per GPU generation and format, casts and scaling included; fitted like the above on the
 # "fit" half of benchmarks/data/published_throughput_2025.yaml. A pair not here is timed at the
 # BF16 rate (no speed-up promised that was not measured), and the plan says so.
 LOW_PRECISION_GEMM_EFFICIENCY: dict[tuple[str, str], float] = {
-    ("hopper", "fp8"): 0.68,  # 7 fit rows: Megatron-Bridge 25.09-26.02 70B/405B H100, NeMo 24.07 H100
-    ("blackwell", "fp8"): 0.62,  # 5 fit rows: Megatron-Bridge 8B/405B GB200
-    ("blackwell", "mxfp8"): 0.62,  # 4 fit rows: Megatron-Bridge 8B B200/GB200, 70B/405B GB200
+    ("hopper", "fp8"): 0.64,  # 7 fit rows: Megatron-Bridge 25.09-26.02 70B/405B H100, NeMo 24.07 H100
+    ("blackwell", "fp8"): 0.60,  # 5 fit rows: Megatron-Bridge 8B/405B GB200
+    ("blackwell", "mxfp8"): 0.60,  # 4 fit rows: Megatron-Bridge 8B B200/GB200, 70B/405B GB200
     ("blackwell", "nvfp4"): 0.84,  # 7 fit rows: Megatron-Bridge 70B/405B GB200
     # torchao's row-wise Float8 under torchtitan (torch._scaled_mm with per-row scales, each GEMM's
     # operands cast, and cast again along the other axis for backward): 2 fit pairs of torchtitan's
@@ -96,7 +97,7 @@ DP_OVERLAP = 0.90
 # traffic still exposed (fitted with the low-precision efficiencies on the fit half of
 # benchmarks/data/published_throughput_2025.yaml): what a layer's GEMMs cannot cover is
 # exposed as well.
-TP_OVERLAP_EXPOSED = 0.1
+TP_OVERLAP_EXPOSED = 0.0
 # ... and the overlapped traffic is not free: its kernels hold SMs the GEMMs would use
 # (initialize_ub's default num_sm=16 per communicator, of the 132 SMs of an H100), so the
 # GEMMs under it run slower by about that share of the overlapped time.
@@ -143,7 +144,7 @@ LATENCY_INTER_NODE_S = 35e-6
 # copy moves in memory-bound kernels per unit of h, forward and backward: permuted into expert
 # order and back (a read and a write of h each way, 16-bit: 8·h forward), about twice that in
 # backward.
-MOE_GEMM_EFFICIENCY = {"hopper": 0.36, "blackwell": 0.46}
+MOE_GEMM_EFFICIENCY = {"hopper": 0.38, "blackwell": 0.48}
 MOE_PERMUTE_BYTES_H = 24
 # ... and where the framework launches the routed experts' work expert by expert from the host
 # (caps.moe_expert_launches: Megatron-Core's Transformer Engine GroupedLinear), host seconds
@@ -156,8 +157,21 @@ MOE_PERMUTE_BYTES_H = 24
 # MOE_GEMM_EFFICIENCY on the fit half (0.15 ms when the host time was added to the GPU's; 0.575
 # ms as the longer of the two, which the one-node B200 runs at micro-batch 1 against 4 decide).
 MOE_HOST_S_PER_EXPERT = 0.575e-3
-# DDP / Megatron gradient buckets: one collective per ~25 MB (DDP's bucket_cap_mb default 25).
+# Gradient buckets, one collective each: torch DDP's bucket_cap_mb default 25 MB; Megatron-Core's
+# max(40M, 1M x dp) parameters (distributed/distributed_data_parallel.py, bucket_size None);
+# DeepSpeed's reduce_bucket_size 5e8 elements (memory/workload.py).
 BUCKET_BYTES = 25e6
+MEGATRON_BUCKET_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+# A ring collective across nodes pays a latency per step of the ring, not once: NCCL's own
+# tuning model (src/graph/tuning.cc ncclTopoTuneModel, mirrored by torch/_inductor/
+# comm_analysis.py), ring algorithm, Simple protocol (large messages): a base of 8.4 us, then
+# 14 us per step that crosses the network and 3.4 us per step inside a node (NVLink); an
+# all-gather or reduce-scatter of n ranks over N nodes takes n-1 steps, N-1 of them across the
+# network (an all-reduce twice that). A 2,048-rank ring over 1,024 nodes: ~18 ms a call.
+NCCL_RING_BASE_S = 8.4e-6
+NCCL_RING_NET_STEP_S = 14e-6
+NCCL_RING_NVLINK_STEP_S = 3.4e-6
 
 
 @dataclass(frozen=True)
@@ -287,10 +301,55 @@ def _latency(gbs: float, links: Links) -> float:
     return LATENCY_INTRA_NODE_S if gbs >= links.intra_node_gbs else LATENCY_INTER_NODE_S
 
 
+def ring_gbs(links: Links, gpus_per_node: int, stride: int, n: int) -> float:
+    """Bus bandwidth, GB/s per GPU, of a ring collective over `n` ranks `stride` apart in the
+    rank order (Megatron's tp-cp-dp-pp: the data-parallel group's stride is tp). Inside a node,
+    the intra-node link. Across nodes, NCCL runs one ring channel per NIC through the group's
+    ranks in each node (every rank has its own NIC) and only the hop out of a node crosses the
+    network, so the bus bandwidth is the group's NICs in a node together, k × the per-GPU network
+    with k of its ranks per node, capped by the intra-node link that carries the other hops
+    (NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel: busBw = nChannels × bwInter; its model
+    caps Hopper at 370 GB/s, above the 8 × 50 × NETWORK_EFFICIENCY = 320 timed here). The other
+    groups of the node (other TP ranks) reduce at the same time on the other NICs."""
+    if stride * n <= gpus_per_node:
+        return links.intra_node_gbs
+    k = max(1, min(n, gpus_per_node // max(1, stride)))
+    return min(links.intra_node_gbs, k * links.inter_node_gbs)
+
+
+def ring_latency(gpus_per_node: int, stride: int, n: int, allreduce: bool = False) -> float:
+    """Seconds of latency of one ring collective over `n` ranks `stride` apart (ring_gbs): inside
+    a node the measured start-up (LATENCY_INTRA_NODE_S); across nodes NCCL's per-step latencies
+    (NCCL_RING_*), at least the measured inter-node start-up."""
+    if n <= 1:
+        return 0.0
+    if stride * n <= gpus_per_node:
+        return LATENCY_INTRA_NODE_S
+    k = max(1, min(n, gpus_per_node // max(1, stride)))
+    nodes = -(-n // k)
+    rounds = 2 if allreduce else 1
+    steps, net = rounds * (n - 1), rounds * (nodes - 1)
+    return max(LATENCY_INTER_NODE_S,
+               NCCL_RING_BASE_S + net * NCCL_RING_NET_STEP_S + (steps - net) * NCCL_RING_NVLINK_STEP_S)
+
+
+def _buckets(w: Workload, plan: Plan, params: float, grad_b: float, layers: int) -> float:
+    """Gradient buckets (one collective each) of `params` gradients of `grad_b` bytes over a
+    stage of `layers` layers."""
+    if w.caps.grad_buffer is GradBuffer.DDP_BUCKETS and plan.sharding != "none":
+        return layers + 1.0  # FSDP: one collective per wrapped block, and the root's
+    if w.caps.grad_buffer is GradBuffer.NONE:  # Megatron-Core's DDP
+        per = max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * plan.dp * plan.cp)
+        return max(1.0, params / per)
+    if w.caps.grad_buffer is GradBuffer.REDUCE_BUCKET:
+        return max(1.0, params / DEEPSPEED_REDUCE_BUCKET_ELEMS)
+    return max(1.0, params * grad_b / BUCKET_BYTES)
+
+
 def dp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
-    """Megatron rank order tp-cp-dp-pp: the data-parallel group stays in a node only if
-    tp·cp·dp fits in one."""
-    return links.intra_node_gbs if plan.tp * plan.cp * plan.dp <= gpus_per_node else links.inter_node_gbs
+    """The data-parallel (and context-parallel) group's ring bandwidth: Megatron rank order
+    tp-cp-dp-pp, so the group's ranks are tp apart (ring_gbs)."""
+    return ring_gbs(links, gpus_per_node, plan.tp, plan.cp * plan.dp)
 
 
 def estimate_step(w: Workload, plan: Plan, links: Links, gpus_per_node: int, steps: int | None = None) -> StepEstimate:
@@ -603,8 +662,9 @@ def _expert_data_parallel(w: Workload, plan, links: Links, gpus_per_node: int, s
     if n <= 1:
         return 0.0
     grad_b = 4 if w.precision == "fp32" else 2 if w.grad_reduce_dtype == "bf16" else w.caps.reduce_bytes
-    # the expert group's ranks: consecutive after the EP ranks, so inside a node while tp·cp·dp is
-    gbs = links.intra_node_gbs if plan.tp * plan.cp * plan.dp <= gpus_per_node else links.inter_node_gbs
+    # the expert group's ranks: ep apart (expert tensor parallelism 1), so inside a node while
+    # tp·cp·dp is
+    gbs = ring_gbs(links, gpus_per_node, plan.ep, n)
     factor = 2 if plan.sharding == "none" else 1
     reduce = _ring(n, experts * grad_b, gbs, NETWORK_EFFICIENCY, factor)
     gather = _ring(n, experts * (4 if w.precision == "fp32" else 2), gbs, NETWORK_EFFICIENCY, 1) \
@@ -652,7 +712,7 @@ def _data_parallel(w: Workload, plan: Plan, links: Links, gpus_per_node: int, st
         shard = plan.hsdp_shard or n
         gbs_shard = links.intra_node_gbs if plan.sharding == "hsdp" else dp_gbs
         # per layer: an all-gather forward, another backward, a reduce-scatter
-        alpha = 3 * layers_max * _latency(gbs_shard, links) if shard > 1 else 0.0
+        alpha = 3 * layers_max * ring_latency(gpus_per_node, plan.tp, shard)
         per_mb = _ring(shard, trainable * param_b, gbs_shard, NETWORK_EFFICIENCY, 2) + \
             _ring(shard, trainable * grad_b, gbs_shard, NETWORK_EFFICIENCY, 1) + alpha
         dp = micro * max(0.0, per_mb - stage_mb)  # prefetching overlaps it with the layers' compute
@@ -663,13 +723,16 @@ def _data_parallel(w: Workload, plan: Plan, links: Links, gpus_per_node: int, st
                 _ring(shard, trainable * grad_b, gbs_shard, NETWORK_EFFICIENCY, 1) + alpha * 2 / 3
             dp = max(0.0, once - stage_mb)
         if plan.sharding == "hsdp" and n > shard:
-            dp += (1 - DP_OVERLAP) * _ring(n // shard, trainable * grad_b / shard, dp_gbs, NETWORK_EFFICIENCY, 2)
+            # the replicas' all-reduce: ranks tp·shard apart
+            replicas = ring_gbs(links, gpus_per_node, plan.tp * shard, n // shard)
+            dp += (1 - DP_OVERLAP) * _ring(n // shard, trainable * grad_b / shard, replicas, NETWORK_EFFICIENCY, 2)
         return dp
     factor = 2 if plan.sharding == "none" else 1
-    buckets = max(1.0, trainable * grad_b / BUCKET_BYTES)
-    reduce = _ring(n, trainable * grad_b, dp_gbs, NETWORK_EFFICIENCY, factor, buckets * _latency(dp_gbs, links))
-    gather = _ring(n, trainable * param_b, dp_gbs, NETWORK_EFFICIENCY, 1, buckets * _latency(dp_gbs, links)) \
-        if plan.sharding != "none" else 0.0
+    buckets = _buckets(w, plan, trainable, grad_b, layers_max)
+    reduce = _ring(n, trainable * grad_b, dp_gbs, NETWORK_EFFICIENCY, factor,
+                   buckets * ring_latency(gpus_per_node, plan.tp, n, allreduce=factor == 2))
+    gather = _ring(n, trainable * param_b, dp_gbs, NETWORK_EFFICIENCY, 1,
+                   buckets * ring_latency(gpus_per_node, plan.tp, n)) if plan.sharding != "none" else 0.0
     return max(reduce * (1 - DP_OVERLAP), reduce - backward_last) + max(0.0, gather - stage_mb / 3)
 
 
