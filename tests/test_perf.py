@@ -157,6 +157,32 @@ def test_a_data_parallel_ring_across_nodes_uses_the_groups_nics_together():
     assert ring_latency(8, 1, 8) == LATENCY_INTRA_NODE_S  # inside a node: the measured start-up
 
 
+def test_megatron_data_parallel_traffic_by_hand():
+    # GPT-7.1B of Megatron-Core's H100 table: TP 2, DP 48 on 12 nodes, micro-batch 1 x 4. The
+    # distributed optimizer reduce-scatters fp32 gradients (Megatron-LM turns
+    # accumulate_allreduce_grads_in_fp32 on for bf16) and all-gathers bf16 weights, over a ring of
+    # 48 ranks 2 apart: 4 per node, 4 NICs, 4 x 50 GB/s at 80% (NETWORK_EFFICIENCY). Buckets:
+    # max(40M, 1M x 48) parameters (megatron-core distributed_data_parallel.py), each paying the
+    # ring's latency: 8.4 us + 11 network steps x 14 us + 36 NVLink steps x 3.4 us. The reduce
+    # hides behind the last micro-batch's backward (2/3 of it) but for its last bucket (10%), the
+    # gather behind the first forward (1/3).
+    from jobctl.planner.perf import stage_params_per_rank
+    w = Workload(replace(PRESETS["llama3.1-8b"], layers=30, hidden=4096, heads=32, kv_heads=32, ffn_hidden=16384,
+                         vocab=131072), 4096, 192, framework="megatron")
+    p = plan(tp=2, dp=48, nodes=12, grad_accum_steps=4, global_batch_size=192, sequence_parallel=True)
+    e = estimate_step(w, p, H100, 8)
+    params = stage_params_per_rank(w, p)
+    stage_mb = stage_time(w, p, H100, 8)
+    latency = 8.4e-6 + 11 * 14e-6 + 36 * 3.4e-6
+    buckets = params / 48e6
+    bw = 4 * 50e9 * 0.8
+    reduce = buckets * latency + 47 / 48 * params * 4 / bw
+    gather = buckets * latency + 47 / 48 * params * 2 / bw
+    expected = max(0.1 * reduce, reduce - stage_mb * 2 / 3) + max(0.0, gather - stage_mb / 3)
+    assert e.dp_comm_s == pytest.approx(expected, rel=1e-9)
+    assert e.dp_comm_s > 0
+
+
 def test_tensor_parallel_allreduce_by_hand():
     # 4 all-reduces per layer per micro-batch (2 forward, 2 backward) of s·b·h 16-bit values:
     # ring all-reduce time 2(t−1)/t · bytes / (bandwidth · efficiency), plus the start-up
