@@ -102,3 +102,26 @@ def test_async_tp_pairs_measured_by_torchtitan_within_10_percent():
     assert [round(m, 3) for _, m, _ in got] == [round(624.8 / 599.6, 3), round(3914.9 / 3708.5, 3)]
     for pair, measured, predicted in got:
         assert predicted == pytest.approx(measured, rel=0.10), pair
+
+
+def test_plan_explain_says_how_the_data_parallel_ring_runs():
+    """The plan's JSON and `plan --explain` carry the data-parallel ring: TP 2 on 8-GPU H100 nodes
+    puts 4 of a data-parallel group's ranks in each node, whose 4 NICs (400 Gbit/s each: the
+    catalog's H100 network, which the h100 inventory does not override) carry it together: 4 x 50 GB/s."""
+    import os
+    import subprocess
+    import sys
+    from jobctl.planning import load_inventory, load_recipe, plan_on
+    d = plan_on(load_recipe("recipes/llama8b.yaml", ["parallelism.tp=2", "parallelism.pp=1", "parallelism.cp=1"]),
+                load_inventory("h100", []), alternatives=0).to_dict()
+    ring = d["estimate"]["data_parallel_ring"]
+    dp = d["plan"]["dp"]
+    assert d["plan"]["nodes"] > 1
+    assert ring["ranks"] == dp and ring["ranks_per_node"] == 4 and ring["nodes"] == dp // 4
+    assert ring["bus_gbs_per_gpu"] == 4 * 400 / 8
+    out = subprocess.run([sys.executable, "-m", "jobctl", "plan", "recipes/llama8b.yaml", "--cluster", "h100",
+                          "--explain", "parallelism.tp=2", "parallelism.pp=1", "parallelism.cp=1"],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert f"data-parallel ring: {dp} ranks, 4 per node over {dp // 4} nodes, their 4 NICs together: 200 GB/s" \
+        in out.stdout

@@ -346,6 +346,20 @@ def _buckets(w: Workload, plan: Plan, params: float, grad_b: float, layers: int)
     return max(1.0, params * grad_b / BUCKET_BYTES)
 
 
+def dp_ring(plan: Plan, links: Links, gpus_per_node: int) -> dict | None:
+    """How the data-parallel group's ring runs (for `plan --explain` and --json): its ranks, how
+    many share a node (or NVLink domain), the nodes it spans, its bus bandwidth per GPU and NCCL's
+    latency per call. None without data parallelism."""
+    n = plan.dp * plan.cp
+    if n <= 1:
+        return None
+    inside = plan.tp * n <= gpus_per_node
+    k = n if inside else max(1, min(n, gpus_per_node // max(1, plan.tp)))
+    return {"ranks": n, "ranks_per_node": k, "nodes": -(-n // k), "inside_node": inside,
+            "bus_gbs_per_gpu": dp_link_gbs(plan, links, gpus_per_node),
+            "latency_s": ring_latency(gpus_per_node, plan.tp, n)}
+
+
 def dp_link_gbs(plan: Plan, links: Links, gpus_per_node: int) -> float:
     """The data-parallel (and context-parallel) group's ring bandwidth: Megatron rank order
     tp-cp-dp-pp, so the group's ranks are tp apart (ring_gbs)."""

@@ -17,6 +17,7 @@ from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_sum
 from jobctl.planner.explain import explain as explain_search
 from jobctl.planner.memory import estimate, model_state_elements, state_bytes
 from jobctl.planner.memory.workload import low_precision_format
+from jobctl.planner.perf import dp_ring
 from jobctl.planner.resilience import checkpoint_bytes, hang_thresholds, plan_for_failures
 from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
 from jobctl.planning.learn import learned_calibration
@@ -150,6 +151,8 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         why_not=why_lost(w, t, cons, res, objective) if why_not else [],
         search={"considered": res.considered, "feasible": res.feasible_count, "rejected": dict(res.rejected)},
         result=res, workload=w)
+    if report.estimate is not None and t.links is not None:
+        report.estimate["data_parallel_ring"] = dp_ring(best.plan, t.links, t.nvlink_gpus)
     if w.overheads.learned_from:
         report.learned = learned_block(w)
     report.resilience = resilience_block(w, best.plan, best.estimate, t, recipe_loaded.value)

@@ -168,6 +168,9 @@ def _render_fit(report: dict, explain: bool) -> None:
         line = checkpoint_line(r)
         if line:
             para(line)
+        if explain:
+            for text in step_parts_lines(est):
+                para(text, indent="  ")
     why_not = report.get("why_not") or []
     if explain:
         for w in why_not:
@@ -205,6 +208,27 @@ def estimate_lines(est: dict, gpus: int) -> list[str]:
            f"GPU{'s' if gpus != 1 else ''}, {est['tokens_per_s_per_gpu']:,.0f} per GPU · MFU {est['mfu']:.1%}"]
     if est.get("time_to_train_s"):
         out.append(f"{est['steps']:,} steps: {duration(est['time_to_train_s'])}, {est['gpu_hours']:,.0f} GPU-hours")
+    return out
+
+
+STEP_PARTS = (("compute_s", "compute"), ("tp_comm_s", "TP"), ("pp_bubble_s", "bubble"), ("pp_p2p_s", "PP sends"),
+              ("dp_comm_s", "DP exposed"), ("cp_comm_s", "CP exposed"), ("ep_comm_s", "EP exposed"),
+              ("moe_host_s", "expert launches"), ("offload_s", "offload"), ("optimizer_s", "optimizer"))
+
+
+def step_parts_lines(est: dict) -> list[str]:
+    """--explain: the step's parts (those above zero) and how the data-parallel ring runs."""
+    parts = est.get("parts") or {}
+    shown = [f"{label} {duration(parts[key])}" for key, label in STEP_PARTS if parts.get(key, 0) > 0]
+    out = ["step parts: " + " · ".join(shown)] if shown else []
+    ring = est.get("data_parallel_ring")
+    if ring:
+        k = ring["ranks_per_node"]
+        where = ("inside one node" if ring["inside_node"] else
+                 f"one per node over {ring['nodes']} nodes, each through its own NIC" if k == 1 else
+                 f"{k} per node over {ring['nodes']} nodes, their {k} NICs together")
+        out.append(f"data-parallel ring: {ring['ranks']} ranks, {where}: {ring['bus_gbs_per_gpu']:,.0f} GB/s per GPU, "
+                   f"{ring['latency_s'] * 1e6:,.0f} us latency a call (NCCL's ring)")
     return out
 
 
