@@ -123,5 +123,5 @@ def test_plan_explain_says_how_the_data_parallel_ring_runs():
                           "--explain", "parallelism.tp=2", "parallelism.pp=1", "parallelism.cp=1"],
                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
-    assert f"data-parallel ring: {dp} ranks, 4 per node over {dp // 4} nodes, their 4 NICs together: 200 GB/s" \
-        in out.stdout
+    assert (f"data-parallel ring: {dp} ranks, 4 per node over {dp // 4} nodes: 200 GB/s per GPU (the network "
+            "shares of 4 GPUs together)") in out.stdout

@@ -224,11 +224,13 @@ def step_parts_lines(est: dict) -> list[str]:
     ring = est.get("data_parallel_ring")
     if ring:
         k = ring["ranks_per_node"]
-        where = ("inside one node" if ring["inside_node"] else
-                 f"one per node over {ring['nodes']} nodes, each through its own NIC" if k == 1 else
-                 f"{k} per node over {ring['nodes']} nodes, their {k} NICs together")
-        out.append(f"data-parallel ring: {ring['ranks']} ranks, {where}: {ring['bus_gbs_per_gpu']:,.0f} GB/s per GPU, "
-                   f"{ring['latency_s'] * 1e6:,.0f} us latency a call (NCCL's ring)")
+        bw = ring["bus_gbs_per_gpu"]
+        gbs = f"{bw:,.0f} GB/s per GPU" if bw >= 10 else f"{bw:.2g} GB/s per GPU"
+        where = (f"inside one node: {gbs}" if ring["inside_node"] else
+                 f"one per node over {ring['nodes']} nodes: {gbs} (one GPU's share of the network)" if k == 1 else
+                 f"{k} per node over {ring['nodes']} nodes: {gbs} (the network shares of {k} GPUs together)")
+        out.append(f"data-parallel ring: {ring['ranks']} ranks, {where}, {ring['latency_s'] * 1e6:,.0f} us latency a "
+                   "call (NCCL's ring)")
     return out
 
 
