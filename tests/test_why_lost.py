@@ -33,3 +33,21 @@ def test_a_part_that_costs_more_gpu_time_is_named():
     win = candidate(8, 8 * 32768, compute_s=4.0)
     alt = candidate(8, 8 * 32768, compute_s=4.0, pp_bubble_s=1.0)
     assert _loss_reason(win, alt) == "pipeline bubble 20% of the step at 1 micro-batches (winner 0%)"
+
+
+def test_why_not_a_knob_answers_with_the_winners_own_layout():
+    """'why not offload=optimizer' is the winner's layout with its optimizer offloaded (what the
+    user gets by pinning it), not another layout's fastest plan that happens to offload: the
+    search only tries offload where a layout needs it, so that plan is not among its ranked ones.
+    Llama 3.1 70B on the h100 inventory: the same layout, its optimizer step on the CPU."""
+    from jobctl.planning import load_inventory, load_recipe, plan_on
+    inv = load_inventory("h100", [])
+    d = plan_on(load_recipe("recipes/llama70b.yaml", []), inv, alternatives=0).to_dict()
+    p = d["plan"]
+    (entry,) = [x for x in d["why_not"] if x["change"] == "offload=optimizer"]
+    pins = [f"parallelism.{k}={p[k]}" for k in ("tp", "pp", "cp", "dp")] + ["parallelism.offload=optimizer"]
+    pinned = plan_on(load_recipe("recipes/llama70b.yaml", pins), inv, alternatives=0).to_dict()
+    expected = pinned["estimate"]["tokens_per_s_per_gpu"] / d["estimate"]["tokens_per_s_per_gpu"] - 1
+    assert entry["per_gpu"] == round(expected, 4)
+    assert -0.05 < entry["per_gpu"] < 0  # the CPU optimizer step, not another layout's recomputation
+    assert "optimizer step" in entry["reason"]

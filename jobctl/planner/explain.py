@@ -169,11 +169,16 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
     out: list[dict] = []
     others = [x for x in result.ranked if x.estimate is not None]
     n_win = win.plan.world_size
+    # a knob (sharding, recompute, offload, micro-batch) on the winner's own layout: the ranked
+    # plans hold each layout's fastest only, so "offload=optimizer" would otherwise be answered
+    # by another layout that happens to offload, not by this one with its optimizer offloaded
     for dim in DIMENSIONS:
         if getattr(c, dim, None) is not None:
             continue  # pinned by the recipe: nothing to explain
         mine = getattr(win.plan, dim)
         alts = [x for x in others if getattr(x.plan, dim) != mine]
+        if dim in KNOBS:
+            alts += _same_layout(w, t, c, win, dim, objective)
         if not alts and (dim in ("tp", "pp", "cp") or (dim == "ep" and w.model.moe is not None)):
             alts = _pinned_neighbours(w, t, c, dim, mine, objective, result.evaluations)
         if not alts:
@@ -186,7 +191,7 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
         n = alt.plan.world_size
         change = f"{dim}={getattr(alt.plan, dim)}"
         reason = _loss_reason(win, alt)
-        on = f"on {n} GPUs" + (" (this plan: the same)" if n == n_win else f" (this plan: {n_win})")
+        on = f"on {_gpus(n)}" + (" (this plan: the same)" if n == n_win else f" (this plan: {n_win})")
         out.append({"change": change, "gpus": n, "per_gpu": round(per, 4), "total": round(total, 4),
                     "reason": reason,
                     "text": f"{change} {on}: tokens/s per GPU {per:+.1%}, in total {total:+.1%} — {reason}"})
@@ -214,6 +219,33 @@ def why_lost(w, t: Target, c: Constraints, result: SearchResult, objective: str,
                          f"{smallest / GIB:.1f} GiB) need more host RAM than a {t.cluster}/{t.partition} "
                          f"node's {t.host_mem_bytes / GIB:.0f} GiB, or the framework refuses them")
     return out[:limit]
+
+
+KNOBS = ("sharding", "recompute", "offload", "micro_batch_size")
+
+
+def _same_layout(w, t, c, win: Candidate, dim: str, objective: str) -> list[Candidate]:
+    """The best plan of the winner's own layout (tp, pp, cp, dp, ep, virtual stages) with the
+    knob `dim` pinned to each other value the framework offers (micro-batch: half and twice):
+    one layout's evaluation each. The search itself tries offload or recompute on a layout only
+    where they are needed, so these are not among its ranked plans."""
+    p = win.plan
+    mine = getattr(p, dim)
+    if dim == "sharding" and p.dp * p.cp == 1:
+        return []  # nothing to shard states over
+    if dim == "micro_batch_size":
+        values = {max(1, mine // 2), mine * 2} - {mine}
+    else:
+        values = set({"sharding": w.caps.shardings, "recompute": w.caps.recompute,
+                      "offload": w.caps.offload}[dim]) - {mine}
+    pins = dict(tp=p.tp, pp=p.pp, cp=p.cp, dp=p.dp, virtual_stages=p.virtual_stages,
+                ep=p.ep if w.model.moe is not None else c.ep)
+    out = []
+    for value in sorted(values, key=str):
+        r = search(w, t, replace(c, **pins, **{dim: value}), objective=objective)
+        if r.best is not None and r.best.estimate is not None:
+            out.append(r.best)
+    return out
 
 
 def _pinned_neighbours(w, t, c, dim, mine, objective, evaluations=None) -> list[Candidate]:
