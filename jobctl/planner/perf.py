@@ -301,6 +301,11 @@ def _latency(gbs: float, links: Links) -> float:
     return LATENCY_INTRA_NODE_S if gbs >= links.intra_node_gbs else LATENCY_INTER_NODE_S
 
 
+def ranks_per_node(gpus_per_node: int, stride: int, n: int) -> int:
+    """How many of a group of `n` ranks `stride` apart share a node (or NVLink domain)."""
+    return max(1, min(n, gpus_per_node // max(1, stride)))
+
+
 def ring_gbs(links: Links, gpus_per_node: int, stride: int, n: int) -> float:
     """Bus bandwidth, GB/s per GPU, of a ring collective over `n` ranks `stride` apart in the
     rank order (Megatron's tp-cp-dp-pp: the data-parallel group's stride is tp). Inside a node,
@@ -313,8 +318,7 @@ def ring_gbs(links: Links, gpus_per_node: int, stride: int, n: int) -> float:
     groups of the node (other TP ranks) reduce at the same time on the other NICs."""
     if stride * n <= gpus_per_node:
         return links.intra_node_gbs
-    k = max(1, min(n, gpus_per_node // max(1, stride)))
-    return min(links.intra_node_gbs, k * links.inter_node_gbs)
+    return min(links.intra_node_gbs, ranks_per_node(gpus_per_node, stride, n) * links.inter_node_gbs)
 
 
 def ring_latency(gpus_per_node: int, stride: int, n: int, allreduce: bool = False) -> float:
@@ -325,8 +329,7 @@ def ring_latency(gpus_per_node: int, stride: int, n: int, allreduce: bool = Fals
         return 0.0
     if stride * n <= gpus_per_node:
         return LATENCY_INTRA_NODE_S
-    k = max(1, min(n, gpus_per_node // max(1, stride)))
-    nodes = -(-n // k)
+    nodes = -(-n // ranks_per_node(gpus_per_node, stride, n))
     rounds = 2 if allreduce else 1
     steps, net = rounds * (n - 1), rounds * (nodes - 1)
     return max(LATENCY_INTER_NODE_S,
@@ -354,7 +357,7 @@ def dp_ring(plan: Plan, links: Links, gpus_per_node: int) -> dict | None:
     if n <= 1:
         return None
     inside = plan.tp * n <= gpus_per_node
-    k = n if inside else max(1, min(n, gpus_per_node // max(1, plan.tp)))
+    k = n if inside else ranks_per_node(gpus_per_node, plan.tp, n)
     return {"ranks": n, "ranks_per_node": k, "nodes": -(-n // k), "inside_node": inside,
             "bus_gbs_per_gpu": dp_link_gbs(plan, links, gpus_per_node),
             "latency_s": ring_latency(gpus_per_node, plan.tp, n)}
