@@ -158,8 +158,10 @@ def expert_parallel_options(w: Workload, c: Constraints, stage_ranks: int, nvlin
     """Expert-parallel sizes worth trying for a stage of `stage_ranks` ranks (tp·cp·dp): 1 for a
     dense model; for a mixture of experts the sizes that divide both the experts and the stage's
     ranks (Megatron-Core's parallel folding): of those inside the NVLink domain (which the
-    token all-to-alls do not leave), the largest two, and the smallest beyond it (fewer
-    experts per rank: less memory, slower all-to-alls); each is a layout of its own."""
+    token all-to-alls do not leave), the largest two, and the smallest two beyond it (fewer
+    experts per rank: less memory and, where the host launches each local expert, less host
+    time; slower all-to-alls: Megatron-Bridge runs Qwen3-235B-A22B on H100 at EP 32, four
+    nodes); each is a layout of its own."""
     x = w.model.moe
     if x is None:
         return [1]
@@ -168,7 +170,7 @@ def expert_parallel_options(w: Workload, c: Constraints, stage_ranks: int, nvlin
     fits = [e for e in divisors(x.experts) if stage_ranks % e == 0]
     inside = [e for e in fits if e <= nvlink_gpus]
     beyond = [e for e in fits if e > nvlink_gpus]
-    return sorted(set(inside[-2:] + beyond[:1]))
+    return sorted(set(inside[-2:] + beyond[:2]))
 
 
 def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn: int, tp: int) -> list[tuple]:
@@ -343,7 +345,10 @@ class Evaluations:
         if vs is None:
             vs = memo[("v", pp)] = virtual_stage_options(w, pp)
         if len(vs) > 1 and (pp - 1) / (per_dp + pp - 1) < SMALL_BUBBLE:
-            vs = [1]  # with this many micro-batches the bubble is negligible: interleaving cannot pay
+            # with this many micro-batches the bubble is negligible: interleaving cannot pay, but
+            # for what Megatron's combined 1F1B schedule needs under PP (frameworks.ep_overlap): the
+            # fewest virtual stages, with which the experts' all-to-alls hide under the compute
+            vs = [1, vs[1]] if ep > 1 and w.caps.ep_overlap and w.ep_overlap is not False else [1]
         knobs = memo.get(("knobs", dp * cp, nodes, gpn, tp))
         if knobs is None:
             knobs = memo[("knobs", dp * cp, nodes, gpn, tp)] = tuple(knob_options(w, c, dp * cp, nodes, gpn, tp))
