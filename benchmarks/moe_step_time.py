@@ -6,7 +6,7 @@ the settings each Qwen3 row's own release ran (published_moe_release_settings.ya
 EP all-to-all overlap, CUDA graphs, read from that release's perf configs), keeps the rows
 jobctl can plan (its presets under Megatron-Core, a layout its pipeline split can express), and
 prints the predicted step time against the measured one (tokens/s per GPU as printed), with
-what each run did that jobctl does not model (HybridEP/DeepEP dispatch, CUDA graphs beyond the
+what each run did that jobctl does not model (DeepEP's dispatch: HybridEP's is modelled; CUDA graphs beyond the
 host launches they save, CuTeDSL's fused grouped MLP, paged stashing of expert activations,
 multi-token prediction) and whether jobctl's memory model calls the layout runnable. The EP
 overlap (Megatron's combined 1F1B schedule) is modelled, on where the row's release ran it.
@@ -36,7 +36,7 @@ from jobctl.planner.memory import estimate  # noqa: E402
 from jobctl_measure.published_throughput import load_moe_rows  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "published_moe_2025.yaml"
-GRID = [round(0.20 + 0.02 * i, 2) for i in range(41)]  # 0.20 .. 1.00
+GRID = [round(0.10 + 0.02 * i, 2) for i in range(46)]  # 0.10 .. 1.00
 HOST_GRID = [round(25e-6 * i, 6) for i in range(49)]  # 0 .. 1.2 ms per local expert
 
 

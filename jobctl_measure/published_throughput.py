@@ -220,7 +220,7 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
 
 # Megatron-Bridge's MoE settings jobctl does not model (each row of published_moe_2025.yaml says
 # which it ran): the run is scored as jobctl would plan it, and the table names these beside it.
-MOE_UNMODELLED = (("dispatcher", lambda v: v not in (None, "alltoall"), "HybridEP/DeepEP"),
+MOE_UNMODELLED = (("dispatcher", lambda v: v not in (None, "alltoall", "flex-hybridep"), "DeepEP"),
                   ("cuda_graphs", lambda v: v not in (None, "none"), "graphs"),
                   ("fused_grouped_mlp", bool, "fused MLP"),
                   ("paged_stash", lambda v: v not in (None, "none"), "stash"), ("mtp_layers", bool, "MTP"))
@@ -313,7 +313,8 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
                      fused_cross_entropy=s.get("fused_cross_entropy") or False,
                      # jobctl turns the combined schedule on wherever Megatron accepts it; off
                      # where the row's release did not (as a recipe's train.ep_overlap: false)
-                     ep_overlap="auto" if s.get("overlap_ep_comm") else False)
+                     ep_overlap="auto" if s.get("overlap_ep_comm") else False,
+                     moe_dispatcher="hybridep" if s.get("dispatcher") == "flex-hybridep" else "alltoall")
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         tp, pp, dp, cp, mbs = p["tp"], p["pp"], p["dp"], p.get("cp") or 1, p["micro_batch"]
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, "zero1", mbs, gb // (dp * mbs), gb, recompute, "none",

@@ -72,6 +72,9 @@ MATRIX = {
         ("mixtral-8x7b", "h100", []),  # --num-experts, --expert-model-parallel-size, grouped GEMM, alltoall
         ("qwen3-30b-a3b", "h100", []),  # --kv-channels, --qk-layernorm
         ("deepseek-v3", "h100", []),  # MLA, shared expert, sigmoid router with expert bias, --moe-layer-freq
+        # the flex dispatcher on HybridEP across two nodes, as Megatron-Bridge's H100 Qwen3-30B runs it
+        ("qwen3-30b-a3b", "h100", ["train.moe_dispatcher=hybridep", "parallelism.ep=16", "parallelism.tp=1",
+                                   "parallelism.pp=1"]),
     ],
     "torchtitan": [
         ("llama8b", "h100", []),
@@ -185,6 +188,11 @@ def test_megatron_accepts_what_jobctl_renders():
             # virtual stages when pipelined; the experts' weight gradients delayed with it
             combined = p["ep"] > 1 and p["recompute"] != "full" and (p["pp"] == 1 or p["virtual_stages"] > 1)
             assert (r["overlap_moe_expert_parallel_comm"], r["delay_wgrad_compute"]) == (combined, combined)
+            # the token dispatcher the recipe asks for: NCCL's all-to-alls, or the flex dispatcher on
+            # DeepEP's HybridEP kernels with the float32 routing probabilities HybridEP takes
+            hybridep = "train.moe_dispatcher=hybridep" in case["case"][2]
+            assert (r["moe_token_dispatcher_type"], r["moe_flex_dispatcher_backend"], r["moe_router_dtype"]) == (
+                ("flex", "hybridep", "fp32") if hybridep else ("alltoall", "deepep", None)), case["case"]
         # FP8 weights gathered in FP8 under the distributed optimizer (per-tensor and MXFP8 scaling)
         fp8_weights = p["sharding"] == "zero1" and (precision == "mxfp8" or (
             precision == "fp8" and (recipe or "tensorwise") in ("tensorwise", "delayed")))
@@ -196,6 +204,7 @@ def test_megatron_accepts_what_jobctl_renders():
             None: (False, "native"), "true": (True, "native"), "te": (True, "te")}[fused], case["case"]
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)  # the interleaved schedule was exercised
     assert any("--overlap-moe-expert-parallel-comm" in c["framework"]["args"] for c in cases)
+    assert any("hybridep" in c["framework"]["args"] for c in cases)
 
 
 def _without(args, *flags):
@@ -237,6 +246,9 @@ WRONG_MEGATRON = [
      "disable full recomputation when enabling overlap_moe_expert_parallel_comm"),
     ("--delay-wgrad-compute", lambda a: _without(a, "--overlap-moe-expert-parallel-comm"),
      "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute"),
+    # the flex dispatcher takes one backend: HybridEP and DeepEP's deprecated switch together
+    ("--moe-flex-dispatcher-backend", lambda a: a + ["--moe-enable-deepep"],
+     "Only one backend is supported for flex token dispatcher"),
     # Megatron-LM's parser: the fused loss's implementations are native and te
     ("--cross-entropy-fusion-impl", lambda a: _with_value(a, "--cross-entropy-fusion-impl", "triton"),
      "invalid choice 'triton'"),

@@ -163,6 +163,9 @@ class Capabilities:
     # --overlap-moe-expert-parallel-comm with --delay-wgrad-compute: the combined 1F1B schedule;
     # planner/perf.py and memory, ep_overlap below)
     ep_overlap: bool = False
+    # the token dispatchers jobctl renders and models (train.moe_dispatcher): alltoall everywhere;
+    # hybridep: Megatron-Core's flex dispatcher on DeepEP's HybridEP kernels (hybridep_dispatch)
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
     # the MoE layer is torchtitan's eager one (models/common/moe.py, token_dispatcher.py): the
     # router's gate runs under autocast to fp32 and keeps an fp32 copy of its input and the
     # probabilities; the dispatcher sorts the copies by expert with int64 indices; the combine
@@ -349,6 +352,15 @@ def ep_overlap(w, plan) -> bool:
     return (w.caps.ep_overlap and w.ep_overlap is not False and w.model.moe is not None and plan.ep > 1
             and plan.recompute != "full"
             and (plan.pp == 1 or plan.virtual_stages > 1) and w.precision != "fp32")
+
+
+def hybridep_dispatch(w, plan) -> bool:
+    """The plan's experts are reached through HybridEP (train.moe_dispatcher: hybridep; Megatron-Core's
+    --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep, token_dispatcher.py
+    _HybridEPManager): each token goes once to its peer GPU in every other NVLink domain its experts are
+    in and is fanned out there over NVLink (DeepEP docs/Hybrid-EP_Implementation.md, "RDMA communication
+    pattern"). w: a Workload (duck-typed, as ep_overlap)."""
+    return w.moe_dispatcher == "hybridep" and w.model.moe is not None and plan.ep > 1
 
 
 def graphed_step(w, plan) -> bool:

@@ -18,6 +18,7 @@ from jobctl.frameworks.base import (
     common_problems,
     ep_overlap,
     fp8_param_gather,
+    hybridep_dispatch,
     num,
 )
 from jobctl.model import CHECKPOINT_DIR_TOKEN
@@ -58,6 +59,7 @@ CAPS = Capabilities(
     moe=True,
     mla=True,
     ep_overlap=True,
+    moe_dispatchers=("alltoall", "hybridep"),
     moe_expert_launches=True,
     qk_norm_counted=False,
     sources=(
@@ -118,6 +120,13 @@ CAPS = Capabilities(
          "megatron/core/models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run; "
          "pipeline_parallel/combined_1f1b.py; schedules.py (num_warmup_microbatches + 1); "
          "transformer/transformer_config.py __post_init__"),
+        ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep (train.moe_dispatcher: "
+         "hybridep): DeepEP's HybridEP kernels, which the container must have, dispatch and combine the tokens; "
+         "a token crosses to its peer GPU in each other node holding one of its experts once and is written to "
+         "that node's ranks over NVLink; one registered buffer per rank, sized at the first dispatch; float32 "
+         "routing probabilities (--moe-router-dtype fp32); BF16 dispatch (no FP8 dispatch)",
+         "megatron/core/transformer/moe/token_dispatcher.py _HybridEPManager; moe/fused_a2a.py "
+         "HybridEPDispatch, init_hybrid_ep_buffer; deepseek-ai/DeepEP docs/Hybrid-EP_Implementation.md §4.2, §8"),
     ),
 )
 
@@ -235,7 +244,14 @@ def _moe_flags(plan, w) -> list:
         return a
     a += ["--num-experts", x.experts, "--moe-ffn-hidden-size", x.expert_ffn, "--moe-router-topk", x.top_k,
           "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", 1,
-          "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+          "--moe-grouped-gemm"]
+    if hybridep_dispatch(w, plan):
+        # HybridEP takes float32 routing probabilities (token_dispatcher.py _HybridEPManager.dispatch
+        # casts and warns otherwise)
+        a += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep",
+              "--moe-router-dtype", "fp32"]
+    else:
+        a += ["--moe-token-dispatcher-type", "alltoall"]
     if ep_overlap(w, plan):  # paired as Megatron-Bridge's MoE perf recipes pair them
         # (perf_recipes/deepseek/common.py:76-77 @067f987df0)
         a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]

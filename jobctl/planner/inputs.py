@@ -88,6 +88,7 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         compile=t.compile,
         cuda_graphs=t.cuda_graphs,
         ep_overlap=t.ep_overlap,
+        moe_dispatcher=t.moe_dispatcher,
         formats=tuple(formats),
     )
 
@@ -125,7 +126,7 @@ def links(partition, gpu, precision: str, fp8_recipe: str | None = None,
         te_gemm_efficiency=te_gemm_ceiling(gpu.key),
         low_tflops=gpu.low_precision_tflops(precision) if low else 0.0, low_efficiency=low,
         low_cast_bytes=low_precision_cast_bytes(precision, fp8_recipe, fp8_backend) if low else 0.0,
-        moe_efficiency=moe_gemm_ceiling(gpu.key),
+        moe_efficiency=moe_gemm_ceiling(gpu.key, low_precision=bool(low)),
     )
 
 

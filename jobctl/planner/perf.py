@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from functools import lru_cache
 
-from jobctl.frameworks import GradBuffer, Selective, ep_overlap
+from jobctl.frameworks import GradBuffer, Selective, ep_overlap, hybridep_dispatch
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
 from jobctl.planner.memory.workload import (DEEPSPEED_REDUCE_BUCKET_ELEMS, fp8_gathered_layers, fp8_params,
                                            low_precision_format, tp_overlap)
@@ -140,11 +140,18 @@ LATENCY_INTER_NODE_S = 35e-6
 # dense GEMM's efficiency (at the same rows per expert) that a routed expert's work reaches
 # (grouped GEMMs, and what the model does not itemise: router, dispatcher bookkeeping), fitted
 # on the fit half of NVIDIA's MoE rows (benchmarks/moe_step_time.py --fit,
-# docs/step-time-accuracy.md); a generation without rows takes Hopper's. And the bytes a routed
+# docs/step-time-accuracy.md; Hopper's 0.16 is a catch-all for its FP8 experts: every 2025-11 to
+# 2026-06 H100 row within -1% to +7%, the 25.09 token-dropping runs +27% and +31%); a generation
+# without rows takes Hopper's. And the bytes a routed
 # copy moves in memory-bound kernels per unit of h, forward and backward: permuted into expert
 # order and back (a read and a write of h each way, 16-bit: 8·h forward), about twice that in
 # backward.
-MOE_GEMM_EFFICIENCY = {"hopper": 0.38, "blackwell": 0.48}
+MOE_GEMM_EFFICIENCY = {"hopper": 0.16, "blackwell": 0.48}
+# ... all those rows ran FP8 or MXFP8 experts: with 16-bit experts no published MoE row says what
+# the share is, and each generation keeps the value the same rows gave before HybridEP's dispatch
+# was modelled (Hopper 0.38, its catch-all then including the all-to-alls HybridEP saves), so that
+# a refit on low-precision rows does not move 16-bit plans
+MOE_GEMM_EFFICIENCY_16BIT = {"hopper": 0.38, "blackwell": 0.48}
 MOE_PERMUTE_BYTES_H = 24
 # ... and where the framework launches the routed experts' work expert by expert from the host
 # (caps.moe_expert_launches: Megatron-Core's Transformer Engine GroupedLinear), host seconds
@@ -268,9 +275,11 @@ def te_gemm_ceiling(gpu_key: str) -> float:
     return GEMM_EFFICIENCY_TE.get(generation(gpu_key), 0.0)
 
 
-def moe_gemm_ceiling(gpu_key: str) -> float:
-    """The fitted share of a dense GEMM's efficiency a routed expert's work reaches on a GPU."""
-    return MOE_GEMM_EFFICIENCY.get(generation(gpu_key), MOE_GEMM_EFFICIENCY["hopper"])
+def moe_gemm_ceiling(gpu_key: str, low_precision: bool = True) -> float:
+    """The fitted share of a dense GEMM's efficiency a routed expert's work reaches on a GPU, its
+    experts in a low-precision format (FP8, MXFP8, NVFP4) or in 16-bit."""
+    table = MOE_GEMM_EFFICIENCY if low_precision else MOE_GEMM_EFFICIENCY_16BIT
+    return table.get(generation(gpu_key), table["hopper"])
 
 
 def low_precision_cast_bytes(precision: str, fp8_recipe: str | None = None,
@@ -482,7 +491,8 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
     # te: the frameworks that run Transformer Engine's layers (Megatron-Core)
     v = max(plan.virtual_stages, 1)
     parts = _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, tp_overlap(w, plan),
-                            (w.caps.te_layernorm_mlp, w.compiled, w.caps.moe_expert_launches), links, gpus_per_node,
+                            (w.caps.te_layernorm_mlp, w.compiled, w.caps.moe_expert_launches,
+                             hybridep_dispatch(w, plan)), links, gpus_per_node,
                             plan.tp, plan.pp, plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, v,
                             plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan))
     short = plan.pp - plan.grad_accum_steps
@@ -511,7 +521,8 @@ def _ep_hidden_share(w: Workload, plan) -> float:
 
 @lru_cache(maxsize=1 << 15)
 def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: str,
-                    stack: tuple[bool, bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int, dp: int, b: int, sequence_parallel: bool, v: int,
+                    stack: tuple[bool, bool, bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int,
+                    dp: int, b: int, sequence_parallel: bool, v: int,
                     recompute: str, rc: float, ep: int = 1, ep_hidden: float = 0.0) -> tuple:
     layers_max = stage_layers(m.layers, p)[1]
     layer_compute, layer_tp, layer_cp, layer_ep, msg, head, layer_host = _layer_costs(
@@ -526,7 +537,8 @@ def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | N
 
 @lru_cache(maxsize=1 << 14)
 def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: str,
-                 stack: tuple[bool, bool, bool], links: Links, gpus_per_node: int, t: int, c: int, b: int, sequence_parallel: bool, recompute: str,
+                 stack: tuple[bool, bool, bool, bool], links: Links, gpus_per_node: int, t: int, c: int, b: int,
+                 sequence_parallel: bool, recompute: str,
                  rc: float, ep: int = 1) -> tuple:
     """One layer's (compute, tensor-parallel, context-parallel, expert all-to-all) seconds for one
     micro-batch on one rank, the tensor-parallel message (bytes), the output layer with the loss
@@ -535,8 +547,8 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     TP collectives run under the GEMMs (tp_overlap: "", "userbuffers" or "async-tp"); stack:
     (Transformer Engine, whose BF16 GEMMs reach links.te_gemm_efficiency where fitted;
     torch.compile, which fuses memory-bound kernels; the routed experts launched one by one from
-    the host, caps.moe_expert_launches)."""
-    te, compiled, launches = stack
+    the host, caps.moe_expert_launches; the tokens dispatched by HybridEP, hybridep_dispatch)."""
+    te, compiled, launches, hybridep = stack
     peak = links.peak_tflops * 1e12
     sp = sequence_parallel and t > 1
     tokens_rank = b * s / c  # tokens of one micro-batch on one rank
@@ -567,7 +579,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     layer_ep = 0.0
     if m.moe is not None:  # the routed experts (matrix_params has the rest: attention, router, shared experts)
         gemm_moe, layer_ep = _routed_experts(m, act_bytes, links, gpus_per_node, t, tokens_rank, passes_gemm, rc, ep,
-                                             ceiling)
+                                             ceiling, hybridep)
         gemm_s += gemm_moe
     layer_compute = gemm_s + fwd_attn * passes_attn / (peak * att_eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
@@ -623,7 +635,8 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
 
 
 def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int, tokens_rank: float,
-                    passes_gemm: float, rc: float, ep: int, ceiling: float) -> tuple[float, float]:
+                    passes_gemm: float, rc: float, ep: int, ceiling: float,
+                    hybridep: bool = False) -> tuple[float, float]:
     """One layer's routed experts on one rank, averaged over the layers (moe_layers / layers of
     them route): (their GEMM and memory-bound seconds, the token all-to-all seconds).
 
@@ -637,9 +650,11 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     against the whole layer in _layer_costs. Dispatch and combine are two all-to-alls
     forward and two backward (two more with the forward recomputed), each moving the rank's
     top_k·T token copies: to the other ranks of the NVLink domain over NVLink, to the ranks
-    beyond it over the network, at the same time (the slower one counts). Under Megatron-Core's
-    --overlap-moe-expert-parallel-comm only what the paired micro-batch's compute does not cover
-    counts (_pipeline_costs)."""
+    beyond it over the network, at the same time (the slower one counts). With `hybridep`
+    (HybridEP's dispatch and combine) a token crosses to each other NVLink domain holding one of
+    its experts once, to its peer GPU there, which fans it out over NVLink (hybridep_copies).
+    Under Megatron-Core's --overlap-moe-expert-parallel-comm only what the paired micro-batch's
+    compute does not cover counts (_pipeline_costs)."""
     x = m.moe
     share = m.moe_layers / m.layers
     tokens = tokens_rank / t  # this rank's tokens into the router
@@ -654,12 +669,39 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     if ep <= 1:
         return compute_s, 0.0
     local = min(ep, gpus_per_node)  # the EP group's ranks inside this rank's NVLink domain
-    nbytes = act_bytes * copies * m.hidden
-    inside = nbytes * (local - 1) / ep / (links.intra_node_gbs * 1e9 * INTRA_NODE_EFFICIENCY)
-    beyond = nbytes * (ep - local) / ep / (links.inter_node_gbs * 1e9 * NETWORK_EFFICIENCY)
+    token_b = act_bytes * m.hidden
+    if hybridep and ep > local:
+        over_nvlink, over_network = hybridep_copies(x.experts, x.top_k, ep // local, local)
+        nvlink_b, network_b = token_b * tokens * over_nvlink, token_b * tokens * over_network
+    else:  # each copy straight to its expert's rank: those in the domain over NVLink, the others over the network
+        nvlink_b, network_b = token_b * copies * (local - 1) / ep, token_b * copies * (ep - local) / ep
+    inside = nvlink_b / (links.intra_node_gbs * 1e9 * INTRA_NODE_EFFICIENCY)
+    beyond = network_b / (links.inter_node_gbs * 1e9 * NETWORK_EFFICIENCY)
     gbs = links.intra_node_gbs if ep <= gpus_per_node else links.inter_node_gbs
     one = max(inside, beyond) + _latency(gbs, links)
     return compute_s, share * (4 + 2 * rc) * one
+
+
+def hybridep_copies(experts: int, top_k: int, domains: int, local: int) -> tuple[float, float]:
+    """Per token of a rank, how many copies of it HybridEP moves over NVLink and over the network
+    in one dispatch (as many back in its combine, which reduces a domain's copies before they
+    cross), its EP group spanning `domains` NVLink domains of `local` ranks each, the router
+    balanced (each token's top_k experts distinct and uniformly placed).
+
+    DeepEP docs/Hybrid-EP_Implementation.md (§8, "RDMA communication pattern"): a token goes over
+    InfiniBand to its peer (the GPU of the same local rank) in each other domain that holds one
+    of its experts, once, and that peer writes it to the domain's ranks whose experts it needs over
+    NVLink; §4.2: the RDMA buffer holds one slot per token and remote domain. A domain holds
+    experts/domains of the experts, so it is missed by all top_k with probability
+    C(experts - experts/domains, top_k) / C(experts, top_k): the network carries
+    (domains - 1)(1 - that) copies. Over NVLink: the token's copies for the other ranks of its own
+    domain, and the peer's for the other ranks of each remote domain: top_k (local - 1)/local in
+    all (a copy lands on any rank of its domain alike; the peer keeps 1/local of them)."""
+    per_domain = experts // domains
+    missed = 1.0
+    for i in range(top_k):
+        missed *= max(0, experts - per_domain - i) / (experts - i)
+    return top_k * (local - 1) / local, (domains - 1) * (1 - missed)
 
 
 def _moe_host(m, ep: int, rc: float) -> float:

@@ -179,6 +179,8 @@ def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     m, caps, out = w.model, w.caps, []
     if c.ep is not None and c.ep > 1 and m.moe is None:
         out.append(f"ep={c.ep}: {m.name} has no experts to split (expert parallelism is for mixtures of experts)")
+    if w.moe_dispatcher != "alltoall" and m.moe is None:
+        out.append(f"train.moe_dispatcher={w.moe_dispatcher}: {m.name} has no experts to dispatch to (remove it)")
     if m.moe is None and m.mla is None:
         return out
     what = (f"a mixture of experts ({m.moe.experts} experts, top {m.moe.top_k}; {m.params() / 1e9:.1f}B parameters, "
@@ -188,6 +190,9 @@ def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         out.append(f"{m.name} is {what}: jobctl plans it for {has} only, not {caps.name} (expert parallelism, the "
                    f"routed tokens and their dispatch are modelled there): use framework: {has}")
         return out
+    if w.moe_dispatcher not in caps.moe_dispatchers:
+        out.append(f"train.moe_dispatcher={w.moe_dispatcher} is Megatron-Core's flex dispatcher on DeepEP's HybridEP "
+                   f"kernels: jobctl renders and models it for megatron only, not {caps.name} (use alltoall)")
     if m.mla is not None and not caps.mla:
         has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.mla)
         out.append(f"{m.name} has multi-head latent attention, which jobctl models and renders for {has} only, not "

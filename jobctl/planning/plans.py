@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from jobctl import frameworks
 from jobctl.frameworks.base import LOW_PRECISIONS
+from jobctl.model import duration
 from jobctl.planner import inputs
 from jobctl.planner.advice import suggestions
 from jobctl.planner.catalog import GIB
@@ -17,7 +18,7 @@ from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_sum
 from jobctl.planner.explain import explain as explain_search
 from jobctl.planner.memory import estimate, model_state_elements, state_bytes
 from jobctl.planner.memory.workload import low_precision_format
-from jobctl.planner.perf import dp_ring
+from jobctl.planner.perf import dp_ring, estimate_step, hybridep_copies
 from jobctl.planner.resilience import checkpoint_bytes, hang_thresholds, plan_for_failures
 from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
 from jobctl.planning.learn import learned_calibration
@@ -157,7 +158,7 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         report.learned = learned_block(w)
     report.resilience = resilience_block(w, best.plan, best.estimate, t, recipe_loaded.value)
     report.framework = framework_block(w, best.plan, report.resilience.get("interval_steps"))
-    report.warnings = plan_warnings(recipe_loaded.value, w, t.links) or None
+    report.warnings = (plan_warnings(recipe_loaded.value, w, t.links) + dispatcher_advice(w, best, t)) or None
     if explain:
         report.explain = explain_search(res)
         report.explain["memory_checks"] = memory_checks(w, best.plan, memory["terms"])
@@ -220,6 +221,27 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
         return out
     return out + [f"the recipe's framework.version is {caps.package} {declared}; jobctl renders {caps.name} for "
                   f"{', '.join(caps.versions)} (README: Frameworks): check the rendered flags against {declared}"]
+
+
+def dispatcher_advice(w, best, t) -> list[str]:
+    """Where the plan's expert parallelism crosses NVLink domains with NCCL's all-to-alls and its
+    framework offers HybridEP (train.moe_dispatcher), what HybridEP would do to this layout: the
+    network copies per token and the step (perf._routed_experts), if it still fits."""
+    plan, caps = best.plan, w.caps
+    if (w.model.moe is None or w.moe_dispatcher != "alltoall" or "hybridep" not in caps.moe_dispatchers
+            or plan.ep <= t.nvlink_gpus or best.estimate is None or t.links is None):
+        return []
+    hybrid = replace(w, moe_dispatcher="hybridep")
+    if not estimate(hybrid, t.gpu_memory_bytes, plan, t.host_mem_bytes, detail=False).fits:
+        return []
+    step = estimate_step(hybrid, plan, t.links, t.nvlink_gpus).step_time_s
+    x, local = w.model.moe, min(plan.ep, t.nvlink_gpus)
+    crossings = hybridep_copies(x.experts, x.top_k, plan.ep // local, local)[1]
+    copies = x.top_k * (plan.ep - local) / plan.ep
+    return [f"expert parallelism {plan.ep} spans {plan.ep // local} NVLink domains: with train.moe_dispatcher: "
+            f"hybridep (Megatron's flex dispatcher on DeepEP's HybridEP kernels, which the container must have) a "
+            f"token would cross the network {crossings:.2f} times instead of {copies:.2f}, and this layout's step "
+            f"would take {duration(step)} instead of {duration(best.estimate.step_time_s)}"]
 
 
 def framework_block(w, plan, checkpoint_every: int | None = None) -> dict:

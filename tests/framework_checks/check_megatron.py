@@ -99,6 +99,8 @@ def check(case):
             "tp_comm_overlap": cfg.tp_comm_overlap, "fp8_param": cfg.fp8_param,
             "overlap_moe_expert_parallel_comm": cfg.overlap_moe_expert_parallel_comm,
             "delay_wgrad_compute": cfg.delay_wgrad_compute,
+            "moe_token_dispatcher_type": cfg.moe_token_dispatcher_type,
+            "moe_flex_dispatcher_backend": cfg.moe_flex_dispatcher_backend, "moe_router_dtype": cfg.moe_router_dtype,
             "cross_entropy_loss_fusion": cfg.cross_entropy_loss_fusion,
             "cross_entropy_fusion_impl": cfg.cross_entropy_fusion_impl,
             "reuse_grad_buf_for_mxfp8_param_ag": ddp.reuse_grad_buf_for_mxfp8_param_ag,

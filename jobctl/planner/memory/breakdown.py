@@ -119,6 +119,8 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
             f"{UB_BUFFERS} userbuffers of s·b/cp x h = {tokens} x {w.model.hidden}"
             + (f" ({low} of them 1-B FP8)" if low else "")
             + " and 2 more 32 MiB cuBLAS workspaces (Transformer Engine initialize_ub)")
+    if frameworks.hybridep_dispatch(w, plan):
+        add("hybridep buffers", *_hybridep_buffer(w, plan, b, tp, cp, sp))
     acts_items, acts, working_set = _activation_items(w, tp, cp, sp, plan.recompute, plan.recompute_layers, b, pp,
                                                       in_flight, stage)
     apply(acts_items)
@@ -130,6 +132,36 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
     phases = _phases(add, w, plan, stage, groups, acts, working_set, fsdp_pp, recv)
     _overheads(add, w, plan, stage, groups, phases)
     return groups, terms
+
+
+# HybridEP's registered buffers: BF16 tokens (Megatron-Core passes fp8_dispatch=False: fused_a2a.py
+# HybridEPDispatch), fp32 probabilities, each inter-node one capped at 1 GB (DeepEP
+# docs/Hybrid-EP_Implementation.md §4.2)
+HYBRIDEP_TOKEN_BYTES = 2
+HYBRIDEP_PROB_BYTES = 4
+HYBRIDEP_RDMA_CAP_BYTES = 1 << 30
+
+
+def _hybridep_buffer(w: Workload, plan: Plan, b: int, tp: int, cp: int, sp: bool) -> tuple:
+    """HybridEP's buffer on each rank (one for dispatch and combine, use_shared_buffer's default),
+    sized at the first dispatch for the rank's tokens (fused_a2a.py init_hybrid_ep_buffer: the
+    input's rows, b·s/cp, split over tp under sequence parallelism) as DeepEP's
+    docs/Hybrid-EP_Implementation.md §4.2 gives it: room for every rank of the EP group to send it
+    all its tokens, their probabilities for the experts of its domain, and with more than one
+    domain an inter-node slot per token and remote domain. The plan's node is taken as the NVLink
+    domain (over a rack-wide one, a GB200 NVL72's, there are no inter-node buffers: over-counted)."""
+    x, h, ep = w.model.moe, w.model.hidden, plan.ep
+    tokens = b * w.seq_len // cp // (tp if sp else 1)
+    local = min(ep, plan.gpus_per_node)
+    domains = ep // local
+    per_rank = x.experts // ep
+    intra = tokens * ep * (h * HYBRIDEP_TOKEN_BYTES + per_rank * local * HYBRIDEP_PROB_BYTES)
+    rdma = min(HYBRIDEP_RDMA_CAP_BYTES, tokens * (domains - 1) * h * HYBRIDEP_TOKEN_BYTES) + \
+        min(HYBRIDEP_RDMA_CAP_BYTES, tokens * (domains - 1) * per_rank * local * HYBRIDEP_PROB_BYTES)
+    return intra + rdma, "buffers", lambda: (
+        f"{tokens} tokens x ep {ep} slots of h = {h} in BF16 + fp32 probabilities for {per_rank * local} experts "
+        f"of the domain" + (f"; inter-node: {tokens} x {domains - 1} remote nodes, tokens and probabilities"
+                            if domains > 1 else "") + " (DeepEP Hybrid-EP_Implementation.md §4.2)")
 
 
 def _breakdown(w: Workload, plan: Plan, stage: str, groups: dict, terms: list[Term], gpu_memory_bytes: int,

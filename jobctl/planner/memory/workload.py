@@ -113,6 +113,7 @@ class Workload:
     compile: bool | str = False  # torch.compile of the model: True, False or "auto" (train.compile)
     cuda_graphs: bool | str = "auto"  # the step as one CUDA graph where the framework does it (train.cuda_graphs)
     ep_overlap: bool | str = "auto"  # "auto": the EP all-to-alls overlapped where the framework does it; False: not
+    moe_dispatcher: str = "alltoall"  # alltoall | hybridep (train.moe_dispatcher; frameworks.hybridep_dispatch)
 
     def __post_init__(self):
         if not isinstance(self.framework, Framework):  # a name: its table
