@@ -483,7 +483,13 @@ def test_hybridep_keeps_its_registered_buffer_and_is_megatrons_only():
     p = plan(nodes=2, dp=16, ep=16, micro_batch_size=2, grad_accum_steps=16, global_batch_size=512)
     tokens = 2 * 4096
     by_hand = tokens * 16 * (2048 * 2 + 64 * 4) + tokens * 1 * 2048 * 2 + tokens * 1 * 64 * 4
-    assert term(estimate(w, 80 * GIB, p), "hybridep buffers") == by_hand
+    mem = estimate(w, 80 * GIB, p)
+    assert term(mem, "hybridep buffers") == by_hand
+    # --explain says where its sizes come from, and that nothing measured them
+    from jobctl.planner.explain import memory_checks
+
+    check = next(c for c in memory_checks(w, p, mem.to_dict()["terms"]) if c["term"] == "hybridep buffers")
+    assert check["check"] == "modelled" and "§4.2" in check["by"]
     alltoall = Workload(qwen, 4096, 512, framework="megatron")
     assert "hybridep buffers" not in {t.name for t in estimate(alltoall, 80 * GIB, p).terms}
     assert estimate(w, 80 * GIB, p).total_bytes > estimate(alltoall, 80 * GIB, p).total_bytes

@@ -392,6 +392,8 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
             kind, by = "measured", "DeepSpeed on CPU: 5e8 x 2 B, any model"
         elif name.startswith("learned"):
             kind, by = "measured", "this workload's own CUDA OOM here"
+        elif name == "hybridep buffers":
+            kind, by = "modelled", "DeepEP's Hybrid-EP_Implementation.md §4.2 sizes; not measured (HybridEP needs a GPU)"
         else:
             kind, by = "modelled", "named constant; needs a GPU"
         out.append({"term": name, "check": kind, "by": by})
