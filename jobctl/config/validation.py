@@ -6,7 +6,6 @@ The line comes from the YAML node map config.py builds; union branches (`int | '
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any, Callable
 
@@ -136,6 +135,8 @@ def _close(value, options: list[str]) -> str | None:
     value = str(value)
     hit = [o for o in options if o.startswith(value)][:1] if len(value) >= 2 else []
     if not hit:
+        import difflib  # only a message needs it: not imported by every `plan`
+
         hit = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
     return hit[0] if hit else None
 

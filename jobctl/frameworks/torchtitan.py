@@ -15,7 +15,6 @@ registry configs), models/common/moe.py and token_dispatcher.py.
 from __future__ import annotations
 
 import re
-import textwrap
 
 from jobctl.frameworks.base import (
     Capabilities,
@@ -197,6 +196,8 @@ FLOAT8_MODULE = LOW_PRECISION_MODULES["fp8"][0]
 def low_precision_module(precision: str, known: tuple[str, str], recipe: str, compiled: bool) -> tuple[str, str, str]:
     """(module, config function, the module's text) of the registry config `known` converted to
     `precision` by torchtitan's own converter."""
+    import textwrap  # low-precision rendering only: not imported by every `plan`
+
     lp_module, suffix, converter, args, what = LOW_PRECISION_MODULES[precision]
     function = f"{known[1]}_{suffix}"
     doc = textwrap.fill(f"Written by jobctl: torchtitan's registry config {known[0]}.{known[1]} with "

@@ -8,14 +8,17 @@ history (read-only, and not at all when there is no history file: `plan` is run 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jobctl.config.loader import parse_yaml_text
 from jobctl.model import FailureKind, JobState
 from jobctl.planner.models import PRESETS, ModelSpec
 from jobctl.planner.plan import layout_text
 from jobctl.store.paths import history_path as path
+
+if TYPE_CHECKING:  # annotations only: datetime is imported where a history is read
+    from datetime import datetime
 
 # `plan` reads only the newest jobs, so its cost stays flat however long the history grows:
 # a rowid range (the primary key) bounds the scan, LIMIT bounds the rows kept.
@@ -149,6 +152,8 @@ def calibration_for(jobs: list[PastJob], partition: str, model: tuple[str, int],
     another recipe of the model it is advice), while it is younger than CALIBRATION_TTL_DAYS,
     plausible (MAX_PLAUSIBLE_*), and not refuted: a later job of the model that completed on the
     partition with a predicted peak at least the OOMed one's shows the memory was there."""
+    from datetime import datetime, timezone  # only with a history to read: not imported by every `plan`
+
     now = now or datetime.now(timezone.utc)
     same = [j for j in jobs if j.partition == partition and j.model == model and j.seq_len == seq_len]
     advice: list[str] = []
@@ -187,6 +192,8 @@ def _calibration_text(c: dict) -> str:
 
 
 def _age_days(created_at: str | None, now: datetime) -> float | None:
+    from datetime import datetime, timezone
+
     try:
         t = datetime.fromisoformat(str(created_at).replace("Z", "+00:00"))
     except ValueError:
