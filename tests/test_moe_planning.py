@@ -523,6 +523,13 @@ def test_a_plan_whose_experts_cross_nodes_says_what_hybridep_would_do():
     assert h["plan"] == d["plan"]
     assert f"would take {duration(h['estimate']['step_time_s'])}" in note[0]
     assert not [x for x in h.get("warnings") or [] if "train.moe_dispatcher: hybridep" in x]
+    # the report says which dispatcher the plan is for (a mixture of experts only), and so does its summary
+    assert (d["train"]["moe_dispatcher"], h["train"]["moe_dispatcher"]) == ("alltoall", "hybridep")
+    text = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", *pins, "train.moe_dispatcher=hybridep")
+    assert "HybridEP dispatch" in text.stdout and "HybridEP dispatch" not in jobctl(
+        "plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", *pins).stdout
+    dense = json.loads(jobctl("plan", "recipes/llama8b.yaml", "--cluster", "h100", "--json").stdout)
+    assert "moe_dispatcher" not in dense["train"]
     inside = json.loads(jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "parallelism.ep=8",
                                "--json").stdout)
     assert not [x for x in inside.get("warnings") or [] if "moe_dispatcher" in x]

@@ -133,6 +133,8 @@ def _render_fit(report: dict, explain: bool) -> None:
     para(
         f"{p['sharding']}" + (" · sequence parallel" if p["sequence_parallel"] else "")
         + (" · bf16 grads" if (report.get("train") or {}).get("grad_reduce") == "bf16" else "")
+        + (" · HybridEP dispatch" if (report.get("train") or {}).get("moe_dispatcher") == "hybridep"
+           and p.get("ep", 1) > 1 else "")
         + f" · recompute {p['recompute']}"
         + (f" ({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
         + f" · offload {p['offload']}", style="green")
