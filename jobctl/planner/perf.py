@@ -669,17 +669,24 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     if ep <= 1:
         return compute_s, 0.0
     local = min(ep, gpus_per_node)  # the EP group's ranks inside this rank's NVLink domain
-    token_b = act_bytes * m.hidden
-    if hybridep and ep > local:
-        over_nvlink, over_network = hybridep_copies(x.experts, x.top_k, ep // local, local)
-        nvlink_b, network_b = token_b * tokens * over_nvlink, token_b * tokens * over_network
-    else:  # each copy straight to its expert's rank: those in the domain over NVLink, the others over the network
-        nvlink_b, network_b = token_b * copies * (local - 1) / ep, token_b * copies * (ep - local) / ep
-    inside = nvlink_b / (links.intra_node_gbs * 1e9 * INTRA_NODE_EFFICIENCY)
-    beyond = network_b / (links.inter_node_gbs * 1e9 * NETWORK_EFFICIENCY)
+    over_nvlink, over_network = dispatch_copies(x.experts, x.top_k, ep, local, hybridep)
+    token_b = act_bytes * m.hidden * tokens  # the rank's tokens, once each
+    inside = token_b * over_nvlink / (links.intra_node_gbs * 1e9 * INTRA_NODE_EFFICIENCY)
+    beyond = token_b * over_network / (links.inter_node_gbs * 1e9 * NETWORK_EFFICIENCY)
     gbs = links.intra_node_gbs if ep <= gpus_per_node else links.inter_node_gbs
     one = max(inside, beyond) + _latency(gbs, links)
     return compute_s, share * (4 + 2 * rc) * one
+
+
+def dispatch_copies(experts: int, top_k: int, ep: int, local: int, hybridep: bool = False) -> tuple[float, float]:
+    """Per token of a rank, how many copies of it one dispatch moves over NVLink and over the
+    network (as many back in its combine), its EP group of `ep` ranks with `local` of them in each
+    NVLink domain, the router balanced: NCCL's all-to-all sends each of its top_k copies straight to
+    its expert's rank, (local - 1)/ep of them inside the domain and (ep - local)/ep beyond it;
+    HybridEP across domains, hybridep_copies."""
+    if hybridep and ep > local:
+        return hybridep_copies(experts, top_k, ep // local, local)
+    return top_k * (local - 1) / ep, top_k * (ep - local) / ep
 
 
 def hybridep_copies(experts: int, top_k: int, domains: int, local: int) -> tuple[float, float]:

@@ -18,7 +18,7 @@ from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_sum
 from jobctl.planner.explain import explain as explain_search
 from jobctl.planner.memory import estimate, model_state_elements, state_bytes
 from jobctl.planner.memory.workload import low_precision_format
-from jobctl.planner.perf import dp_ring, estimate_step, hybridep_copies
+from jobctl.planner.perf import dispatch_copies, dp_ring, estimate_step
 from jobctl.planner.resilience import checkpoint_bytes, hang_thresholds, plan_for_failures
 from jobctl.planner.search import DEFAULT_OBJECTIVE, rank, search
 from jobctl.planning.learn import learned_calibration
@@ -237,8 +237,7 @@ def dispatcher_advice(w, best, t) -> list[str]:
         return []
     step = estimate_step(hybrid, plan, t.links, t.nvlink_gpus).step_time_s
     x, local = w.model.moe, min(plan.ep, t.nvlink_gpus)
-    crossings = hybridep_copies(x.experts, x.top_k, plan.ep // local, local)[1]
-    copies = x.top_k * (plan.ep - local) / plan.ep
+    copies, crossings = (dispatch_copies(x.experts, x.top_k, plan.ep, local, h)[1] for h in (False, True))
     return [f"expert parallelism {plan.ep} spans {plan.ep // local} NVLink domains: with train.moe_dispatcher: "
             f"hybridep (Megatron's flex dispatcher on DeepEP's HybridEP kernels, which the container must have) a "
             f"token would cross the network {crossings:.2f} times instead of {copies:.2f}, and this layout's step "
