@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from jobctl.model import CHECKPOINT_DIR_TOKEN
+from jobctl.planner.memory import stage_layers
 from jobctl.planner.models import PRESETS
 from jobctl.planning import load_inventory, load_recipe, plan_on
 
@@ -72,6 +73,9 @@ MATRIX = {
         ("mixtral-8x7b", "h100", []),  # --num-experts, --expert-model-parallel-size, grouped GEMM, alltoall
         ("qwen3-30b-a3b", "h100", []),  # --kv-channels, --qk-layernorm
         ("deepseek-v3", "h100", []),  # MLA, shared expert, sigmoid router with expert bias, --moe-layer-freq
+        # 61 layers over 8 and 16 stages: --pipeline-model-parallel-layout, the last stage short
+        ("deepseek-v3", "h100", ["parallelism.pp=8", "parallelism.virtual_stages=2"]),
+        ("deepseek-v3", "h100", ["parallelism.pp=16"]),
         # the flex dispatcher on HybridEP across two nodes, as Megatron-Bridge's H100 Qwen3-30B runs it
         ("qwen3-30b-a3b", "h100", ["train.moe_dispatcher=hybridep", "parallelism.ep=16", "parallelism.tp=1",
                                    "parallelism.pp=1"]),
@@ -202,9 +206,33 @@ def test_megatron_accepts_what_jobctl_renders():
         fused = dict(o.split("=") for o in case["case"][2] if o.startswith("train.")).get("train.fused_cross_entropy")
         assert (r["cross_entropy_loss_fusion"], r["cross_entropy_fusion_impl"]) == {
             None: (False, "native"), "true": (True, "native"), "te": (True, "te")}[fused], case["case"]
+        if r["layers_per_rank"] is not None:
+            # the layout megatron-core built: its decoder layers per virtual stage in layer order
+            # (stage i on rank i % pp) as Megatron-Bridge lays out DeepSeek-V3's 61 for the same
+            # pp and v, and the layers per rank jobctl's memory and step models hold
+            ranks = r["layers_per_rank"]
+            order = [ranks[i % p["pp"]][i // p["pp"]] for i in range(p["pp"] * p["virtual_stages"])]
+            assert order == BRIDGE_DEEPSEEK_V3[(p["pp"], p["virtual_stages"])], case["case"]
+            first, _, last = stage_layers(61, p["pp"])
+            assert (sum(ranks[0]), sum(ranks[-1])) == (first, last)
     assert any(c["plan"]["virtual_stages"] > 1 for c in cases)  # the interleaved schedule was exercised
+    assert sum(r["layers_per_rank"] is not None for r in results) >= 3  # a layout with and without v
     assert any("--overlap-moe-expert-parallel-comm" in c["framework"]["args"] for c in cases)
     assert any("hybridep" in c["framework"]["args"] for c in cases)
+
+
+# Megatron-Bridge's DeepSeek-V3 layouts, decoder layers per (virtual) stage in layer order, by
+# (pp, v) (recipes/deepseek/h100/deepseek_v3.py _get_deepseek_v3_pipeline_layout @067f987df0; the
+# embedding rides on the first, the MTP module and the loss on the last)
+BRIDGE_DEEPSEEK_V3 = {(4, 1): [16, 16, 16, 13], (4, 2): [8] * 7 + [5], (8, 1): [8] * 7 + [5],
+                      (4, 4): [4] * 15 + [1], (8, 2): [4] * 15 + [1], (16, 1): [4] * 15 + [1]}
+
+
+def _one_more_layer(args):
+    """The layout's last stage given one more decoder layer than the model has."""
+    i = args.index("--pipeline-model-parallel-layout") + 1
+    head, last = args[i].rsplit("t*", 1)
+    return args[:i] + [f"{head}t*{int(last[:-1]) + 1}L"] + args[i + 1:]
 
 
 def _without(args, *flags):
@@ -249,6 +277,11 @@ WRONG_MEGATRON = [
     # the flex dispatcher takes one backend: HybridEP and DeepEP's deprecated switch together
     ("--moe-flex-dispatcher-backend", lambda a: a + ["--moe-enable-deepep"],
      "Only one backend is supported for flex token dispatcher"),
+    # a layout beside another way of giving virtual stages (validate_args); one that builds a
+    # layer the model does not have (PipelineParallelLayerLayout.validate_layer_layout)
+    ("--pipeline-model-parallel-layout", lambda a: a + ["--num-layers-per-virtual-pipeline-stage", "4"],
+     "No more than one of the following arguments"),
+    ("--pipeline-model-parallel-layout", _one_more_layer, "must match num_layers 61"),
     # Megatron-LM's parser: the fused loss's implementations are native and te
     ("--cross-entropy-fusion-impl", lambda a: _with_value(a, "--cross-entropy-fusion-impl", "triton"),
      "invalid choice 'triton'"),

@@ -533,3 +533,52 @@ def test_a_plan_whose_experts_cross_nodes_says_what_hybridep_would_do():
     inside = json.loads(jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "parallelism.ep=8",
                                "--json").stdout)
     assert not [x for x in inside.get("warnings") or [] if "moe_dispatcher" in x]
+
+
+# DeepSeek-V3's 61 layers: no even split over 4, 8 or 16 stages (61, 62 and 63 are not multiples
+# of 4), so Megatron-Bridge writes its layout down (recipes/deepseek/h100/deepseek_v3.py
+# _get_deepseek_v3_pipeline_layout): ceil(61/p) layers per rank, the last rank what is left.
+def test_a_layer_count_no_even_split_takes_is_laid_out_with_the_last_stage_short():
+    from jobctl.planner.memory import front_loaded, stage_layers
+    # by hand: 61 = 3 x 16 + 13 = 7 x 8 + 5 = 15 x 4 + 1; 32 stages of 2 would need 62
+    assert stage_layers(61, 4) == (16, 16, 13)
+    assert stage_layers(61, 8) == (8, 8, 5)
+    assert stage_layers(61, 16) == (4, 4, 1)
+    assert stage_layers(61, 32) is None
+    # virtual stages: each of the p·v takes ceil(61/p)/v, the last what is left (at least one):
+    # over 4 ranks, v = 4 leaves 61 - 15 x 4 = 1 on the last; v = 8 would need 31 x 2 = 62
+    assert [front_loaded(61, 4, v) is not None for v in (1, 2, 4, 8)] == [True, True, True, False]
+    assert front_loaded(61, 4, 4) == (16, 16, 13)  # the last rank: 3 stages of 4 and the 1
+    assert front_loaded(61, 8, 4) is None and front_loaded(61, 16, 2) is None
+    # an even split where there is one: 62 = 2 x 31 (last one short), 80 = 4 x 20
+    assert stage_layers(61, 2) == (31, 31, 30) and stage_layers(80, 4) == (20, 20, 20)
+
+
+def test_megatron_renders_the_layout_and_refuses_one_that_leaves_the_last_stage_empty():
+    w = Workload(PRESETS["deepseek-v3"], 4096, 4096, framework=frameworks.get("megatron"))
+    p = plan(nodes=16, tp=1, pp=4, dp=32, ep=32, grad_accum_steps=128, global_batch_size=4096, virtual_stages=2)
+    args = [str(a) for a in megatron.render(p, w).args]
+    # 8 stages of 8 layers, the last of 5 (7 x 8 + 5), in Megatron's layout grammar
+    # (PipelineParallelLayerLayout.parse_str_to_list: E embedding, t layer, L loss, | stage, (..)*n)
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*8|(t*8|)*6t*5L"
+    assert megatron.pipeline_layout(61, 4, 1) == "Et*16|(t*16|)*2t*13L"
+    assert not megatron.problems(p, w)
+    msgs = megatron.problems(replace(p, virtual_stages=8), w)
+    assert any("61 layers do not split over pp=4" in m and "virtual stages of 2" in m for m in msgs), msgs
+
+
+def test_the_search_offers_laid_out_pipelines_to_megatron_only():
+    from jobctl.planner.space import offered_pp
+    mega, titan = frameworks.get("megatron").caps, frameworks.get("torchtitan").caps
+    assert [p for p in (2, 3, 4, 6, 8, 16, 32) if offered_pp(61, p, mega)] == [2, 3, 4, 8, 16]
+    assert [p for p in (2, 3, 4, 6, 8, 16, 32) if offered_pp(61, p, titan)] == [2, 3]
+    # Llama 3 70B's 80 layers: the even splits only; 6 stages (14 x 5 + 10) only when pinned
+    assert not offered_pp(80, 6, mega) and offered_pp(80, 5, mega)
+    r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.pp=16", "--json")
+    assert r.returncode == 0, r.stderr
+    args = json.loads(r.stdout)["framework"]["args"]
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*4|(t*4|)*14t*1L"
+    assert "--num-layers-per-virtual-pipeline-stage" not in args
+    r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.pp=32", "--json")
+    assert r.returncode == 3
+    assert any("pp=32 cannot split 61 layers" in x and "31 x 2 >= 61" in x for x in json.loads(r.stdout)["reasons"])

@@ -144,6 +144,10 @@ class Capabilities:
     # spreads the L + 2 over the stages, the first ones taking the remainder (torchtitan); False:
     # even splits, or the first/last stage one layer short (Megatron-LM's uneven option)
     pp_split_counts_ends: bool = False
+    # any split of the layers over the (virtual) stages can be written down (Megatron's
+    # --pipeline-model-parallel-layout): the search also offers power-of-two pipelines no even
+    # split takes, with the last stage short (stage_layers' front_loaded)
+    pipeline_layout: bool = False
     # the pipeline runs torch.distributed.pipelining's PipelineStage, which allocates a receive
     # buffer per micro-batch for every boundary tensor it receives (activations from the previous
     # stage, gradients from the next) and keeps them all through the step
@@ -288,6 +292,28 @@ class Framework:
     def with_caps(self, **changes) -> Framework:
         """The same framework run another way (a published run without an overlap it offers)."""
         return replace(self, caps=replace(self.caps, **changes))
+
+
+def front_loaded(layers: int, pp: int, v: int = 1) -> tuple[int, int, int] | None:
+    """The split when none of the even ones fits (DeepSeek-V3's 61 layers over 4, 8 or 16 stages):
+    every one of the pp·v (virtual) stages takes ceil(layers / pp) / v layers and the last one what
+    is left, at least one (Megatron's --pipeline-model-parallel-layout, as Megatron-Bridge's
+    DeepSeek-V3 recipes lay it out: recipes/deepseek/h100/deepseek_v3.py
+    _get_deepseek_v3_pipeline_layout, e.g. 16+16+16+13 over 4). None when that leaves the last
+    stage nothing, or v does not divide a rank's layers."""
+    per_rank = -(-layers // pp)
+    if per_rank % v:
+        return None
+    last = layers - (pp * v - 1) * (per_rank // v)
+    if last < 1:
+        return None
+    return per_rank, per_rank, per_rank - per_rank // v + last
+
+
+def even_split(layers: int, pp: int) -> bool:
+    """Whether `layers` split over pp stages without a layout: evenly, or with the first and/or
+    last stage one layer short (the splits Megatron's --account-for-*-in-pipeline-split make)."""
+    return pp == 1 or (pp <= layers and any((layers + extra) % pp == 0 for extra in (0, 1, 2) if extra < 2 or pp > 2))
 
 
 def common_problems(caps: Capabilities, plan: Any, w: Any) -> list[str]:

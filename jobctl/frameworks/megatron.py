@@ -18,6 +18,7 @@ from jobctl.frameworks.base import (
     common_problems,
     ep_overlap,
     fp8_param_gather,
+    front_loaded,
     hybridep_dispatch,
     num,
 )
@@ -36,6 +37,7 @@ CAPS = Capabilities(
     pp=True,
     schedules=("1F1B", "interleaved 1F1B"),
     interleaved=True,
+    pipeline_layout=True,
     shardings=("none", "zero1"),
     recompute=("none", "selective", "full"),
     selective=Selective.CORE_ATTENTION,
@@ -147,13 +149,28 @@ def pipeline_split(layers: int, pp: int) -> tuple[int, bool, bool] | None:
     return None
 
 
+def pipeline_layout(layers: int, pp: int, v: int) -> str:
+    """--pipeline-model-parallel-layout for the split no even one takes (stage_layers'
+    front_loaded): pp·v stages separated by "|", the embedding ("E") on the first, the loss ("L")
+    on the last, k decoder layers ("t") on each but the last, which holds the rest; "(...)*n"
+    repeats (PipelineParallelLayerLayout.parse_str_to_list). 61 layers over 4 stages:
+    "Et*16|(t*16|)*2t*13L". The stages go round the ranks: stage i on rank i % pp."""
+    per_rank = front_loaded(layers, pp, v)[0]
+    k, stages = per_rank // v, pp * v
+    middle = f"(t*{k}|)*{stages - 2}" if stages > 2 else ""
+    return f"Et*{k}|{middle}t*{layers - (stages - 1) * k}L"
+
+
 def problems(plan, w) -> list[str]:
     out = common_problems(CAPS, plan, w)
     v = getattr(plan, "virtual_stages", 1)
     split = pipeline_split(w.model.layers, plan.pp) if plan.pp > 1 else (w.model.layers, False, False)
-    if split is None:
+    if split is None and front_loaded(w.model.layers, plan.pp, v) is None:
+        per_rank = -(-w.model.layers // plan.pp)
         out.append(f"{w.model.layers} layers do not split over pp={plan.pp}, even counting the embedding and "
-                   "the loss as layers (arguments.py validate_args)")
+                   f"the loss as layers (arguments.py validate_args), nor with a layout of {per_rank} per rank "
+                   + (f"in {v} virtual stages of {per_rank / v:g}" if v > 1 else "")
+                   + " and the last stage short (--pipeline-model-parallel-layout; the last needs at least one)")
     if v > 1:
         if plan.grad_accum_steps % plan.pp or plan.grad_accum_steps < plan.pp:
             out.append(f"Megatron's interleaved schedule needs the micro-batch count ({plan.grad_accum_steps}) to be "
@@ -330,8 +347,11 @@ def _parallel_flags(plan, layers: int) -> list:
          "--context-parallel-size", plan.cp]
     if plan.sequence_parallel and plan.tp > 1:
         a += ["--sequence-parallel", *_tp_overlap_flags(plan)]
-    if plan.pp > 1:
-        per_stage, emb, loss = pipeline_split(layers, plan.pp)
+    split = pipeline_split(layers, plan.pp) if plan.pp > 1 else None
+    if plan.pp > 1 and split is None:  # the last stage short: written down stage by stage
+        a += ["--pipeline-model-parallel-layout", pipeline_layout(layers, plan.pp, plan.virtual_stages)]
+    elif plan.pp > 1:
+        per_stage, emb, loss = split
         if emb:
             a.append("--account-for-embedding-in-pipeline-split")
         if loss:

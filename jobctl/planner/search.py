@@ -91,8 +91,10 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
             out.append(f"tp={c.tp} crosses the node boundary: a node of {t.partition} has {_gpus(t.gpus_per_node)}; "
                        "tensor parallelism must stay inside a node")
     if c.pp is not None and not stage_layers(m.layers, c.pp):
-        out.append(f"pp={c.pp} cannot split {m.layers} layers: {m.layers} % {c.pp} = {m.layers % c.pp}, and "
-                   "shortening the first and last stage by one layer does not make it even either")
+        per_rank = -(-m.layers // c.pp)
+        out.append(f"pp={c.pp} cannot split {m.layers} layers: {m.layers} % {c.pp} = {m.layers % c.pp}, shortening "
+                   f"the first and last stage by one layer does not make it even either, and {per_rank} per stage "
+                   f"leave the last none ({c.pp - 1} x {per_rank} >= {m.layers})")
     caps = w.caps
     for what, value, offered in (("optimizer", w.optimizer, caps.optimizers), ("method", w.method, caps.methods),
                                  ("precision", w.precision, caps.precisions)):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from jobctl.frameworks import Selective
 from jobctl.planner.catalog import GIB, GPUSpec
-from jobctl.planner.memory import MemoryBreakdown, Workload, estimate, stage_layers
+from jobctl.planner.memory import MemoryBreakdown, Workload, estimate, even_split, front_loaded, stage_layers
 from jobctl.planner.perf import (
     Links,
     StepEstimate,
@@ -122,7 +122,7 @@ def layouts(w: Workload, t: Target, c: Constraints):
     caps = w.caps
     tps = [c.tp] if c.tp else [d for d in divisors(t.nvlink_gpus) if d <= MAX_TP
                                if m.heads % d == 0 and m.kv_heads % d == 0 and (d == 1 or caps.tp)]
-    pps = [c.pp] if c.pp else [p for p in range(1, m.layers + 1) if stage_layers(m.layers, p) and (p == 1 or caps.pp)]
+    pps = [c.pp] if c.pp else [p for p in range(1, m.layers + 1) if p == 1 or caps.pp and offered_pp(m.layers, p, caps)]
     if c.cp:
         cps = [c.cp]
     elif caps.cp:
@@ -211,16 +211,29 @@ def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn:
     return [x[1:] for x in out]
 
 
+def offered_pp(layers: int, pp: int, caps) -> bool:
+    """Whether the search tries `pp` stages: an even split of the layers (stage_layers' first
+    rules), or, where the framework can lay out any split (caps.pipeline_layout), a power of two
+    with the last stage short (front_loaded: DeepSeek-V3's 61 layers over 4, 8, 16). Other
+    uneven pipelines are for a recipe to pin (train.pp)."""
+    return even_split(layers, pp) or (caps.pipeline_layout and pp & (pp - 1) == 0
+                                      and front_loaded(layers, pp) is not None)
+
+
 def virtual_stage_options(w: Workload, pp: int) -> list[int]:
     """Virtual pipeline stages per rank worth trying: 1, and when the framework interleaves, the
-    counts that split the layers evenly (Megatron: a stage's layers; torchtitan: the layers plus
-    embedding and output over pp·v stages)."""
+    counts that split the layers evenly (Megatron: a stage's layers, or with a layout every
+    virtual stage but the last; torchtitan: the layers plus embedding and output over pp·v
+    stages)."""
     if pp == 1 or not w.caps.interleaved:
         return [1]
-    layers_max = stage_layers(w.model.layers, pp)[1]
+    layers = w.model.layers
+    layers_max = stage_layers(layers, pp)[1]
+    if w.caps.pipeline_layout and not even_split(layers, pp):
+        return [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if front_loaded(layers, pp, v)]
     # the framework's own rule (its `problems`) filters the plans later
     return [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
-                  if layers_max % v == 0 or (w.model.layers + 2) % (pp * v) == 0]
+                  if layers_max % v == 0 or (layers + 2) % (pp * v) == 0]
 
 
 def knob_cost(p: Plan) -> float:

@@ -14,6 +14,8 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator  # noqa: E402
+from megatron.core.transformer.enums import LayerType  # noqa: E402
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout  # noqa: E402
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: E402
 
 TABLE = json.loads((Path(__file__).parent.parent / "data" / "megatron_lm_flags.json").read_text())["flags"]
@@ -47,7 +49,16 @@ def check(case):
     layers = ns["num_layers"] + ns.get("account_for_embedding_in_pipeline_split", 0) + \
         ns.get("account_for_loss_in_pipeline_split", 0)
     pp = ns["pipeline_model_parallel_size"]
-    if layers % pp:  # validate_args: 'Number of layers should be divisible by the pipeline-model-parallel size'
+    layout = ns.get("pipeline_model_parallel_layout")
+    if layout is not None:  # validate_args: one way to give virtual stages; their count from the layout
+        if ns.get("num_layers_per_virtual_pipeline_stage") is not None:
+            raise ValueError("No more than one of the following arguments can be set at the same time: "
+                             "--num-layers-per-virtual-pipeline-stage, --pipeline-model-parallel-layout")
+        stages = PipelineParallelLayerLayout.get_num_stages_from_str(layout)
+        if stages % pp:
+            raise ValueError("The length of pipeline_model_parallel_layout must be divisible by "
+                             "pipeline_model_parallel_size")
+    elif layers % pp:  # validate_args: 'Number of layers should be divisible by the pipeline-model-parallel size'
         raise ValueError("number of layers not divisible by pp")
     if ns.get("overlap_param_gather"):  # arguments.py validate_args, word for word
         if not ns.get("use_distributed_optimizer"):
@@ -66,6 +77,8 @@ def check(case):
             raise ValueError("number of layers per pipeline stage must be divisible number of layers per virtual stage")
         vpp = per_stage // ns["num_layers_per_virtual_pipeline_stage"]
         vpp = None if vpp == 1 else vpp
+    elif layout is not None:
+        vpp = None if stages // pp == 1 else stages // pp
     # core_transformer_config_from_args: MLATransformerConfig under --multi-latent-attention,
     # num_moe_experts from --num-experts; moe_freq_type evaluates a list-valued --moe-layer-freq
     config_class = MLATransformerConfig if ns.get("multi_latent_attention") else TransformerConfig
@@ -90,6 +103,8 @@ def check(case):
     ddp = DistributedDataParallelConfig(**{k: v for k, v in ns.items() if k in ddp_fields})
     calc = ConstantNumMicroBatchesCalculator(ns["global_batch_size"], ns["micro_batch_size"], dp, False, 0)
     return {"ok": True, "dp": dp, "num_microbatches": calc.get(), "vpp": vpp or 1,
+            "layers_per_rank": [[x.count(LayerType.decoder) for x in rank] for rank in
+                                cfg.pipeline_model_parallel_layout.layout] if layout is not None else None,
             "recompute": cfg.recompute_granularity, "recompute_method": cfg.recompute_method,
             "recompute_num_layers": cfg.recompute_num_layers, "sequence_parallel": cfg.sequence_parallel,
             "distributed_optimizer": bool(ns.get("use_distributed_optimizer")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from jobctl.frameworks.base import even_split, front_loaded
 from jobctl.planner.memory.workload import Workload
 from jobctl.planner.models import padded_vocab
 from jobctl.planner.plan import Plan
@@ -15,7 +16,8 @@ def stage_layers(layers: int, pp: int, counts_ends: bool = False) -> tuple[int, 
 
     Even splits, or the first and/or last stage one layer short to make room for the
     embedding and the output layer (Megatron-LM --decoder-first/last-pipeline-num-layers;
-    the Llama 3 paper §3.3.2 does this for 126 layers on 16 stages).
+    the Llama 3 paper §3.3.2 does this for 126 layers on 16 stages); failing those, the last
+    stage short by what is left (`front_loaded`).
 
     counts_ends (torchtitan's default split, distributed/pipeline_parallel.py
     _generate_llm_fqn_per_model_part): the embedding and the output layer count as one layer
@@ -42,7 +44,7 @@ def stage_layers(layers: int, pp: int, counts_ends: bool = False) -> tuple[int, 
     if (layers + 2) % pp == 0 and pp > 2:
         k = (layers + 2) // pp
         return k - 1, k, k - 1
-    return None
+    return front_loaded(layers, pp)
 
 
 def framework_vocab(w: Workload, tp: int) -> int:
