@@ -324,7 +324,8 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
                      # jobctl turns the combined schedule on wherever Megatron accepts it; off
                      # where the row's release did not (as a recipe's train.ep_overlap: false)
                      ep_overlap="auto" if s.get("overlap_ep_comm") else False,
-                     moe_dispatcher="hybridep" if s.get("dispatcher") == "flex-hybridep" else "alltoall")
+                     moe_dispatcher="hybridep" if s.get("dispatcher") == "flex-hybridep" else "alltoall",
+                     nvlink_gpus=gpu.nvlink_domain_gpus)
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         tp, pp, dp, cp, mbs = p["tp"], p["pp"], p["dp"], p.get("cp") or 1, p["micro_batch"]
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, "zero1", mbs, gb // (dp * mbs), gb, recompute, "none",

@@ -490,6 +490,20 @@ def test_hybridep_keeps_its_registered_buffer_and_is_megatrons_only():
 
     check = next(c for c in memory_checks(w, p, mem.to_dict()["terms"]) if c["term"] == "hybridep buffers")
     assert check["check"] == "modelled" and "§4.2" in check["by"]
+    # on a partition whose NVLink domain spans the nodes (a GB200 NVL72 rack, 72 GPUs), the 16 ranks
+    # are one domain: 128 experts over it, no inter-node slots
+    rack = replace(w, nvlink_gpus=72)
+    p4 = replace(p, nodes=4, gpus_per_node=4)
+    assert term(estimate(rack, 186 * GIB, p4), "hybridep buffers") == tokens * 16 * (2048 * 2 + 128 * 4)
+    # the plan on the shipped GB200 inventory is told its rack
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "gb200", "train.moe_dispatcher=hybridep",
+               "parallelism.ep=16", "parallelism.tp=1", "parallelism.pp=1", "parallelism.cp=1",
+               "parallelism.micro_batch_size=2", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["plan"]["gpus_per_node"] == 4 and d["plan"]["ep"] == 16
+    assert next(t["bytes"] for t in d["memory"]["terms"] if t["name"] == "hybridep buffers") == \
+        tokens * 16 * (2048 * 2 + 128 * 4)
     alltoall = Workload(qwen, 4096, 512, framework="megatron")
     assert "hybridep buffers" not in {t.name for t in estimate(alltoall, 80 * GIB, p).terms}
     assert estimate(w, 80 * GIB, p).total_bytes > estimate(alltoall, 80 * GIB, p).total_bytes

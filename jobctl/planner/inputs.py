@@ -65,7 +65,8 @@ def framework(recipe) -> frameworks.Framework:
 
 
 def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = None,
-             formats: tuple[str, ...] = (), under: frameworks.Framework | None = None) -> Workload:
+             formats: tuple[str, ...] = (), under: frameworks.Framework | None = None,
+             nvlink_gpus: int = 0) -> Workload:
     """The recipe as the planner sees it; `learned` ({fixed_gap_bytes, per_scaling, from}): what an
     earlier CUDA OOM of this workload on this partition showed the model missed; `under`: run
     under this framework instead of the recipe's (its default fp8 scaling where the recipe has none)."""
@@ -90,6 +91,7 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         ep_overlap=t.ep_overlap,
         moe_dispatcher=t.moe_dispatcher,
         formats=tuple(formats),
+        nvlink_gpus=nvlink_gpus,
     )
 
 
@@ -130,6 +132,11 @@ def links(partition, gpu, precision: str, fp8_recipe: str | None = None,
     )
 
 
+def nvlink_domain(partition, gpu) -> int | None:
+    """GPUs one NVLink domain joins on `partition`: the inventory's word, else the GPU's (catalog)."""
+    return getattr(partition, "nvlink_domain_gpus", None) or gpu.nvlink_domain_gpus
+
+
 def target(inventory, partition, precision: str = "bf16-mixed", fp8_recipe: str | None = None,
            fp8_backend: str = "transformer-engine") -> Target:
     gpu = lookup_gpu(partition.gpu)
@@ -143,7 +150,7 @@ def target(inventory, partition, precision: str = "bf16-mixed", fp8_recipe: str 
         cluster=inventory.name, partition=partition.name, gpu=gpu, gpus_per_node=partition.gpus_per_node,
         nodes=partition.nodes, host_mem_bytes=int(partition.mem_gib * GIB), gpu_memory_bytes=mem,
         links=links(partition, gpu, precision, fp8_recipe, fp8_backend),
-        domain_gpus=getattr(partition, "nvlink_domain_gpus", None) or gpu.nvlink_domain_gpus,
+        domain_gpus=nvlink_domain(partition, gpu),
         checkpoint_write_gbs_per_node=getattr(partition, "checkpoint_write_gbs_per_node", None),
         interruptions_per_node_day=getattr(partition, "interruptions_per_node_day", None),
     )

@@ -110,7 +110,8 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
     fw = frameworks.get(framework) if framework is not None else None
     for part in parts:
         gpu = inputs.lookup_gpu(part.gpu)
-        w = inputs.workload(recipe, inv, cpu=gpu.is_cpu, formats=gpu.formats, under=fw)
+        domain = inputs.nvlink_domain(part, gpu) or 0
+        w = inputs.workload(recipe, inv, cpu=gpu.is_cpu, formats=gpu.formats, under=fw, nvlink_gpus=domain)
         tgt = inputs.target(inv, part, w.precision, w.fp8_recipe, w.caps.fp8_backend)
         learned, advice = None, []
         if learn:
@@ -120,7 +121,7 @@ def _workloads(recipe, inv, parts: list, learn: bool, framework: str | None = No
             advice = (learned or {}).pop("advice", [])
             if learned:
                 w = inputs.workload(recipe, inv, cpu=tgt.gpu.is_cpu, learned=learned,
-                                    formats=tgt.gpu.formats, under=fw)
+                                    formats=tgt.gpu.formats, under=fw, nvlink_gpus=domain)
         yield w, tgt, learned, advice
 
 

@@ -148,11 +148,12 @@ def _hybridep_buffer(w: Workload, plan: Plan, b: int, tp: int, cp: int, sp: bool
     input's rows, b·s/cp, split over tp under sequence parallelism) as DeepEP's
     docs/Hybrid-EP_Implementation.md §4.2 gives it: room for every rank of the EP group to send it
     all its tokens, their probabilities for the experts of its domain, and with more than one
-    domain an inter-node slot per token and remote domain. The plan's node is taken as the NVLink
-    domain (over a rack-wide one, a GB200 NVL72's, there are no inter-node buffers: over-counted)."""
+    domain an inter-node slot per token and remote domain. The domain is the partition's NVLink
+    domain (w.nvlink_gpus: a GB200 NVL72 rack's 72 GPUs hold an EP group of up to 64 with no
+    inter-node slots), else the plan's node."""
     x, h, ep = w.model.moe, w.model.hidden, plan.ep
     tokens = b * w.seq_len // cp // (tp if sp else 1)
-    local = min(ep, plan.gpus_per_node)
+    local = min(ep, max(plan.gpus_per_node, w.nvlink_gpus))
     domains = ep // local
     per_rank = x.experts // ep
     intra = tokens * ep * (h * HYBRIDEP_TOKEN_BYTES + per_rank * local * HYBRIDEP_PROB_BYTES)
