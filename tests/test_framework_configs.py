@@ -79,6 +79,9 @@ MATRIX = {
         # the flex dispatcher on HybridEP across two nodes, as Megatron-Bridge's H100 Qwen3-30B runs it
         ("qwen3-30b-a3b", "h100", ["train.moe_dispatcher=hybridep", "parallelism.ep=16", "parallelism.tp=1",
                                    "parallelism.pp=1"]),
+        # ... and on DeepEP's normal kernels
+        ("qwen3-30b-a3b", "h100", ["train.moe_dispatcher=deepep", "parallelism.ep=16", "parallelism.tp=1",
+                                   "parallelism.pp=1"]),
     ],
     "torchtitan": [
         ("llama8b", "h100", []),
@@ -194,9 +197,9 @@ def test_megatron_accepts_what_jobctl_renders():
             assert (r["overlap_moe_expert_parallel_comm"], r["delay_wgrad_compute"]) == (combined, combined)
             # the token dispatcher the recipe asks for: NCCL's all-to-alls, or the flex dispatcher on
             # DeepEP's HybridEP kernels with the float32 routing probabilities HybridEP takes
-            hybridep = "train.moe_dispatcher=hybridep" in case["case"][2]
+            backend = next((o.split("=")[1] for o in case["case"][2] if o.startswith("train.moe_dispatcher=")), None)
             assert (r["moe_token_dispatcher_type"], r["moe_flex_dispatcher_backend"], r["moe_router_dtype"]) == (
-                ("flex", "hybridep", "fp32") if hybridep else ("alltoall", "deepep", None)), case["case"]
+                ("flex", backend, "fp32") if backend else ("alltoall", "deepep", None)), case["case"]
         # FP8 weights gathered in FP8 under the distributed optimizer (per-tensor and MXFP8 scaling)
         fp8_weights = p["sharding"] == "zero1" and (precision == "mxfp8" or (
             precision == "fp8" and (recipe or "tensorwise") in ("tensorwise", "delayed")))
@@ -219,6 +222,7 @@ def test_megatron_accepts_what_jobctl_renders():
     assert sum(r["layers_per_rank"] is not None for r in results) >= 3  # a layout with and without v
     assert any("--overlap-moe-expert-parallel-comm" in c["framework"]["args"] for c in cases)
     assert any("hybridep" in c["framework"]["args"] for c in cases)
+    assert any("deepep" in c["framework"]["args"] for c in cases)
 
 
 # Megatron-Bridge's DeepSeek-V3 layouts, decoder layers per (virtual) stage in layer order, by

@@ -517,7 +517,7 @@ def test_hybridep_keeps_its_registered_buffer_and_is_megatrons_only():
                "framework=megatron", "--json")
     assert r.returncode == 3
     assert any("no experts to dispatch to" in x for x in json.loads(r.stdout)["reasons"])
-    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "train.moe_dispatcher=deepep")
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "train.moe_dispatcher=nccl")
     assert r.returncode == 2 and "moe_dispatcher" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -596,3 +596,40 @@ def test_the_search_offers_laid_out_pipelines_to_megatron_only():
     r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.pp=32", "--json")
     assert r.returncode == 3
     assert any("pp=32 cannot split 61 layers" in x and "31 x 2 >= 61" in x for x in json.loads(r.stdout)["reasons"])
+
+
+def test_deepep_keeps_its_fixed_queues_and_sends_across_8_gpu_nodes_as_hybridep_does():
+    from jobctl.frameworks.megatron import deepep_problems
+    from jobctl.planner.memory.breakdown import _deepep_buffer
+
+    # DeepEP's csrc/legacy/config.hpp size hints for its recommended configs (deep_ep/buffers/legacy.py):
+    # EP 16 = 2 nodes of 8 NVLink peers, 20 SMs = 10 channels, BF16 tokens of h = 2048 (4096 B), each
+    # queued token with 8 B of source metadata, 128 int64 top-k ids, 128 fp32 weights and scales.
+    # NVLink: dispatch and combine both queue 288 tokens per channel and peer, plus 2·2 + 3 counters;
+    # RDMA: dispatch's 128 receive slots aligned to its 20-token sends (140, combine's 132), x 2.
+    per_token = 8 + 128 * 8 + 128 * 4 + 128 * 4
+    nvl = 10 * 8 * (2 * 2 + 3) * 4 + 10 * 8 * 288 * (4096 + per_token)
+    rdma = 10 * 2 * (8 * 2 + 2) * 2 * 4 + 10 * 2 * 140 * 2 * (4096 + per_token + 16)
+    assert _deepep_buffer(2048, 16)[0] == -(-nvl // 128) * 128 + -(-rdma // 128) * 128
+    # inside one node: no RDMA queues; counters for max(8 // 8, 1) = 1 RDMA rank, 2 + 3
+    assert _deepep_buffer(2048, 8)[0] == -(-(10 * 8 * (2 * 1 + 3) * 4 + 10 * 8 * 256 * (4096 + per_token)) // 128) * 128
+    qwen, t = PRESETS["qwen3-30b-a3b"], h100()
+    p = plan(nodes=2, dp=16, ep=16, grad_accum_steps=32, global_batch_size=512)
+    deep = Workload(qwen, 4096, 512, framework="megatron", moe_dispatcher="deepep")
+    assert term(estimate(deep, 80 * GIB, p), "deepep buffers") == _deepep_buffer(2048, 16)[0]
+    # across two 8-GPU nodes DeepEP's normal kernels send a token once to its peer in the other
+    # node and forward it there over NVLink, as HybridEP does: the same all-to-all time, less than NCCL's
+    hyb, nccl = (replace(deep, moe_dispatcher=d) for d in ("hybridep", "alltoall"))
+    d, h, a = (estimate_step(x, p, t.links, 8).ep_comm_s for x in (deep, hyb, nccl))
+    assert d == h < a
+    # EP sizes DeepEP has a config for; across nodes only with 8 NVLink peers per node
+    assert deepep_problems(16, 8) == [] and deepep_problems(4, 4) == []
+    assert "get_dispatch_config" in deepep_problems(12, 8)[0]
+    assert "8 NVLink peers" in deepep_problems(16, 4)[0] and "hybridep" in deepep_problems(16, 4)[0]
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "gb200", "train.moe_dispatcher=deepep",
+               "parallelism.ep=16", "--json")
+    assert r.returncode == 3 and any("8 NVLink peers" in x for x in json.loads(r.stdout)["reasons"])
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "train.moe_dispatcher=deepep",
+               "framework=torchtitan", "--json")
+    assert r.returncode == 3
+    assert any("DeepEP's normal kernels" in x and "megatron only" in x for x in json.loads(r.stdout)["reasons"])

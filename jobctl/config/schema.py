@@ -171,10 +171,11 @@ class Train(_Strict):
     # it off (one layer less held, every all-to-all exposed)
     ep_overlap: Literal["auto"] | bool = "auto"
     # how a mixture of experts' tokens reach their experts: alltoall (Megatron's default, NCCL
-    # all-to-alls: a token's copy for each expert on another node crosses the network) or hybridep
+    # all-to-alls: a token's copy for each expert on another node crosses the network), hybridep
     # (Megatron-Core's flex dispatcher on DeepEP's HybridEP kernels, which the container must
     # have: a token crosses to each other NVLink domain once and is fanned out there over NVLink)
-    moe_dispatcher: Literal["alltoall", "hybridep"] = "alltoall"
+    # or deepep (the flex dispatcher on DeepEP's normal kernels: the same, between 8-GPU nodes)
+    moe_dispatcher: Literal["alltoall", "hybridep", "deepep"] = "alltoall"
     # a trillion steps, a quintillion tokens: more is a typo, and a 400-digit number made the
     # time-to-train arithmetic overflow (OverflowError)
     steps: int | None = Field(default=None, gt=0, le=10**12)

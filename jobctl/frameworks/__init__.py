@@ -21,6 +21,7 @@ from jobctl.frameworks.base import (
     default_fp8_recipe,
     fp8_param_gather,
     graphed_step,
+    flex_backend,
     hybridep_dispatch,
     loss_chunks,
 )
@@ -54,4 +55,4 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
            "Rendered", "Selective", "StateRecipe", "canonical", "default_fp8_recipe", "ep_overlap", "file_path",
-           "fp8_param_gather", "get", "graphed_step", "hybridep_dispatch", "loss_chunks"]
+           "fp8_param_gather", "get", "graphed_step", "flex_backend", "hybridep_dispatch", "loss_chunks"]

@@ -168,7 +168,8 @@ class Capabilities:
     # planner/perf.py and memory, ep_overlap below)
     ep_overlap: bool = False
     # the token dispatchers jobctl renders and models (train.moe_dispatcher): alltoall everywhere;
-    # hybridep: Megatron-Core's flex dispatcher on DeepEP's HybridEP kernels (hybridep_dispatch)
+    # hybridep, deepep: Megatron-Core's flex dispatcher on DeepEP's HybridEP or normal kernels
+    # (flex_backend)
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
     # the MoE layer is torchtitan's eager one (models/common/moe.py, token_dispatcher.py): the
     # router's gate runs under autocast to fp32 and keeps an fp32 copy of its input and the
@@ -380,13 +381,22 @@ def ep_overlap(w, plan) -> bool:
             and (plan.pp == 1 or plan.virtual_stages > 1) and w.precision != "fp32")
 
 
+def flex_backend(w, plan) -> str | None:
+    """The DeepEP kernels the plan's experts are reached through, "hybridep" or "deepep", or None
+    (NCCL's all-to-alls). Megatron-Core's --moe-token-dispatcher-type flex with
+    --moe-flex-dispatcher-backend hybridep (token_dispatcher.py _HybridEPManager) or deepep
+    (_DeepepManager): each token goes once to its peer GPU in every other NVLink domain (HybridEP)
+    or 8-GPU node (DeepEP's normal internode kernels) its experts are in and is fanned out there
+    over NVLink (DeepEP docs/Hybrid-EP_Implementation.md, "RDMA communication pattern"; DeepEP's
+    README, normal kernels). w: a Workload (duck-typed, as ep_overlap)."""
+    if w.moe_dispatcher in ("hybridep", "deepep") and w.model.moe is not None and plan.ep > 1:
+        return w.moe_dispatcher
+    return None
+
+
 def hybridep_dispatch(w, plan) -> bool:
-    """The plan's experts are reached through HybridEP (train.moe_dispatcher: hybridep; Megatron-Core's
-    --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep, token_dispatcher.py
-    _HybridEPManager): each token goes once to its peer GPU in every other NVLink domain its experts are
-    in and is fanned out there over NVLink (DeepEP docs/Hybrid-EP_Implementation.md, "RDMA communication
-    pattern"). w: a Workload (duck-typed, as ep_overlap)."""
-    return w.moe_dispatcher == "hybridep" and w.model.moe is not None and plan.ep > 1
+    """The plan's experts are reached through HybridEP (flex_backend)."""
+    return flex_backend(w, plan) == "hybridep"
 
 
 def graphed_step(w, plan) -> bool:

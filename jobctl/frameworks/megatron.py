@@ -19,7 +19,7 @@ from jobctl.frameworks.base import (
     ep_overlap,
     fp8_param_gather,
     front_loaded,
-    hybridep_dispatch,
+    flex_backend,
     num,
 )
 from jobctl.model import CHECKPOINT_DIR_TOKEN
@@ -61,7 +61,7 @@ CAPS = Capabilities(
     moe=True,
     mla=True,
     ep_overlap=True,
-    moe_dispatchers=("alltoall", "hybridep"),
+    moe_dispatchers=("alltoall", "hybridep", "deepep"),
     moe_expert_launches=True,
     qk_norm_counted=False,
     sources=(
@@ -129,6 +129,15 @@ CAPS = Capabilities(
          "routing probabilities (--moe-router-dtype fp32); BF16 dispatch (no FP8 dispatch)",
          "megatron/core/transformer/moe/token_dispatcher.py _HybridEPManager; moe/fused_a2a.py "
          "HybridEPDispatch, init_hybrid_ep_buffer; deepseek-ai/DeepEP docs/Hybrid-EP_Implementation.md §4.2, §8"),
+        ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep (train.moe_dispatcher: "
+         "deepep): DeepEP's normal kernels, which the container must have; across nodes a token crosses to its "
+         "peer GPU in each other node holding one of its experts once and is forwarded there over NVLink; one "
+         "buffer per rank of fixed size (DeepEP's recommended configs for the EP size, 20 SMs); float32 routing "
+         "probabilities. EP groups of 2-160 ranks from DeepEP's table, 8 NVLink peers per node across nodes "
+         "(not a GB200 rack's domain: hybridep)",
+         "megatron/core/transformer/moe/token_dispatcher.py _DeepepManager; moe/fused_a2a.py get_buffer; "
+         "deepseek-ai/DeepEP deep_ep/buffers/legacy.py get_dispatch_config, get_combine_config; "
+         "csrc/legacy/config.hpp get_nvl_buffer_size_hint, get_rdma_buffer_size_hint"),
     ),
 )
 
@@ -161,6 +170,25 @@ def pipeline_layout(layers: int, pp: int, v: int) -> str:
     return f"Et*{k}|{middle}t*{layers - (stages - 1) * k}L"
 
 
+# The EP group sizes DeepEP's normal kernels have a recommended config for (deep_ep/buffers/legacy.py
+# get_dispatch_config asserts the size is one of them), and the NVLink peers its internode
+# kernels assume in a node (csrc/kernels/legacy/compiled.cuh LEGACY_NUM_MAX_NVL_PEERS)
+DEEPEP_EP_SIZES = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+DEEPEP_NVL_PEERS = 8
+
+
+def deepep_problems(ep: int, gpus_per_node: int) -> list[str]:
+    out = []
+    if ep not in DEEPEP_EP_SIZES:
+        out.append(f"ep={ep}: DeepEP's normal kernels take EP groups of {', '.join(map(str, DEEPEP_EP_SIZES))} ranks "
+                   "(deep_ep/buffers/legacy.py get_dispatch_config)")
+    if ep > gpus_per_node and gpus_per_node != DEEPEP_NVL_PEERS:
+        out.append(f"ep={ep} crosses nodes of {gpus_per_node} GPUs: DeepEP's internode kernels assume "
+                   f"{DEEPEP_NVL_PEERS} NVLink peers per node (LEGACY_NUM_MAX_NVL_PEERS; Megatron-Core: only hybridep "
+                   "spans a multi-node NVLink domain): use train.moe_dispatcher: hybridep")
+    return out
+
+
 def problems(plan, w) -> list[str]:
     out = common_problems(CAPS, plan, w)
     v = getattr(plan, "virtual_stages", 1)
@@ -189,6 +217,8 @@ def problems(plan, w) -> list[str]:
     if plan.cp > 1 and w.seq_len % (2 * plan.cp):
         out.append(f"seq-length should be a multiple of 2 * context-parallel-size: {w.seq_len} % {2 * plan.cp}")
     ep = getattr(plan, "ep", 1)
+    if flex_backend(w, plan) == "deepep":
+        out += deepep_problems(ep, plan.gpus_per_node)
     if w.model.moe is not None:
         if w.model.moe.experts % ep:
             out.append(f"--expert-model-parallel-size {ep} does not divide --num-experts {w.model.moe.experts}")
@@ -262,10 +292,11 @@ def _moe_flags(plan, w) -> list:
     a += ["--num-experts", x.experts, "--moe-ffn-hidden-size", x.expert_ffn, "--moe-router-topk", x.top_k,
           "--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", 1,
           "--moe-grouped-gemm"]
-    if hybridep_dispatch(w, plan):
-        # HybridEP takes float32 routing probabilities (token_dispatcher.py _HybridEPManager.dispatch
-        # casts and warns otherwise)
-        a += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep",
+    backend = flex_backend(w, plan)
+    if backend:
+        # DeepEP's kernels take float32 routing probabilities (token_dispatcher.py
+        # _HybridEPManager.dispatch and _DeepepManager.setup_metadata cast and warn otherwise)
+        a += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", backend,
               "--moe-router-dtype", "fp32"]
     else:
         a += ["--moe-token-dispatcher-type", "alltoall"]

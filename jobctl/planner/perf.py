@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from functools import lru_cache
 
-from jobctl.frameworks import GradBuffer, Selective, ep_overlap, hybridep_dispatch
+from jobctl.frameworks import GradBuffer, Selective, ep_overlap, flex_backend
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
 from jobctl.planner.memory.workload import (DEEPSPEED_REDUCE_BUCKET_ELEMS, fp8_gathered_layers, fp8_params,
                                            low_precision_format, tp_overlap)
@@ -492,7 +492,7 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
     v = max(plan.virtual_stages, 1)
     parts = _pipeline_costs(m, w.seq_len, w.act_bytes, w.attention, op_sac, tp_overlap(w, plan),
                             (w.caps.te_layernorm_mlp, w.compiled, w.caps.moe_expert_launches,
-                             hybridep_dispatch(w, plan)), links, gpus_per_node,
+                             flex_backend(w, plan) is not None), links, gpus_per_node,
                             plan.tp, plan.pp, plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, v,
                             plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan))
     short = plan.pp - plan.grad_accum_steps
@@ -547,7 +547,8 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     TP collectives run under the GEMMs (tp_overlap: "", "userbuffers" or "async-tp"); stack:
     (Transformer Engine, whose BF16 GEMMs reach links.te_gemm_efficiency where fitted;
     torch.compile, which fuses memory-bound kernels; the routed experts launched one by one from
-    the host, caps.moe_expert_launches; the tokens dispatched by HybridEP, hybridep_dispatch)."""
+    the host, caps.moe_expert_launches; the tokens dispatched by DeepEP's HybridEP or normal kernels,
+    flex_backend)."""
     te, compiled, launches, hybridep = stack
     peak = links.peak_tflops * 1e12
     sp = sequence_parallel and t > 1
@@ -651,8 +652,9 @@ def _routed_experts(m, act_bytes: int, links: Links, gpus_per_node: int, t: int,
     forward and two backward (two more with the forward recomputed), each moving the rank's
     top_k·T token copies: to the other ranks of the NVLink domain over NVLink, to the ranks
     beyond it over the network, at the same time (the slower one counts). With `hybridep`
-    (HybridEP's dispatch and combine) a token crosses to each other NVLink domain holding one of
-    its experts once, to its peer GPU there, which fans it out over NVLink (hybridep_copies).
+    (DeepEP's kernels: HybridEP's dispatch and combine, or its normal ones between 8-GPU nodes) a
+    token crosses to each other NVLink domain holding one of its experts once, to its peer GPU
+    there, which fans it out over NVLink (hybridep_copies).
     Under Megatron-Core's --overlap-moe-expert-parallel-comm only what the paired micro-batch's
     compute does not cover counts (_pipeline_costs)."""
     x = m.moe
@@ -683,7 +685,7 @@ def dispatch_copies(experts: int, top_k: int, ep: int, local: int, hybridep: boo
     network (as many back in its combine), its EP group of `ep` ranks with `local` of them in each
     NVLink domain, the router balanced: NCCL's all-to-all sends each of its top_k copies straight to
     its expert's rank, (local - 1)/ep of them inside the domain and (ep - local)/ep beyond it;
-    HybridEP across domains, hybridep_copies."""
+    DeepEP's kernels (HybridEP, or the normal ones) across domains, hybridep_copies."""
     if hybridep and ep > local:
         return hybridep_copies(experts, top_k, ep // local, local)
     return top_k * (local - 1) / ep, top_k * (ep - local) / ep

@@ -193,7 +193,8 @@ def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
                    f"routed tokens and their dispatch are modelled there): use framework: {has}")
         return out
     if w.moe_dispatcher not in caps.moe_dispatchers:
-        out.append(f"train.moe_dispatcher={w.moe_dispatcher} is Megatron-Core's flex dispatcher on DeepEP's HybridEP "
+        kernels = {"hybridep": "HybridEP", "deepep": "normal"}.get(w.moe_dispatcher, w.moe_dispatcher)
+        out.append(f"train.moe_dispatcher={w.moe_dispatcher} is Megatron-Core's flex dispatcher on DeepEP's {kernels} "
                    f"kernels: jobctl renders and models it for megatron only, not {caps.name} (use alltoall)")
     if m.mla is not None and not caps.mla:
         has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.mla)

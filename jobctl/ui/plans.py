@@ -18,6 +18,9 @@ from jobctl.ui.terminal import (
     short_duration,
 )
 
+# the DeepEP kernels a mixture of experts' tokens travel by (train.moe_dispatcher), as the summary names them
+DISPATCHERS = {"hybridep": "HybridEP", "deepep": "DeepEP"}
+
 
 def memory_table(mem: dict, title: str):
     """Every term of a breakdown, GiB, with a bar against the usable memory."""
@@ -133,8 +136,8 @@ def _render_fit(report: dict, explain: bool) -> None:
     para(
         f"{p['sharding']}" + (" · sequence parallel" if p["sequence_parallel"] else "")
         + (" · bf16 grads" if (report.get("train") or {}).get("grad_reduce") == "bf16" else "")
-        + (" · HybridEP dispatch" if (report.get("train") or {}).get("moe_dispatcher") == "hybridep"
-           and p.get("ep", 1) > 1 else "")
+        + (f" · {DISPATCHERS[dispatcher]} dispatch" if (dispatcher := (report.get("train") or {}).get("moe_dispatcher"))
+           in DISPATCHERS and p.get("ep", 1) > 1 else "")
         + f" · recompute {p['recompute']}"
         + (f" ({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
         + f" · offload {p['offload']}", style="green")

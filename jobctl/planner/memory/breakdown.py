@@ -119,8 +119,11 @@ def _stage_groups(w: Workload, plan: Plan, stage: str, detail: bool) -> tuple[di
             f"{UB_BUFFERS} userbuffers of s·b/cp x h = {tokens} x {w.model.hidden}"
             + (f" ({low} of them 1-B FP8)" if low else "")
             + " and 2 more 32 MiB cuBLAS workspaces (Transformer Engine initialize_ub)")
-    if frameworks.hybridep_dispatch(w, plan):
+    backend = frameworks.flex_backend(w, plan)
+    if backend == "hybridep":
         add("hybridep buffers", *_hybridep_buffer(w, plan, b, tp, cp, sp))
+    elif backend == "deepep":
+        add("deepep buffers", *_deepep_buffer(w.model.hidden, plan.ep))
     acts_items, acts, working_set = _activation_items(w, tp, cp, sp, plan.recompute, plan.recompute_layers, b, pp,
                                                       in_flight, stage)
     apply(acts_items)
@@ -163,6 +166,49 @@ def _hybridep_buffer(w: Workload, plan: Plan, b: int, tp: int, cp: int, sp: bool
         f"{tokens} tokens x ep {ep} slots of h = {h} in BF16 + fp32 probabilities for {per_rank * local} experts "
         f"of the domain" + (f"; inter-node: {tokens} x {domains - 1} remote nodes, tokens and probabilities"
                             if domains > 1 else "") + " (DeepEP Hybrid-EP_Implementation.md §4.2)")
+
+
+# DeepEP's normal kernels (Megatron-Core's flex dispatcher, backend deepep): the SMs they run on
+# (TransformerConfig.moe_deepep_num_sms), and the chunked receive queues of the configs DeepEP
+# recommends per EP size, (NVLink receive tokens, RDMA send tokens, RDMA receive tokens) for
+# dispatch and for combine (deep_ep/buffers/legacy.py get_dispatch_config, get_combine_config)
+DEEPEP_NUM_SMS = 20
+DEEPEP_QUEUES = {
+    2: ((256, 6, 128), (256, 6, 128)), 4: ((256, 6, 128), (256, 6, 128)), 8: ((256, 6, 128), (256, 6, 128)),
+    16: ((288, 20, 128), (288, 12, 128)), 24: ((288, 8, 128), (288, 8, 128)), 32: ((288, 8, 128), (288, 8, 128)),
+    48: ((288, 8, 128), (288, 8, 128)), 64: ((288, 8, 128), (288, 8, 128)), 96: ((480, 12, 128), (480, 8, 128)),
+    128: ((560, 12, 128), (560, 8, 128)), 144: ((720, 12, 128), (720, 8, 128)), 160: ((720, 12, 128), (720, 8, 128)),
+}
+
+
+def _deepep_buffer(hidden: int, ep: int) -> tuple:
+    """DeepEP's buffer on each rank: the larger of dispatch's and combine's NVLink and RDMA sizes
+    (Megatron-Core fused_a2a.py get_buffer), each as DeepEP's csrc/legacy/config.hpp
+    get_nvl_buffer_size_hint and get_rdma_buffer_size_hint give it for BF16 tokens (hidden_bytes
+    2·h): per channel (one per 2 SMs) and peer, its receive queue of tokens with their 8-B source
+    metadata, 128 int64 top-k ids, 128 fp32 weights and 128 fp32 scales, and a few counters;
+    across nodes (more than 8 ranks) an RDMA queue per remote node, twice over (send and
+    receive). Fixed: it does not grow with the tokens."""
+    hidden_bytes, channels = 2 * hidden, DEEPEP_NUM_SMS // 2
+    nvl_ranks, rdma_ranks = min(ep, 8), max(ep // 8, 1)
+    per_token = 8 + 128 * 8 + 128 * 4 + 128 * 4  # source meta, top-k ids, weights, scales
+
+    def align(n: int, k: int = 128) -> int:
+        return -(-n // k) * k
+
+    nvl = rdma = 0
+    for nvl_recv, rdma_send, rdma_recv in DEEPEP_QUEUES[ep]:
+        nvl = max(nvl, align(channels * nvl_ranks * (2 * rdma_ranks + 3) * 4
+                             + channels * nvl_ranks * nvl_recv * (hidden_bytes + per_token)))
+        if ep > 8:
+            recv = align(rdma_recv, rdma_send)
+            rdma = max(rdma, align(channels * rdma_ranks * (8 * 2 + 2) * 2 * 4
+                                   + channels * rdma_ranks * recv * 2 * (hidden_bytes + per_token + 16)))
+    return nvl + rdma, "buffers", lambda: (
+        f"DeepEP's queues for ep {ep}: {channels} channels x {nvl_ranks} NVLink peers of tokens of 2·h = "
+        f"{hidden_bytes} B and their routing metadata" + (f", and {rdma_ranks} RDMA peers' send and receive "
+                                                          "queues" if ep > 8 else "")
+        + " (csrc/legacy/config.hpp size hints, deep_ep/buffers/legacy.py configs)")
 
 
 def _breakdown(w: Workload, plan: Plan, stage: str, groups: dict, terms: list[Term], gpu_memory_bytes: int,
