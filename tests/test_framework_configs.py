@@ -190,6 +190,10 @@ def test_megatron_accepts_what_jobctl_renders():
             # DeepSeek-V3's group-limited routing (its config: n_group 8, topk_group 4), as the
             # TransformerConfig built from the flags holds it
             assert r["moe_router_groups"] == ([8, 4] if case["case"][0] == "deepseek-v3" else [None, None])
+            # DeepSeek-V3's multi-token-prediction module (its config: num_nextn_predict_layers 1),
+            # built on the last stage, in the layout's last stage where there is one
+            assert r["mtp_num_layers"] == (model.mtp_layers or None)
+            assert r["mtp_on_last_stage"] in ((None, True) if model.mtp_layers else (None,))
             # the all-to-alls under the paired micro-batch's compute wherever megatron-core's
             # TransformerConfig takes it (its __post_init__): experts split, no full recompute,
             # virtual stages when pipelined; the experts' weight gradients delayed with it
@@ -236,7 +240,8 @@ def _one_more_layer(args):
     """The layout's last stage given one more decoder layer than the model has."""
     i = args.index("--pipeline-model-parallel-layout") + 1
     head, last = args[i].rsplit("t*", 1)
-    return args[:i] + [f"{head}t*{int(last[:-1]) + 1}L"] + args[i + 1:]
+    count = last.rstrip("mL")
+    return args[:i] + [f"{head}t*{int(count) + 1}{last[len(count):]}"] + args[i + 1:]
 
 
 def _without(args, *flags):
@@ -286,6 +291,8 @@ WRONG_MEGATRON = [
     ("--pipeline-model-parallel-layout", lambda a: a + ["--num-layers-per-virtual-pipeline-stage", "4"],
      "No more than one of the following arguments"),
     ("--pipeline-model-parallel-layout", _one_more_layer, "must match num_layers 61"),
+    # a layout with DeepSeek-V3's MTP module, the module count dropped
+    ("--mtp-num-layers", lambda a: _without_value(a, "--mtp-num-layers"), "mtp layers in layout must match"),
     # Megatron-LM's parser: the fused loss's implementations are native and te
     ("--cross-entropy-fusion-impl", lambda a: _with_value(a, "--cross-entropy-fusion-impl", "triton"),
      "invalid choice 'triton'"),

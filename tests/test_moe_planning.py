@@ -572,9 +572,9 @@ def test_megatron_renders_the_layout_and_refuses_one_that_leaves_the_last_stage_
     w = Workload(PRESETS["deepseek-v3"], 4096, 4096, framework=frameworks.get("megatron"))
     p = plan(nodes=16, tp=1, pp=4, dp=32, ep=32, grad_accum_steps=128, global_batch_size=4096, virtual_stages=2)
     args = [str(a) for a in megatron.render(p, w).args]
-    # 8 stages of 8 layers, the last of 5 (7 x 8 + 5), in Megatron's layout grammar
-    # (PipelineParallelLayerLayout.parse_str_to_list: E embedding, t layer, L loss, | stage, (..)*n)
-    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*8|(t*8|)*6t*5L"
+    # 8 stages of 8 layers, the last of 5 (7 x 8 + 5) with the MTP module, in Megatron's layout grammar
+    # (PipelineParallelLayerLayout.parse_str_to_list: E embedding, t layer, m MTP, L loss, | stage, (..)*n)
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*8|(t*8|)*6t*5mL"
     assert megatron.pipeline_layout(61, 4, 1) == "Et*16|(t*16|)*2t*13L"
     assert not megatron.problems(p, w)
     msgs = megatron.problems(replace(p, virtual_stages=8), w)
@@ -591,7 +591,7 @@ def test_the_search_offers_laid_out_pipelines_to_megatron_only():
     r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.pp=16", "--json")
     assert r.returncode == 0, r.stderr
     args = json.loads(r.stdout)["framework"]["args"]
-    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*4|(t*4|)*14t*1L"
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*4|(t*4|)*14t*1mL"
     assert "--num-layers-per-virtual-pipeline-stage" not in args
     r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.pp=32", "--json")
     assert r.returncode == 3
@@ -633,3 +633,51 @@ def test_deepep_keeps_its_fixed_queues_and_sends_across_8_gpu_nodes_as_hybridep_
                "framework=torchtitan", "--json")
     assert r.returncode == 3
     assert any("DeepEP's normal kernels" in x and "megatron only" in x for x in json.loads(r.stdout)["reasons"])
+
+
+def test_deepseek_v3s_mtp_module_rides_on_the_last_stage_under_megatron_only():
+    # DeepSeek-V3 trains one multi-token-prediction module (its config.json: num_nextn_predict_layers
+    # 1); Megatron-Core builds it on the last stage (multi_token_prediction.py): one more transformer
+    # layer, the norms of the next tokens' embedding and of the decoder output and a final one
+    # (3·h), their 2h -> h projection split by TP, and, pipelined, a copy of the word embedding
+    # (gpt_model.py: the embedding is built where pre_process or mtp_process)
+    from jobctl.frameworks import ep_overlap
+    from jobctl.planner.memory import estimate_stage
+
+    m = PRESETS["deepseek-v3"]
+    with_mtp = Workload(m, 4096, 4096, framework="megatron")
+    without = Workload(replace(m, mtp_layers=0), 4096, 4096, framework="megatron")
+    assert (with_mtp.mtp_layers, Workload(m, 4096, 4096, framework="torchtitan").mtp_layers) == (1, 0)
+    p = plan(nodes=16, tp=8, pp=4, dp=4, ep=32, grad_accum_steps=1024, global_batch_size=4096, virtual_stages=2,
+             sequence_parallel=True)
+    h, vocab = 7168, 130048  # 129,280 padded to a multiple of 128 x tp 8
+    dense = m.layer_params() / 8 + 3 * h + 2 * h * h / 8 + vocab * h / 8  # one more layer's TP share and the rest
+    last = [estimate_stage(x, 80 * GIB, p, "last") for x in (with_mtp, without)]
+    assert term(last[0], "weights") - term(last[1], "weights") == pytest.approx(2 * dense)
+    # its routed experts: one more layer's, over ep 32
+    assert term(last[0], "expert weights") - term(last[1], "expert weights") == \
+        pytest.approx(2 * m.routed_params_per_layer / 32)
+    # its logits and loss beside the main ones: as large
+    assert term(last[0], "mtp logits and loss") == term(last[0], "logits and loss")
+    # the first stage does not change; over 4 stages the last holds 13 layers and the module, fewer
+    # than the 16 of the others, as Megatron-Bridge's DeepSeek-V3 layout intends: the step is the same
+    t = h100()
+    assert estimate_stage(with_mtp, 80 * GIB, p, "first").total_bytes == \
+        estimate_stage(without, 80 * GIB, p, "first").total_bytes
+    assert estimate_step(with_mtp, p, t.links, 8).step_time_s == estimate_step(without, p, t.links, 8).step_time_s
+    # unpipelined, the module runs after all 61 layers: one layer and the output layer more (both
+    # without the combined schedule, which Megatron refuses there with MTP, below)
+    one = plan(nodes=32, tp=8, pp=1, dp=32, ep=64, grad_accum_steps=128, global_batch_size=4096)
+    a, b = (estimate_step(replace(x, ep_overlap=False), one, t.links, 8).step_time_s for x in (with_mtp, without))
+    assert 1 + 1 / 61 < a / b < 1 + 3 / 61
+    # Megatron-Core's combined 1F1B schedule takes one MTP module and only pipelined
+    # (transformer_config.py: 'Pipeline model parallel size must be larger than 1 when enabling
+    # overlap_moe_expert_parallel_comm with MTP layer')
+    assert not ep_overlap(with_mtp, one) and ep_overlap(without, one)
+    args = [str(x) for x in megatron.render(p, with_mtp).args]
+    assert args[args.index("--mtp-num-layers") + 1] == "1"
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*8|(t*8|)*6t*5mL"
+    # torchtitan's DeepSeek-V3 config builds none: the plan says it trains the main model only
+    r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "framework=torchtitan", "--json")
+    assert r.returncode == 0, r.stderr
+    assert any("multi-token-prediction" in x and "main model only" in x for x in json.loads(r.stdout)["warnings"])

@@ -171,6 +171,10 @@ class Capabilities:
     # hybridep, deepep: Megatron-Core's flex dispatcher on DeepEP's HybridEP or normal kernels
     # (flex_backend)
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    # the model's multi-token-prediction modules (DeepSeek-V3's; model.mtp_layers) are built and
+    # trained on the last pipeline stage (Megatron-Core's --mtp-num-layers); without it the plan
+    # trains the main model only
+    mtp: bool = False
     # the MoE layer is torchtitan's eager one (models/common/moe.py, token_dispatcher.py): the
     # router's gate runs under autocast to fp32 and keeps an fp32 copy of its input and the
     # probabilities; the dispatcher sorts the copies by expert with int64 indices; the combine
@@ -374,11 +378,14 @@ def ep_overlap(w, plan) -> bool:
     and combine all-to-alls run under the other's compute (caps.ep_overlap). Turned on wherever
     megatron-core's TransformerConfig accepts it (transformer_config.py __post_init__,
     core_v0.16.1): expert parallelism, no full recompute, virtual stages when pipelined, a 16-bit
-    model (FP8 trains a BF16 one); not where the recipe turns it off (train.ep_overlap: false).
-    w: a Workload (duck-typed: the planner's layer is above this one)."""
+    model (FP8 trains a BF16 one), at most one MTP module and then pipelined; not where the recipe
+    turns it off (train.ep_overlap: false). w: a Workload (duck-typed: the planner's layer is above
+    this one)."""
+    mtp = w.mtp_layers
     return (w.caps.ep_overlap and w.ep_overlap is not False and w.model.moe is not None and plan.ep > 1
             and plan.recompute != "full"
-            and (plan.pp == 1 or plan.virtual_stages > 1) and w.precision != "fp32")
+            and (plan.pp == 1 or plan.virtual_stages > 1) and w.precision != "fp32"
+            and (mtp == 0 or (mtp == 1 and plan.pp > 1)))
 
 
 def flex_backend(w, plan) -> str | None:

@@ -38,6 +38,7 @@ CAPS = Capabilities(
     schedules=("1F1B", "interleaved 1F1B"),
     interleaved=True,
     pipeline_layout=True,
+    mtp=True,
     shardings=("none", "zero1"),
     recompute=("none", "selective", "full"),
     selective=Selective.CORE_ATTENTION,
@@ -158,16 +159,17 @@ def pipeline_split(layers: int, pp: int) -> tuple[int, bool, bool] | None:
     return None
 
 
-def pipeline_layout(layers: int, pp: int, v: int) -> str:
+def pipeline_layout(layers: int, pp: int, v: int, mtp: int = 0) -> str:
     """--pipeline-model-parallel-layout for the split no even one takes (stage_layers'
-    front_loaded): pp·v stages separated by "|", the embedding ("E") on the first, the loss ("L")
-    on the last, k decoder layers ("t") on each but the last, which holds the rest; "(...)*n"
-    repeats (PipelineParallelLayerLayout.parse_str_to_list). 61 layers over 4 stages:
-    "Et*16|(t*16|)*2t*13L". The stages go round the ranks: stage i on rank i % pp."""
+    front_loaded): pp·v stages separated by "|", the embedding ("E") on the first, the MTP modules
+    ("m") and the loss ("L") on the last, k decoder layers ("t") on each but the last, which holds
+    the rest; "(...)*n" repeats (PipelineParallelLayerLayout.parse_str_to_list). 61 layers over 4
+    stages with one MTP module: "Et*16|(t*16|)*2t*13mL", as Megatron-Bridge lays out DeepSeek-V3.
+    The stages go round the ranks: stage i on rank i % pp."""
     per_rank = front_loaded(layers, pp, v)[0]
     k, stages = per_rank // v, pp * v
     middle = f"(t*{k}|)*{stages - 2}" if stages > 2 else ""
-    return f"Et*{k}|{middle}t*{layers - (stages - 1) * k}L"
+    return f"Et*{k}|{middle}t*{layers - (stages - 1) * k}{'m' * mtp}L"
 
 
 # The EP group sizes DeepEP's normal kernels have a recommended config for (deep_ep/buffers/legacy.py
@@ -230,7 +232,7 @@ def problems(plan, w) -> list[str]:
 def render(plan, w) -> Rendered:
     """The plan as pretrain_gpt.py's flags (the model, parallelism, batch, memory knobs,
     precision), and the environment Megatron needs for them."""
-    a = [*_model_flags(w), *_moe_flags(plan, w), *_parallel_flags(plan, w.model.layers), *_memory_flags(plan, w),
+    a = [*_model_flags(w), *_moe_flags(plan, w), *_parallel_flags(plan, w.model.layers, w.mtp_layers), *_memory_flags(plan, w),
          *_training_flags(w),
          *_schedule_flags(w), *_tokenizer_flags(w), *_checkpoint_flags(w), *_grad_reduce_flags(w)]
     env = {}
@@ -265,6 +267,8 @@ def _model_flags(w) -> list:
             a += ["--use-rope-scaling", "--rope-scaling-factor", num(m.rope_scaling)]
         if not m.tied_embeddings:
             a.append("--untie-embeddings-and-output-weights")
+    if w.mtp_layers:  # built on the last stage (multi_token_prediction.py), loss weight 0.1 by default
+        a += ["--mtp-num-layers", w.mtp_layers]
     return a + ["--norm-epsilon", num(m.norm_eps)]
 
 
@@ -371,7 +375,7 @@ def _tokenizer_flags(w) -> list:
     return a + (["--tiktoken-pattern", "v2"] if t.tokenizer == "tiktoken" else [])
 
 
-def _parallel_flags(plan, layers: int) -> list:
+def _parallel_flags(plan, layers: int, mtp: int = 0) -> list:
     """tp, pp (with its uneven split and virtual stages), cp, sequence parallel, the batch (dp
     and the micro-batch count are derived: dp = world/(tp*pp*cp), micro-batches = global/(micro*dp))."""
     a = ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp,
@@ -380,7 +384,7 @@ def _parallel_flags(plan, layers: int) -> list:
         a += ["--sequence-parallel", *_tp_overlap_flags(plan)]
     split = pipeline_split(layers, plan.pp) if plan.pp > 1 else None
     if plan.pp > 1 and split is None:  # the last stage short: written down stage by stage
-        a += ["--pipeline-model-parallel-layout", pipeline_layout(layers, plan.pp, plan.virtual_stages)]
+        a += ["--pipeline-model-parallel-layout", pipeline_layout(layers, plan.pp, plan.virtual_stages, mtp)]
     elif plan.pp > 1:
         per_stage, emb, loss = split
         if emb:

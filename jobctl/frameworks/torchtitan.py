@@ -213,7 +213,7 @@ def low_precision_module(precision: str, known: tuple[str, str], recipe: str, co
 KNOWN_CONFIGS = {"8b": "llama3_8b", "70b": "llama3_70b"}  # llama3_405b turns on float8 (torchao)
 # ... and the mixtures of experts jobctl plans for it (models/qwen3/config_registry.py)
 # models/deepseek_v3/config_registry.py: deepseek_v3_671b builds no multi-token-prediction module
-# (num_mtp_layers 0), as jobctl counts DeepSeek-V3
+# (num_mtp_layers 0): caps.mtp is off, and the plan says it trains the main model only
 KNOWN_MOE_CONFIGS = {"qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"), "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b")}
 
 

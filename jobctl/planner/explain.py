@@ -394,6 +394,9 @@ def memory_checks(w, plan, terms: list[dict]) -> list[dict]:
             kind, by = "measured", "this workload's own CUDA OOM here"
         elif name == "hybridep buffers":
             kind, by = "modelled", "DeepEP's Hybrid-EP_Implementation.md §4.2 sizes; not measured (HybridEP needs a GPU)"
+        elif name in ("mtp inputs", "mtp logits and loss"):
+            kind, by = "modelled", ("from Megatron-Core's multi_token_prediction.py and gpt_model.py _postprocess; the "
+                                    "module's layer as the model's average; not measured")
         elif name == "deepep buffers":
             kind, by = "modelled", ("DeepEP's own size hints (csrc/legacy/config.hpp) for its recommended configs; not "
                                     "measured (DeepEP needs a GPU)")

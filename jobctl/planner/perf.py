@@ -494,7 +494,7 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
                             (w.caps.te_layernorm_mlp, w.compiled, w.caps.moe_expert_launches,
                              flex_backend(w, plan) is not None), links, gpus_per_node,
                             plan.tp, plan.pp, plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, v,
-                            plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan))
+                            plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan), w.mtp_layers)
     short = plan.pp - plan.grad_accum_steps
     if v > 1 and short > 0:
         # fewer micro-batches than stages under an interleaved schedule (torch's Interleaved1F1B
@@ -523,15 +523,19 @@ def _ep_hidden_share(w: Workload, plan) -> float:
 def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: str,
                     stack: tuple[bool, bool, bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int,
                     dp: int, b: int, sequence_parallel: bool, v: int,
-                    recompute: str, rc: float, ep: int = 1, ep_hidden: float = 0.0) -> tuple:
+                    recompute: str, rc: float, ep: int = 1, ep_hidden: float = 0.0, mtp: int = 0) -> tuple:
     layers_max = stage_layers(m.layers, p)[1]
     layer_compute, layer_tp, layer_cp, layer_ep, msg, head, layer_host = _layer_costs(
         m, s, act_bytes, attention, op_sac, overlap, stack, links, gpus_per_node, t, c, b, sequence_parallel, recompute,
         rc, ep)
     if ep_hidden:  # paired steps: one's all-to-alls under the other's compute, only the excess shows
         layer_ep = (1 - ep_hidden) * layer_ep + ep_hidden * max(0.0, layer_ep - layer_compute)
+    # the last stage's MTP modules: a layer each, and the output layer and loss again with the
+    # module's 2h x h projection (2h/V of the output layer's GEMM; 11% for DeepSeek-V3)
+    mtp_s = mtp * (layer_compute + layer_tp + layer_cp + layer_ep + head * (1 + 2 * m.hidden / m.vocab))
     stage_mb, p2p, bubble = _pipeline(m.layers, t, p, c, dp, sequence_parallel, v, layers_max,
-                                      layer_compute + layer_tp + layer_cp + layer_ep, head, msg, links, gpus_per_node)
+                                      layer_compute + layer_tp + layer_cp + layer_ep, head, msg, links, gpus_per_node,
+                                      mtp_s)
     return layers_max, layer_tp, layer_cp, layer_ep, stage_mb, p2p, bubble, layer_host
 
 
@@ -741,13 +745,15 @@ def _expert_data_parallel(w: Workload, plan, links: Links, gpus_per_node: int, s
 
 
 def _pipeline(layers: int, t: int, p: int, c: int, dp: int, sequence_parallel: bool, v: int, layers_max: int,
-              layer: float, head: float, msg: float, links: Links, gpus_per_node: int) -> tuple[float, float, float]:
-    """(one micro-batch on the slowest stage, its point-to-point sends, the bubble), seconds."""
+              layer: float, head: float, msg: float, links: Links, gpus_per_node: int,
+              last_extra: float = 0.0) -> tuple[float, float, float]:
+    """(one micro-batch on the slowest stage, its point-to-point sends, the bubble), seconds;
+    `last_extra`: what the last stage runs besides its layers and the output layer (MTP modules)."""
     stage_mb = layers_max * layer
     if p == 1:
-        stage_mb += head
+        stage_mb += head + last_extra
     else:
-        stage_mb = max(stage_mb, stage_layers(layers, p)[2] * layer + head)
+        stage_mb = max(stage_mb, stage_layers(layers, p)[2] * layer + head + last_extra)
     # Pipeline point-to-point: activations forward and gradients backward per micro-batch and chunk.
     p2p = 0.0
     if p > 1:

@@ -216,6 +216,11 @@ def plan_warnings(recipe, w, links=None) -> list[str]:
                    f"to fp32 before sharding it ({per_rank:,.0f} GiB per rank: accelerate refuses "
                    "cpu_ram_efficient_loading with torchao), counted in host RAM per node, which can cap the GPUs "
                    "used per node; bf16-mixed loads it on one rank")
+    if w.model.mtp_layers and not w.mtp_layers:
+        has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.mtp)
+        out.append(f"{w.model.name} has {w.model.mtp_layers} multi-token-prediction module(s), which {caps.name} does "
+                   f"not build: the plan trains the main model only (its memory and step leave them out; {has} "
+                   "trains them)")
     declared = None if isinstance(recipe.framework, str) else recipe.framework.version
     if not declared or not caps.versions:
         return out

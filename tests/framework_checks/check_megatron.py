@@ -105,6 +105,9 @@ def check(case):
     return {"ok": True, "dp": dp, "num_microbatches": calc.get(), "vpp": vpp or 1,
             "layers_per_rank": [[x.count(LayerType.decoder) for x in rank] for rank in
                                 cfg.pipeline_model_parallel_layout.layout] if layout is not None else None,
+            "mtp_num_layers": cfg.mtp_num_layers,
+            "mtp_on_last_stage": LayerType.mtp in cfg.pipeline_model_parallel_layout.layout[-1][-1]
+            if layout is not None else None,
             "recompute": cfg.recompute_granularity, "recompute_method": cfg.recompute_method,
             "recompute_num_layers": cfg.recompute_num_layers, "sequence_parallel": cfg.sequence_parallel,
             "distributed_optimizer": bool(ns.get("use_distributed_optimizer")),

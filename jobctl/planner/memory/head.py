@@ -101,6 +101,17 @@ def _head_items(w: Workload, tp: int, cp: int, sp: bool, b: int, pp: int, stage:
     else:
         loss, label = elems * per, f"s·b·V/t = {elems:.4g} logits x {per:g} B ({loss_label})"
     add("logits and loss", loss, "logits", lambda: label)
+    mtp = w.mtp_layers
+    if mtp:
+        # Megatron-Core's MTP modules (multi_token_prediction.py): the next tokens' embedding and its
+        # norm, the decoder output's second norm, their concatenation kept by the projection
+        # (5·sbh), then a final norm and the output layer again, whose logits and loss are kept
+        # beside the main ones until the backward (gpt_model.py _postprocess: each module's loss
+        # joins the graph through MTPLossAutoScaler)
+        add("mtp inputs", mtp * (5 * e_ * sbh_head / rep + head_in), "activations", lambda:
+            f"{mtp} MTP module(s): the next tokens' embedding and the two norms' outputs, their 2h concatenation "
+            "(5·sbh in 16-bit), the final norm's input and output")
+        add("mtp logits and loss", mtp * loss, "logits", lambda: f"{mtp} x the main output's: {label}")
     excess = max(0.0, working_set - loss)
     if working_set:
         add("recompute working set", excess, "activations", lambda:

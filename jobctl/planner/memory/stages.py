@@ -65,7 +65,6 @@ def _stage_params_cached(w: Workload, tp: int, pp: int, stage: str) -> tuple[flo
     vocab = framework_vocab(w, tp)
     first, middle, last = stage_layers(m.layers, pp, w.caps.pp_split_counts_ends)
     layers = {"only": m.layers, "first": first, "middle": middle, "last": last}[stage]
-    layer_p = layers * m.layer_params() / tp
     emb = vocab * m.hidden / tp + m.max_seq_len * m.hidden
     out = vocab * m.hidden / tp
     if stage == "only":
@@ -76,6 +75,17 @@ def _stage_params_cached(w: Workload, tp: int, pp: int, stage: str) -> tuple[flo
         extra = 0.0
     else:  # last: the output layer (a copy of the embedding when tied, as Megatron-LM does)
         extra = out + m.final_norm_params()
+    mtp = w.mtp_layers if stage in ("last", "only") else 0
+    if mtp:
+        # Megatron-Core's MTP modules, on the last stage (multi_token_prediction.py
+        # MultiTokenPredictionLayer): each one more transformer layer (counted as the model's
+        # average layer: DeepSeek-V3's routes like 58 of its 61), two norms and the final one (3·h),
+        # the column-parallel projection of the two normed halves (2h x h / t); and, pipelined,
+        # the word embedding the next tokens are looked up in, kept in step with the first
+        # stage's (gpt_model.py builds it where mtp_process)
+        layers += mtp
+        extra += mtp * (3 * m.hidden + 2 * m.hidden * m.hidden / tp) + (vocab * m.hidden / tp if stage == "last" else 0)
+    layer_p = layers * m.layer_params() / tp
     return layer_p, extra, layers
 
 

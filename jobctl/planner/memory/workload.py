@@ -129,6 +129,12 @@ class Workload:
     def caps(self) -> frameworks.Capabilities:
         return self.framework.caps
 
+    @cached_property
+    def mtp_layers(self) -> int:
+        """The multi-token-prediction modules trained with the model: the model's where the
+        framework builds them (caps.mtp), else none."""
+        return self.model.mtp_layers if self.caps.mtp else 0
+
     def __hash__(self) -> int:  # hashed on every cache lookup of the search: compute once
         h = self.__dict__.get("_hash")
         if h is None:
