@@ -85,12 +85,14 @@ def test_fp8_parameters_cover_the_experts_too():
 
 def test_routed_tokens_activations_by_hand():
     # Megatron, flash attention, no recompute, tp 1: a rank's s·b tokens make top_k copies; each
-    # copy keeps its permuted input and its expert's output (2 · 2·h bytes) and, in the expert,
-    # fc1's gate and up outputs and the SwiGLU product (3 · 2·f_e bytes, Transformer Engine)
+    # copy keeps its permuted input (2·h bytes, fc1's) and its 16-bit routing probability, which
+    # megatron-core applies inside the expert (experts.py TEGroupedMLP: bias_act_func weights the
+    # SwiGLU product; the combine's unpermute gets no probabilities and keeps nothing), and, in the
+    # expert, fc1's gate and up outputs and the SwiGLU product (3 · 2·f_e bytes, Transformer Engine)
     w = Workload(PRESETS["mixtral-8x7b"], 4096, 256, framework="megatron")
     terms = {n: b for n, b, _ in layer_activation_terms(w, plan(), 1)}
     s, k, h, fe = 4096, 2, 4096, 14336
-    assert terms["routed tokens"] == pytest.approx(2 * 2 * k * s * h)
+    assert terms["routed tokens"] == pytest.approx(k * s * (2 * h + 2))
     assert terms["expert intermediates"] == pytest.approx(3 * 2 * k * s * fe)
     assert terms["router"] == pytest.approx(8 * s * 8)  # fp32 logits and probabilities, 8 experts
     assert "mlp intermediates" not in terms  # the dense MLP's term is replaced, not added

@@ -181,11 +181,6 @@ class Capabilities:
     # weights each copy's output in fp32 and keeps that fp32 copy; the norm's 16-bit output is
     # kept only by shared experts. False: Megatron-Core's layer (TE grouped GEMMs, alltoall)
     moe_fp32_copies: bool = False
-    # the per-head q/k RMSNorms' saved inputs (Qwen3) are counted; False for Megatron-Core, whose
-    # TE RMSNorm keeps them by its code, but counting them refuses NVIDIA's measured Qwen3 30B-A3B
-    # run on 8 B200 (MXFP8, micro-batch 4): another of its untraced MoE terms over-counts at least
-    # as much (docs/memory-accuracy.md, issue 31's third step)
-    qk_norm_counted: bool = True
     sources: tuple[tuple[str, str], ...] = ()  # (fact, where it was read)
 
     def offers(self, what: str, value: Any) -> bool:

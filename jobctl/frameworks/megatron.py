@@ -64,7 +64,6 @@ CAPS = Capabilities(
     ep_overlap=True,
     moe_dispatchers=("alltoall", "hybridep", "deepep"),
     moe_expert_launches=True,
-    qk_norm_counted=False,
     sources=(
         ("--cross-entropy-loss-fusion (native impl) runs the same steps as jit-compiled functions "
          "(torch.compile); compiled, the gradient is not made in place: backward holds the kept fp32 "

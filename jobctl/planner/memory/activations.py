@@ -145,7 +145,7 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
                       f"({x.kv_lora_rank} + the {x.qk_rope_head_dim}-wide RoPE key) latents: each norm's 16-bit input "
                       f"and fp32 rstd, its output kept by the up-projection: ({q_lat} + {kv_lat}) B x sb (whole on "
                       "every TP rank)"))
-    if m.qk_norm and w.caps.qk_norm_counted:  # each head's query and key RMSNorm, as the block's norms
+    if m.qk_norm:  # each head's query and key RMSNorm, as the block's norms
         qk, dh = s * b * (a + g), m.head_dim
         if fused:
             terms.append(("q/k norm inputs", (e * dh + 4) * qk / t, f"fused RMSNorm on each head's query and key "
@@ -263,9 +263,10 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None,
     s·b/t tokens (sequence parallelism splits them, as Megatron requires with TP and EP) are
     sent to top_k experts each, so on average its experts receive top_k·s·b/t tokens: their
     permuted input (kept by the experts' fc1; quantised, `q8` bytes, under a Transformer Engine
-    low-precision recipe, as the dense GEMMs keep theirs) and the experts' output (kept to
-    weight it by the routing probabilities when the copies are combined), h wide; their fc1
-    outputs and SwiGLU products, expert_ffn wide. The router keeps its fp32 logits and probabilities (2 · 4·E per
+    low-precision recipe, as the dense GEMMs keep theirs), h wide, and routing probability (kept
+    by the weighted SwiGLU: megatron-core weights each copy inside its expert, experts.py
+    activation_func_with_probs / bias_act_func, so the combine's unpermute takes no
+    probabilities and keeps nothing); their fc1 outputs and SwiGLU products, expert_ffn wide. The router keeps its fp32 logits and probabilities (2 · 4·E per
     token). A dropless router's load is taken as even (its auxiliary balancing loss); a capacity
     factor c caps an expert at c times its even share, counted in full. Shared experts run on
     every token as a dense MLP of their width, split by TP. torchtitan's layer keeps another set
@@ -278,14 +279,18 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None,
     cf = x.capacity_factor or 1.0
     routed = x.top_k * tokens * cf
     capped = f" x capacity {cf:g}" if x.capacity_factor else ""
+    # the probabilities in the router's dtype: fp32 under DeepEP's kernels (--moe-router-dtype fp32),
+    # else the activations' (router.py topk_softmax_with_capacity casts them back to the logits')
+    probs_b = 4 if w.moe_dispatcher != "alltoall" else e
     if w.caps.moe_fp32_copies:
         out = _eager_router_and_copies(w, d, share, tokens, routed, capped, compiled)
     else:
         out = [("router", share * 8 * tokens * x.experts, f"fp32 router logits and probabilities: 2 · 4·E per token x "
                 f"{share:.3g} of the layers"),
-               ("routed tokens", share * ((q8 or e) + e) * routed * h, f"the top_{x.top_k} copies of each token, "
-                f"permuted into the experts ({f'{q8:.3g}-B {w.precision}' if q8 else '2-B'}·h, fc1's input) and out "
-                f"(2·h){capped} x {share:.3g} of the layers")]
+               ("routed tokens", share * ((q8 or e) * h + probs_b) * routed, f"the top_{x.top_k} copies of each "
+                f"token, permuted into the experts ({f'{q8:.3g}-B {w.precision}' if q8 else '2-B'}·h, fc1's input) "
+                f"with their {probs_b}-B routing probability (the weighted SwiGLU's; the combine keeps nothing)"
+                f"{capped} x {share:.3g} of the layers")]
     out.append(("expert intermediates", share * per_f * routed * x.expert_ffn, f"each copy's fc1 output and SwiGLU "
                 f"product in its expert: {per_f:g}·f_e per copy (f_e = {x.expert_ffn}) x {share:.3g} of the layers"))
     if x.shared_experts:
