@@ -220,18 +220,15 @@ def load_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
 
 # Megatron-Bridge's MoE settings jobctl does not model (each row of published_moe_2025.yaml says
 # which it ran): the run is scored as jobctl would plan it, and the table names these beside it.
-# Models whose rows stay out of the score, and why. DeepSeek-V3's 61 layers over 4, 8 or 16 stages
-# are laid out since jobctl renders Megatron's --pipeline-model-parallel-layout, but its runs
-# recompute named modules (mla_up_proj, mlp) and train the multi-token-prediction module, neither
-# of which jobctl models: scored, all 14 of its layouts are called "does not fit" (193-252 GiB
-# predicted on 180-186 GB GPUs), and the halves the constants were fitted on would shift.
-NOT_SCORED = {"deepseek-v3": "DeepSeek-V3: Megatron-Bridge's runs recompute named modules (mla_up_proj) and most train "
-                             "its multi-token-prediction module, neither of which jobctl models (the memory model calls "
-                             "all 14 published layouts 'does not fit'); its pipeline layout is modelled"}
-MOE_UNMODELLED = (("dispatcher", lambda v: v not in (None, "alltoall", "flex-hybridep"), "DeepEP"),
+# Models whose rows were scored after the MoE constants were fitted (issue 29: DeepSeek-V3, once its
+# pipeline layout, multi-token prediction and recomputed modules were modelled): their rows
+# alternate between the halves among themselves, so that adding them leaves the halves the
+# constants were fitted on as they were; no fit has seen them yet.
+SCORED_AFTER_FIT = ("deepseek-v3",)
+MOE_UNMODELLED = (("dispatcher", lambda v: v not in (None, "alltoall", "flex-hybridep", "flex-deepep"), "dispatcher"),
                   ("cuda_graphs", lambda v: v not in (None, "none"), "graphs"),
                   ("fused_grouped_mlp", bool, "fused MLP"),
-                  ("paged_stash", lambda v: v not in (None, "none"), "stash"), ("mtp_layers", bool, "MTP"))
+                  ("paged_stash", lambda v: v not in (None, "none"), "stash"))
 
 
 # The settings each Qwen3 row's own Megatron-Bridge release ran with (read per release tag; the
@@ -293,23 +290,26 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
                                      "(attention sinks and biases are not rendered)"))
             continue
         p, s = dict(r["parallel"]), dict(r.get("moe_settings") or {})
+        if model.mtp_layers:  # the run's multi-token-prediction modules (Megatron-Bridge's mtp_num_layers)
+            model = dataclasses.replace(model, mtp_layers=int(s.get("mtp_layers") or 0))
         if rel:  # what the row's own release ran, not today's recipe
             s.update(_as_moe_settings(rel))
             p["sequence_parallel"] = rel["sequence_parallel"]
             p["recompute"] = rel["recompute"].split(" ")[0]
             r = dict(r, tp_comm_overlap=rel["tp_comm_overlap"], grad_reduce=rel["grad_reduce"])
-        if model.name in NOT_SCORED:
-            skipped.append((r["id"], NOT_SCORED[model.name]))
-            continue
         if stage_layers(model.layers, p["pp"]) is None:
             skipped.append((r["id"], f"{model.layers} layers over pp={p['pp']}: no split jobctl can lay out"))
             continue
         assumed = []
         if s.get("token_drop"):
             assumed.append("capacity factor 1.0, padded, as a balanced dropless router (the same tokens per expert)")
-        if p.get("recompute") == "selective":
-            assumed.append("recompute of " + "+".join(p.get("recompute_modules") or ["modules"]) + " as none")
-        recompute = {"selective": "none", "full": "full", "none": "none", None: "none"}[p.get("recompute")]
+        # selective recompute of the named modules jobctl models (--recompute-modules); the others as kept
+        named = tuple(p.get("recompute_modules") or ()) if p.get("recompute") == "selective" else ()
+        modelled = tuple(x for x in named if x in frameworks.get("megatron").caps.recompute_modules)
+        if set(named) - set(modelled):
+            assumed.append("recompute of " + "+".join(x for x in named if x not in modelled) + " as none")
+        recompute = "selective" if modelled else {"selective": "none", "full": "full", "none": "none",
+                                                  None: "none"}[p.get("recompute")]
         precision = r["precision"] if r["precision"] in ("fp8", "mxfp8", "nvfp4") else "bf16-mixed"
         fw = frameworks.get("megatron")
         if not r.get("tp_comm_overlap"):
@@ -320,12 +320,16 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
         seq, gb = r["seq_len"], p["global_batch"]
         w = Workload(model, seq, gb, precision=precision, framework=fw, fp8_recipe=r.get("fp8_recipe") or "tensorwise",
                      grad_reduce=r.get("grad_reduce") or "fp32", formats=gpu.formats,
-                     fused_cross_entropy=s.get("fused_cross_entropy") or False,
+                     # every release's perf scripts fuse the loss with Transformer Engine's kernel
+                     # (perf_recipes/_common.py _benchmark_common, cross_entropy_impl="te" @067f987df0;
+                     # the Qwen3 rows' own releases: published_moe_release_settings.yaml)
+                     fused_cross_entropy=s.get("fused_cross_entropy") or "te",
                      # jobctl turns the combined schedule on wherever Megatron accepts it; off
                      # where the row's release did not (as a recipe's train.ep_overlap: false)
                      ep_overlap="auto" if s.get("overlap_ep_comm") else False,
-                     moe_dispatcher="hybridep" if s.get("dispatcher") == "flex-hybridep" else "alltoall",
-                     nvlink_gpus=gpu.nvlink_domain_gpus)
+                     moe_dispatcher={"flex-hybridep": "hybridep", "flex-deepep": "deepep"}.get(s.get("dispatcher"),
+                                                                                            "alltoall"),
+                     nvlink_gpus=gpu.nvlink_domain_gpus, recompute_modules=modelled)
         gpn = min(GPUS_PER_NODE.get(r["gpu"], 8), r["gpus"])
         tp, pp, dp, cp, mbs = p["tp"], p["pp"], p["dp"], p.get("cp") or 1, p["micro_batch"]
         plan = Plan(r["gpus"] // gpn, gpn, tp, pp, dp, cp, "zero1", mbs, gb // (dp * mbs), gb, recompute, "none",
@@ -338,6 +342,8 @@ def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
                   "tokens/s per GPU as published", assumed)
         row.unmodelled = [label for key, on, label in MOE_UNMODELLED if on(s.get(key))]
         rows.append(row)
-    for i, row in enumerate(sorted(rows, key=lambda x: x.id)):
-        row.half = "fit" if i % 2 == 0 else "check"
+    for group in (False, True):
+        later = [x for x in rows if (x.workload.model.name in SCORED_AFTER_FIT) == group]
+        for i, row in enumerate(sorted(later, key=lambda x: x.id)):
+            row.half = "fit" if i % 2 == 0 else "check"
     return rows, skipped

@@ -177,7 +177,7 @@ def test_golden_unknown_keys_stderr(capsys):
         "fused_cross_entropy, "
         "global_batch_size, "
         "grad_clip, grad_reduce, lora_rank, lora_targets, lr, lr_schedule, method, min_lr, moe_dispatcher, optimizer, "
-        "precision, seed, "
+        "precision, recompute_modules, seed, "
         "seq_len, "
         "steps, tokens, warmup_steps, weight_decay)\n"
         "tests/data/bad/unknown_keys.yaml:9: parallelism.tpp: unknown key; did you mean 'tp'? "

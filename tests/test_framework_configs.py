@@ -76,6 +76,9 @@ MATRIX = {
         # 61 layers over 8 and 16 stages: --pipeline-model-parallel-layout, the last stage short
         ("deepseek-v3", "h100", ["parallelism.pp=8", "parallelism.virtual_stages=2"]),
         ("deepseek-v3", "h100", ["parallelism.pp=16"]),
+        # selective: MLA's up-projections and the experts' SwiGLU (--recompute-modules)
+        ("deepseek-v3", "h100", ["parallelism.recompute=selective"]),
+        ("mixtral-8x7b", "h100", ["parallelism.recompute=selective"]),
         # the flex dispatcher on HybridEP across two nodes, as Megatron-Bridge's H100 Qwen3-30B runs it
         ("qwen3-30b-a3b", "h100", ["train.moe_dispatcher=hybridep", "parallelism.ep=16", "parallelism.tp=1",
                                    "parallelism.pp=1"]),
@@ -161,6 +164,11 @@ def test_megatron_accepts_what_jobctl_renders():
         # TP communication under the GEMMs wherever it is sequence-parallel (the step model's tp_overlap)
         assert r["tp_comm_overlap"] == (p["tp"] > 1 and p["sequence_parallel"])
         assert r["recompute"] == {"none": None, "selective": "selective", "full": "full"}[p["recompute"]]
+        if p["recompute"] == "selective":  # by hand: what each model has that is cheap to rebuild
+            model = PRESETS.get(case["case"][0])
+            expected = {"deepseek-v3": ["mla_up_proj", "moe_act"], "mixtral-8x7b": ["moe_act"]}.get(
+                case["case"][0], ["core_attn"])
+            assert r["recompute_modules"] == expected, case["case"]
         if p["recompute"] == "full":  # the first N layers of each model chunk (block), or all (uniform)
             per_chunk = p["recompute_layers"] // p["virtual_stages"]
             assert (r["recompute_method"], r["recompute_num_layers"]) == (
@@ -293,6 +301,9 @@ WRONG_MEGATRON = [
     ("--pipeline-model-parallel-layout", _one_more_layer, "must match num_layers 61"),
     # a layout with DeepSeek-V3's MTP module, the module count dropped
     ("--mtp-num-layers", lambda a: _without_value(a, "--mtp-num-layers"), "mtp layers in layout must match"),
+    # MLA's up-projections recomputed in a model without MLA (TransformerConfig)
+    ("--recompute-modules", lambda a: _with_value(a, "--recompute-modules", "mla_up_proj"),
+     "mla_up_proj in recompute_modules is only supported with multi_latent_attention"),
     # Megatron-LM's parser: the fused loss's implementations are native and te
     ("--cross-entropy-fusion-impl", lambda a: _with_value(a, "--cross-entropy-fusion-impl", "triton"),
      "invalid choice 'triton'"),

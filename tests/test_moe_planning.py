@@ -683,3 +683,49 @@ def test_deepseek_v3s_mtp_module_rides_on_the_last_stage_under_megatron_only():
     r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "framework=torchtitan", "--json")
     assert r.returncode == 0, r.stderr
     assert any("multi-token-prediction" in x and "main model only" in x for x in json.loads(r.stdout)["warnings"])
+
+
+def test_megatrons_selective_recompute_names_mlas_up_projection_and_the_experts_swiglu():
+    # megatron-core's --recompute-modules (transformer_config.py recompute_modules). DeepSeek-V3,
+    # BF16, tp 1, one 4096-token micro-batch, by hand from its config (128 heads, q/k 128 + 64
+    # wide, v 128; 8 of 256 experts of 2048; 58 of 61 layers route):
+    m = PRESETS["deepseek-v3"]
+    w = Workload(m, 4096, 4096, framework="megatron")
+    assert frameworks.recompute_modules(w) == ("mla_up_proj", "moe_act")
+    none, sel = ({n: b for n, b, _ in layer_activation_terms(w, plan(recompute=r), 1)} for r in ("none", "selective"))
+    s, a, share = 4096, 128, 58 / 61
+    # mla_up_proj: the decompressed q and k (192 wide) and the kept [k_nope | v] (256) go
+    # (multi_latent_attention.py qkv_up_checkpoint frees them after attention's forward)
+    assert none["q, k, v"] == pytest.approx(2 * s * a * (192 + 192 + 256)) and sel["q, k, v"] == 0
+    # moe_act: each routed copy's weighted SwiGLU product (fc2's 16-bit input, 2·f_e) goes, fc1's
+    # gate and up outputs (2 · 2·f_e) stay (experts.py: CheckpointWithoutOutput around the activation)
+    assert none["expert intermediates"] - sel["expert intermediates"] == pytest.approx(share * 8 * s * 2 * 2048)
+    assert sel["shared expert intermediates"] == none["shared expert intermediates"]
+    # the attention core is not recomputed (flash attention keeps no scores), and the step pays
+    # only the up-projections again and the SwiGLU: a few percent
+    t = h100()
+    p = plan(nodes=16, tp=8, pp=4, dp=4, ep=32, grad_accum_steps=1024, global_batch_size=4096, virtual_stages=2,
+             sequence_parallel=True)
+    base, again = (estimate_step(w, replace(p, recompute=r), t.links, 8).step_time_s for r in ("none", "selective"))
+    assert base < again < 1.05 * base
+    # under FP8 fc2 keeps its quantised input anyway: the experts' SwiGLU is not picked; a dense
+    # model keeps Megatron's default, the attention core
+    assert frameworks.recompute_modules(replace(w, precision="fp8")) == ("mla_up_proj",)
+    assert frameworks.recompute_modules(Workload(PRESETS["llama3.1-8b"], 4096, 256, framework="megatron")) == \
+        ("core_attn",)
+    assert frameworks.recompute_modules(Workload(m, 4096, 4096, framework="torchtitan")) == ()
+    # a recipe names them; refused where they cannot apply
+    r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.recompute=selective",
+               "train.recompute_modules=[mla_up_proj]", "--json")
+    assert r.returncode == 0, r.stderr
+    args = json.loads(r.stdout)["framework"]["args"]
+    i = args.index("--recompute-modules")
+    assert args[i + 1] == "mla_up_proj" and args[i + 2].startswith("--")  # that one module only
+    for extra, message in ((["recipes/llama8b.yaml", "framework=megatron", "train.recompute_modules=[mla_up_proj]"],
+                            "does not have"),
+                           (["recipes/deepseek-v3.yaml", "framework=torchtitan", "train.recompute_modules=[moe_act]"],
+                            "megatron only"),
+                           (["recipes/qwen3-30b-a3b.yaml", "train.precision=fp8", "train.fp8_recipe=delayed",
+                             "train.recompute_modules=[moe_act]"], "Delayed scaling does not support moe_act")):
+        r = jobctl("plan", extra[0], "--cluster", "h100", *extra[1:], "--json")
+        assert r.returncode == 3 and any(message in x for x in json.loads(r.stdout)["reasons"]), (extra, r.stdout[-500:])

@@ -176,6 +176,18 @@ class Train(_Strict):
     # have: a token crosses to each other NVLink domain once and is fanned out there over NVLink)
     # or deepep (the flex dispatcher on DeepEP's normal kernels: the same, between 8-GPU nodes)
     moe_dispatcher: Literal["alltoall", "hybridep", "deepep"] = "alltoall"
+    # what parallelism.recompute: selective recomputes under Megatron (--recompute-modules): auto
+    # (MLA's up-projection and the experts' SwiGLU where the model has them, else the attention
+    # core), or a list of core_attn, mla_up_proj, moe_act
+    recompute_modules: Literal["auto"] | list[Literal["core_attn", "mla_up_proj", "moe_act"]] = "auto"
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _some_modules(cls, v):
+        if v != "auto" and not v:
+            raise ValueError("an empty list recomputes nothing: name modules (core_attn, mla_up_proj, moe_act), or "
+                             "use auto, or parallelism.recompute: none")
+        return v
     # a trillion steps, a quintillion tokens: more is a typo, and a 400-digit number made the
     # time-to-train arithmetic overflow (OverflowError)
     steps: int | None = Field(default=None, gt=0, le=10**12)

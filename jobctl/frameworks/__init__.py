@@ -24,6 +24,7 @@ from jobctl.frameworks.base import (
     flex_backend,
     hybridep_dispatch,
     loss_chunks,
+    recompute_modules,
 )
 
 REGISTRY: dict[str, Framework] = {
@@ -55,4 +56,5 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
            "Rendered", "Selective", "StateRecipe", "canonical", "default_fp8_recipe", "ep_overlap", "file_path",
-           "fp8_param_gather", "get", "graphed_step", "flex_backend", "hybridep_dispatch", "loss_chunks"]
+           "fp8_param_gather", "get", "graphed_step", "flex_backend", "hybridep_dispatch", "loss_chunks",
+           "recompute_modules"]

@@ -65,6 +65,9 @@ class Capabilities:
     recompute: tuple[str, ...] = ("none",)
     selective: Selective = Selective.NOT_OFFERED
     recompute_layers: bool = False  # full recompute of only N layers per stage
+    # "selective" recomputes named submodules (Megatron-Core's --recompute-modules), of which
+    # jobctl models these (train.recompute_modules; recompute_modules below)
+    recompute_modules: tuple[str, ...] = ()
     offload: tuple[str, ...] = ("none",)
     optimizers: tuple[str, ...] = ("adamw",)
     methods: tuple[str, ...] = ("full",)  # full | lora | qlora
@@ -381,6 +384,34 @@ def ep_overlap(w, plan) -> bool:
             and plan.recompute != "full"
             and (plan.pp == 1 or plan.virtual_stages > 1) and w.precision != "fp32"
             and (mtp == 0 or (mtp == 1 and plan.pp > 1)))
+
+
+# What each of Megatron-Core's recompute modules jobctl models frees (transformer_config.py
+# recompute_modules; docs/memory-model.md §3)
+RECOMPUTE_MODULES = {
+    "core_attn": "the attention core (eager attention's a·s² scores; nothing under flash attention)",
+    "mla_up_proj": "MLA's up-projections and RoPE (the decompressed q, k, v)",
+    "moe_act": "the routed experts' SwiGLU (its weighted product, fc2's 16-bit input)",
+}
+
+
+def recompute_modules(w) -> tuple[str, ...]:
+    """The submodules "selective" recomputes under a framework that names them (Megatron-Core's
+    --recompute-modules): the recipe's (train.recompute_modules), else the cheap ones that free
+    the most: MLA's up-projection (its q, k, v are a quarter of a DeepSeek-V3 layer's
+    activations, for two small GEMMs) and the experts' SwiGLU in 16-bit (under FP8 fc2 keeps its
+    quantised input anyway), as Megatron-Bridge's DeepSeek-V3 and gpt-oss recipes pick them, and
+    the attention core under eager attention; Megatron's default, the attention core, where none
+    of those applies. () for a framework without named modules. w: a Workload (duck-typed)."""
+    if not w.caps.recompute_modules:
+        return ()
+    if w.recompute_modules:
+        return tuple(w.recompute_modules)
+    m = w.model
+    auto = (("mla_up_proj",) if m.mla is not None else ()) + \
+        (("moe_act",) if m.moe is not None and w.precision not in LOW_PRECISIONS else ()) + \
+        (("core_attn",) if w.attention == "eager" else ())
+    return auto or ("core_attn",)
 
 
 def flex_backend(w, plan) -> str | None:

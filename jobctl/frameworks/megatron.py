@@ -19,6 +19,7 @@ from jobctl.frameworks.base import (
     ep_overlap,
     fp8_param_gather,
     front_loaded,
+    recompute_modules,
     flex_backend,
     num,
 )
@@ -42,6 +43,7 @@ CAPS = Capabilities(
     shardings=("none", "zero1"),
     recompute=("none", "selective", "full"),
     selective=Selective.CORE_ATTENTION,
+    recompute_modules=("core_attn", "mla_up_proj", "moe_act"),
     recompute_layers=True,
     offload=("none", "optimizer"),
     optimizers=("adamw", "sgd", "sgd-momentum"),
@@ -404,7 +406,7 @@ def _memory_flags(plan, w) -> list:
         # gathers into the gradient buffer, as Megatron-Bridge's MXFP8 perf recipes run
         a += ["--fp8-param-gather"] + (["--reuse-grad-buf-for-mxfp8-param-ag"] if w.precision == "mxfp8" else [])
     if plan.recompute == "selective":
-        a += ["--recompute-granularity", "selective"]
+        a += ["--recompute-granularity", "selective", "--recompute-modules", *recompute_modules(w)]
     elif plan.recompute == "full":
         a += ["--recompute-granularity", "full"]
         n = plan.recompute_layers

@@ -90,6 +90,7 @@ def workload(recipe, inventory=None, cpu: bool = False, learned: dict | None = N
         cuda_graphs=t.cuda_graphs,
         ep_overlap=t.ep_overlap,
         moe_dispatcher=t.moe_dispatcher,
+        recompute_modules=() if t.recompute_modules == "auto" else tuple(dict.fromkeys(t.recompute_modules)),
         formats=tuple(formats),
         nvlink_gpus=nvlink_gpus,
     )

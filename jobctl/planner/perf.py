@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from functools import lru_cache
 
-from jobctl.frameworks import GradBuffer, Selective, ep_overlap, flex_backend
+from jobctl.frameworks import GradBuffer, Selective, ep_overlap, flex_backend, recompute_modules
 from jobctl.planner.memory import Workload, recomputed_layers, stage_layers
 from jobctl.planner.memory.workload import (DEEPSPEED_REDUCE_BUCKET_ELEMS, fp8_gathered_layers, fp8_params,
                                            low_precision_format, tp_overlap)
@@ -494,7 +494,8 @@ def _pipeline_parts(w: Workload, plan, links: Links, gpus_per_node: int) -> tupl
                             (w.caps.te_layernorm_mlp, w.compiled, w.caps.moe_expert_launches,
                              flex_backend(w, plan) is not None), links, gpus_per_node,
                             plan.tp, plan.pp, plan.cp, plan.dp, plan.micro_batch_size, plan.sequence_parallel, v,
-                            plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan), w.mtp_layers)
+                            plan.recompute, rc, plan.ep, _ep_hidden_share(w, plan), w.mtp_layers,
+                            recompute_modules(w) if plan.recompute == "selective" else ())
     short = plan.pp - plan.grad_accum_steps
     if v > 1 and short > 0:
         # fewer micro-batches than stages under an interleaved schedule (torch's Interleaved1F1B
@@ -523,11 +524,12 @@ def _ep_hidden_share(w: Workload, plan) -> float:
 def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: str,
                     stack: tuple[bool, bool, bool, bool], links: Links, gpus_per_node: int, t: int, p: int, c: int,
                     dp: int, b: int, sequence_parallel: bool, v: int,
-                    recompute: str, rc: float, ep: int = 1, ep_hidden: float = 0.0, mtp: int = 0) -> tuple:
+                    recompute: str, rc: float, ep: int = 1, ep_hidden: float = 0.0, mtp: int = 0,
+                    modules: tuple[str, ...] = ()) -> tuple:
     layers_max = stage_layers(m.layers, p)[1]
     layer_compute, layer_tp, layer_cp, layer_ep, msg, head, layer_host = _layer_costs(
         m, s, act_bytes, attention, op_sac, overlap, stack, links, gpus_per_node, t, c, b, sequence_parallel, recompute,
-        rc, ep)
+        rc, ep, modules)
     if ep_hidden:  # paired steps: one's all-to-alls under the other's compute, only the excess shows
         layer_ep = (1 - ep_hidden) * layer_ep + ep_hidden * max(0.0, layer_ep - layer_compute)
     # the last stage's MTP modules: a layer each, and the output layer and loss again with the
@@ -543,7 +545,7 @@ def _pipeline_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | N
 def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None, overlap: str,
                  stack: tuple[bool, bool, bool, bool], links: Links, gpus_per_node: int, t: int, c: int, b: int,
                  sequence_parallel: bool, recompute: str,
-                 rc: float, ep: int = 1) -> tuple:
+                 rc: float, ep: int = 1, modules: tuple[str, ...] = ()) -> tuple:
     """One layer's (compute, tensor-parallel, context-parallel, expert all-to-all) seconds for one
     micro-batch on one rank, the tensor-parallel message (bytes), the output layer with the loss
     (seconds) and what the experts' host launches add to the compute (seconds, in it).
@@ -564,7 +566,8 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     fwd_gemm = 2 * matrix_params / t * tokens_rank
     fwd_attn = 2 * b * (s / c) * s * h / t  # causal: half of 4·b·s²·h, split over t and c
     passes_gemm = 3 + rc
-    passes_attn = 3 + (1 if recompute == "selective" else rc)
+    # selective reruns the attention core, unless the framework names other modules instead
+    passes_attn = 3 + (1 if recompute == "selective" and (not modules or "core_attn" in modules) else rc)
     if op_sac is not None:
         # torchtitan's op-level SAC reruns every second matmul, not attention: wo and w3 with a
         # fused wqkv; wk, wo and w3 with separate projections
@@ -587,12 +590,21 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
                                              ceiling, hybridep)
         gemm_s += gemm_moe
     layer_compute = gemm_s + fwd_attn * passes_attn / (peak * att_eff)
+    if "mla_up_proj" in modules:  # MLA's query and key/value up-projections run again before attention's backward
+        x = m.mla
+        up = 2 * tokens_rank * m.heads * (x.q_lora_rank * (x.qk_nope_head_dim + x.qk_rope_head_dim)
+                                          + x.kv_lora_rank * (x.qk_nope_head_dim + x.v_head_dim)) / t
+        layer_compute += up / (links.low_tflops * 1e12 * gemm_efficiency(tokens_rank * h / t, links.low_efficiency)
+                               if links.low_tflops else peak * eff)
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
     # (a mixture of experts: its dense layers' MLP and its shared experts here; the routed copies'
     # kernels in _routed_experts)
     f_mem = f if m.moe is None else (1 - m.moe_layers / m.layers) * f + m.moe_layers / m.layers * \
         m.moe.shared_experts * (m.moe.shared_ffn or m.moe.expert_ffn)
     membound = (MEMBOUND_BYTES_H * h / (t if sp else 1) + MEMBOUND_BYTES_F * f_mem / t) * tokens_rank * (1 + rc / 3)
+    if "moe_act" in modules:  # the routed copies' SwiGLU forward again (a third of its bytes, as above)
+        x = m.moe
+        membound += m.moe_layers / m.layers * x.top_k * tokens_rank / t * MEMBOUND_BYTES_F * x.expert_ffn / 3
     if compiled:  # inductor fuses the norms, RoPE, SwiGLU and residual adds: fewer round trips to HBM
         membound *= COMPILE_MEMBOUND_SHARE
     if attention == "eager":

@@ -124,6 +124,7 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     if w.ep_overlap is True and not caps.ep_overlap:
         out.append(f"train.ep_overlap=true is Megatron's --overlap-moe-expert-parallel-comm: jobctl renders and models "
                    f"it for megatron only, not {caps.name} (use auto or false)")
+    out += _recompute_module_problems(w, c)
     if w.compile is True and not caps.compiles:
         out.append(f"train.compile=true is torch.compile of the model: jobctl renders and models it for torchtitan "
                    f"only, not {caps.name} (remove it, or use framework: torchtitan)")
@@ -212,6 +213,33 @@ def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     if c.ep is not None and m.moe is not None and m.moe.experts % c.ep:
         out.append(f"ep={c.ep} does not divide the {m.moe.experts} experts: {m.moe.experts} % {c.ep} = "
                    f"{m.moe.experts % c.ep}")
+    return out
+
+
+def _recompute_module_problems(w: Workload, c: Constraints) -> list[str]:
+    """train.recompute_modules where it cannot apply: a framework without named modules, a module
+    the model lacks (megatron-core's TransformerConfig refuses mla_up_proj without MLA and moe_act
+    without grouped experts), moe_act under FP8 delayed scaling (refused there too)."""
+    named, caps, m = w.recompute_modules, w.caps, w.model
+    if not named:
+        return []
+    if not caps.recompute_modules:
+        has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.recompute_modules)
+        return [f"train.recompute_modules names Megatron-Core's recompute modules: jobctl renders and models them for "
+                f"{has} only, not {caps.name} (remove it)"]
+    out = []
+    if "mla_up_proj" in named and m.mla is None:
+        out.append(f"train.recompute_modules: mla_up_proj recomputes multi-head latent attention's up-projections, "
+                   f"which {m.name} does not have (transformer_config.py refuses it)")
+    if "moe_act" in named and m.moe is None:
+        out.append(f"train.recompute_modules: moe_act recomputes the routed experts' activation; {m.name} has no "
+                   "experts (transformer_config.py: only with grouped expert GEMMs)")
+    if "moe_act" in named and w.precision == "fp8" and w.fp8_recipe == "delayed":
+        out.append("train.recompute_modules: moe_act under fp8 delayed scaling is refused by megatron-core "
+                   "('Delayed scaling does not support moe_act and layernorm recompute for fp8'): use "
+                   "fp8_recipe tensorwise or drop moe_act")
+    if c.recompute is not None and c.recompute != "selective":
+        out.append(f"train.recompute_modules applies to parallelism.recompute: selective, not {c.recompute}")
     return out
 
 

@@ -32,6 +32,15 @@ def parse(args):
             ns[spec["dest"]] = not flag.startswith("--disable-") and not flag.startswith("--no-")
             i += 1
             continue
+        if spec["nargs"] in ("+", "*"):  # argparse takes every value up to the next option
+            j = i + 1
+            while j < len(args) and not str(args[j]).startswith("--"):
+                j += 1
+            if spec["nargs"] == "+" and j == i + 1:
+                raise ValueError(f"argument {flag}: expected at least one argument")
+            ns[spec["dest"]] = [int(v) if v.lstrip("-").isdigit() else v for v in args[i + 1:j]]
+            i = j
+            continue
         value = args[i + 1]
         choices = spec["choices"]
         if choices and not any(c.startswith("AttnBackend.") for c in choices) and value not in choices:
@@ -43,6 +52,9 @@ def parse(args):
 
 def check(case):
     ns = parse(case["framework"]["args"])
+    for dest in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):  # validate_args, word for word
+        if isinstance(ns.get(dest), list) and len(ns[dest]) == 1:
+            ns[dest] = ns[dest][0]
     plan = case["plan"]
     world = plan["world_size"]
     dp = world // (ns["tensor_model_parallel_size"] * ns["pipeline_model_parallel_size"] * ns["context_parallel_size"])
@@ -108,7 +120,8 @@ def check(case):
             "mtp_num_layers": cfg.mtp_num_layers,
             "mtp_on_last_stage": LayerType.mtp in cfg.pipeline_model_parallel_layout.layout[-1][-1]
             if layout is not None else None,
-            "recompute": cfg.recompute_granularity, "recompute_method": cfg.recompute_method,
+            "recompute": cfg.recompute_granularity,
+            "recompute_modules": cfg.recompute_modules if cfg.recompute_granularity == "selective" else None, "recompute_method": cfg.recompute_method,
             "recompute_num_layers": cfg.recompute_num_layers, "sequence_parallel": cfg.sequence_parallel,
             "distributed_optimizer": bool(ns.get("use_distributed_optimizer")),
             "cpu_offload": bool(ns.get("optimizer_cpu_offload")),

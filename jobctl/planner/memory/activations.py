@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from jobctl.frameworks import Selective
+from jobctl.frameworks import Selective, recompute_modules
 from jobctl.planner.memory.stages import _stage_params_cached
 from jobctl.planner.memory.workload import GIB, LOW_PRECISION_SAVED_BYTES, Workload, _collector
 from jobctl.planner.plan import Plan
@@ -48,6 +48,7 @@ class _Dims(NamedTuple):
     mm_rep: int  # what the column-parallel matmuls keep: the shard, or the all-gathered sequence
     eager_attn: bool
     core_recomputed: bool  # selective recompute of the attention core (Korthikanti)
+    modules: tuple[str, ...] = ()  # the named submodules selective recompute reruns (Megatron-Core's)
 
     @property
     def sbh(self) -> float:
@@ -61,8 +62,10 @@ def _dims(w: Workload, plan: Plan, b: int) -> _Dims:
     # Megatron gathers the shard again in backward; torchtitan's DTensor plan keeps the all-gathered
     # whole sequence (caps.sp_keeps_gathered_input)
     mm_rep = 1 if w.caps.sp_keeps_gathered_input else rep
+    selective = plan.recompute == "selective"
+    modules = recompute_modules(w) if selective else ()
     return _Dims(w.seq_len / plan.cp, b, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, w.act_bytes, t, rep, mm_rep,
-                 w.attention == "eager", plan.recompute == "selective")
+                 w.attention == "eager", selective and (not modules or "core_attn" in modules), modules)
 
 
 def _gpt_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
@@ -126,7 +129,11 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     kv = (2 * g / a) if grouped else 2.0
     m = w.model
     wide = m.mla is not None or m.head_dim * a != d.h  # heads wider or narrower than h/a (MLA, Qwen3, gpt-oss)
-    if grouped and wide:
+    if m.mla and "mla_up_proj" in d.modules:
+        # Megatron's recompute_up_proj: the decompressed q, k, v are freed after attention's forward
+        # and rebuilt from the latents before its backward (multi_latent_attention.py qkv_up_checkpoint)
+        terms.append(("q, k, v", 0.0, "rebuilt from the latents in backward (--recompute-modules mla_up_proj)"))
+    elif grouped and wide:
         dq, dv = (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim) if m.mla else (m.head_dim,) * 2
         gk = a if m.mla else g  # MLA decompresses a key and a value per head
         # MLA's V is a view of the decompressed [k_nope | v] tensor, which it keeps whole
@@ -195,6 +202,9 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
             terms.append(("moe output", share * e * sbh / rep, f"compiled: the MoE's 16-bit output (routed and shared "
                           f"experts combined), kept by the partitioner: 2·sbh x {share:.3g} of the layers"))
             return terms + _moe_terms(w, d, 3 * e, compiled=True)
+        if "moe_act" in d.modules:  # the experts' weighted SwiGLU product (fc2's input) is rebuilt in backward
+            # from fc1's output (experts.py TEGroupedMLP: CheckpointWithoutOutput around bias_act_func)
+            return terms + _moe_terms(w, d, 2 * e, routed_per_f=True)
         return terms + _moe_terms(w, d, 3 * e if w.caps.te_layernorm_mlp else 4 * e)
     if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
@@ -253,7 +263,7 @@ def _compiled_set(w: Workload, d: _Dims) -> str | None:
 
 
 def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None,
-               compiled: bool = False) -> list[tuple[str, float, str]]:
+               compiled: bool = False, routed_per_f: bool = False) -> list[tuple[str, float, str]]:
     """A mixture-of-experts feed-forward's activations, averaged over the layers (a share
     moe_layers / layers of them route; the rest are dense MLPs of ffn_hidden). `per_f`: bytes a
     SwiGLU MLP keeps per token and intermediate unit (as the dense term: 3·e with Transformer
@@ -292,7 +302,10 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None,
                 f"with their {probs_b}-B routing probability (the weighted SwiGLU's; the combine keeps nothing)"
                 f"{capped} x {share:.3g} of the layers")]
     out.append(("expert intermediates", share * per_f * routed * x.expert_ffn, f"each copy's fc1 output and SwiGLU "
-                f"product in its expert: {per_f:g}·f_e per copy (f_e = {x.expert_ffn}) x {share:.3g} of the layers"))
+                f"product in its expert: {per_f:g}·f_e per copy (f_e = {x.expert_ffn}) x {share:.3g} of the layers"
+                + (" (the product recomputed: --recompute-modules moe_act)" if routed_per_f else "")))
+    if routed_per_f:  # what follows is not the routed experts': Transformer Engine's fused MLP keeps 3·e
+        per_f = 3 * e
     if x.shared_experts:
         fs = x.shared_experts * (x.shared_ffn or x.expert_ffn)
         out.append(("shared expert intermediates", share * per_f * s * b * fs / t, f"the shared experts' MLP on every "

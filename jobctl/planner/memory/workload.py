@@ -117,6 +117,9 @@ class Workload:
     # GPUs one NVLink domain joins on the partition (a GB200 NVL72 rack: 72); 0: a node. Read by
     # the terms whose size depends on what crosses the network (HybridEP's inter-node slots)
     nvlink_gpus: int = 0
+    # the submodules "selective" recomputes where the framework names them (train.recompute_modules;
+    # frameworks.recompute_modules): () lets jobctl choose
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.framework, Framework):  # a name: its table
