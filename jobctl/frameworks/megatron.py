@@ -233,7 +233,8 @@ def problems(plan, w) -> list[str]:
 def render(plan, w) -> Rendered:
     """The plan as pretrain_gpt.py's flags (the model, parallelism, batch, memory knobs,
     precision), and the environment Megatron needs for them."""
-    a = [*_model_flags(w), *_moe_flags(plan, w), *_parallel_flags(plan, w.model.layers, w.mtp_layers), *_memory_flags(plan, w),
+    a = [*_model_flags(w), *_moe_flags(plan, w), *_parallel_flags(plan, w.model.layers, w.mtp_layers),
+         *_memory_flags(plan, w),
          *_training_flags(w),
          *_schedule_flags(w), *_tokenizer_flags(w), *_checkpoint_flags(w), *_grad_reduce_flags(w)]
     env = {}

@@ -29,7 +29,8 @@ def _failed_on(recipe, inv, failed_plan: dict, partition: str | None):
     failed = Plan.from_dict(failed_plan, "the failed plan")
     part = next((p for p in inv.partitions if p.name == partition), None) or inv.partitions[0]
     gpu = inputs.lookup_gpu(part.gpu)
-    w = inputs.workload(recipe, inv, cpu=gpu.is_cpu, formats=gpu.formats, nvlink_gpus=inputs.nvlink_domain(part, gpu) or 0)
+    w = inputs.workload(recipe, inv, cpu=gpu.is_cpu, formats=gpu.formats,
+                        nvlink_gpus=inputs.nvlink_domain(part, gpu) or 0)
     return failed, inputs.target(inv, part, w.precision, w.fp8_recipe, w.caps.fp8_backend), w
 
 

@@ -438,7 +438,7 @@ def render_plan_overview(reports: list[dict], recipe: str, wide: bool = False) -
         table.add_column("mbs", no_wrap=True)
     table.add_column("GiB/GPU", justify="right", no_wrap=True)
     table.add_column("step", justify="right", no_wrap=True)
-    table.add_column("to train", justify="right", no_wrap=True)
+    table.add_column("to train" if wide else "train", justify="right", no_wrap=True)  # 3 columns for a long layout
     if wide:
         table.add_column("why not / what would", overflow="fold")
     other_rows = []
@@ -472,7 +472,8 @@ def render_plan_overview(reports: list[dict], recipe: str, wide: bool = False) -
         for where, why in other_rows:
             con.print(Text.assemble((f"{where}: ", "bold"), ("does not fit: ", "red"), why))
         con.print(Text("layout: tp/pp/dp/cp/ep sizes, z1-z3 = ZeRO stage, rc = full recompute, sel = selective, "
-                       "+off = offload; mbs = micro-batch x accumulation; GiB/GPU = peak/usable; --wide for all",
+                       "+off = offload; mbs = micro-batch x accumulation; GiB/GPU = peak/usable; train = time to train; --wide for "
+                       "all",
                        style="dim"))
 
 def render_memory_calc(result: dict) -> None:

@@ -121,7 +121,8 @@ def check(case):
             "mtp_on_last_stage": LayerType.mtp in cfg.pipeline_model_parallel_layout.layout[-1][-1]
             if layout is not None else None,
             "recompute": cfg.recompute_granularity,
-            "recompute_modules": cfg.recompute_modules if cfg.recompute_granularity == "selective" else None, "recompute_method": cfg.recompute_method,
+            "recompute_modules": cfg.recompute_modules if cfg.recompute_granularity == "selective" else None,
+            "recompute_method": cfg.recompute_method,
             "recompute_num_layers": cfg.recompute_num_layers, "sequence_parallel": cfg.sequence_parallel,
             "distributed_optimizer": bool(ns.get("use_distributed_optimizer")),
             "cpu_offload": bool(ns.get("optimizer_cpu_offload")),

@@ -65,6 +65,7 @@ __all__ = [
     "Overheads", "QLORA_WEIGHT_BYTES", "StateBytes", "Term", "Training", "Workload", "_stage_matrices",
     "add_model_states", "estimate", "estimate_stage", "framework_vocab", "layer_activation_bytes",
     "layer_activation_terms", "logits_bytes_per_elem", "lora_params_per_layer", "model_state_elements", "model_state_terms",
-    "optimizer_state_elements", "pipeline_in_flight", "recomputed_layers", "stage_layers", "even_split", "front_loaded", "state_bytes",
+    "optimizer_state_elements", "pipeline_in_flight", "recomputed_layers", "stage_layers", "even_split", "front_loaded",
+    "state_bytes",
     "stored_layer_bytes",
 ]

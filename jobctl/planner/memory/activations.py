@@ -276,10 +276,11 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None,
     low-precision recipe, as the dense GEMMs keep theirs), h wide, and routing probability (kept
     by the weighted SwiGLU: megatron-core weights each copy inside its expert, experts.py
     activation_func_with_probs / bias_act_func, so the combine's unpermute takes no
-    probabilities and keeps nothing); their fc1 outputs and SwiGLU products, expert_ffn wide. The router keeps its fp32 logits and probabilities (2 · 4·E per
-    token). A dropless router's load is taken as even (its auxiliary balancing loss); a capacity
-    factor c caps an expert at c times its even share, counted in full. Shared experts run on
-    every token as a dense MLP of their width, split by TP. torchtitan's layer keeps another set
+    probabilities and keeps nothing); their fc1 outputs and SwiGLU products, expert_ffn wide.
+    The router keeps its fp32 logits and probabilities (2 · 4·E per token). A dropless router's
+    load is taken as even (its auxiliary balancing loss); a capacity factor c caps an expert at
+    c times its even share, counted in full. Shared experts run on every token as a dense MLP of
+    their width, split by TP. torchtitan's layer keeps another set
     (caps.moe_fp32_copies: _eager_router_and_copies), traced term by term; Megatron-Core's is
     derived from its code, not traced."""
     m, x = w.model, w.model.moe
