@@ -386,15 +386,6 @@ def ep_overlap(w, plan) -> bool:
             and (mtp == 0 or (mtp == 1 and plan.pp > 1)))
 
 
-# What each of Megatron-Core's recompute modules jobctl models frees (transformer_config.py
-# recompute_modules; docs/memory-model.md §3)
-RECOMPUTE_MODULES = {
-    "core_attn": "the attention core (eager attention's a·s² scores; nothing under flash attention)",
-    "mla_up_proj": "MLA's up-projections and RoPE (the decompressed q, k, v)",
-    "moe_act": "the routed experts' SwiGLU (its weighted product, fc2's 16-bit input)",
-}
-
-
 def recompute_modules(w) -> tuple[str, ...]:
     """The submodules "selective" recomputes under a framework that names them (Megatron-Core's
     --recompute-modules): the recipe's (train.recompute_modules), else the cheap ones that free

@@ -17,11 +17,11 @@ from jobctl.frameworks.base import (
     StateRecipe,
     common_problems,
     ep_overlap,
+    flex_backend,
     fp8_param_gather,
     front_loaded,
-    recompute_modules,
-    flex_backend,
     num,
+    recompute_modules,
 )
 from jobctl.model import CHECKPOINT_DIR_TOKEN
 
@@ -199,8 +199,8 @@ def problems(plan, w) -> list[str]:
     if split is None and front_loaded(w.model.layers, plan.pp, v) is None:
         per_rank = -(-w.model.layers // plan.pp)
         out.append(f"{w.model.layers} layers do not split over pp={plan.pp}, even counting the embedding and "
-                   f"the loss as layers (arguments.py validate_args), nor with a layout of {per_rank} per rank "
-                   + (f"in {v} virtual stages of {per_rank / v:g}" if v > 1 else "")
+                   f"the loss as layers (arguments.py validate_args), nor with a layout of {per_rank} per rank"
+                   + (f" in {v} virtual stages of {per_rank / v:g}" if v > 1 else "")
                    + " and the last stage short (--pipeline-model-parallel-layout; the last needs at least one)")
     if v > 1:
         if plan.grad_accum_steps % plan.pp or plan.grad_accum_steps < plan.pp:
