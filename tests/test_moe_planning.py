@@ -595,6 +595,10 @@ def test_the_search_offers_laid_out_pipelines_to_megatron_only():
     args = json.loads(r.stdout)["framework"]["args"]
     assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*4|(t*4|)*14t*1mL"
     assert "--num-layers-per-virtual-pipeline-stage" not in args
+    # the plan says how the stages hold them: 4 on each, 1 and the MTP module on the last
+    assert json.loads(r.stdout)["memory"]["stage_layers"] == {"first": 4, "middle": 4, "last": 1, "mtp_on_last": 1}
+    shown = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.pp=16")
+    assert "pp 16 (layers 4/4/1 + MTP)" in " ".join(shown.stdout.split()), shown.stdout[:400]
     r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.pp=32", "--json")
     assert r.returncode == 3
     assert any("pp=32 cannot split 61 layers" in x and "31 x 2 >= 61" in x for x in json.loads(r.stdout)["reasons"])

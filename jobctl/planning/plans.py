@@ -16,7 +16,7 @@ from jobctl.planner.advice import suggestions
 from jobctl.planner.catalog import GIB
 from jobctl.planner.explain import MEMORY_EVIDENCE, memory_checks, objective_summary, why_lost
 from jobctl.planner.explain import explain as explain_search
-from jobctl.planner.memory import estimate, model_state_elements, state_bytes
+from jobctl.planner.memory import estimate, model_state_elements, stage_layers, state_bytes
 from jobctl.planner.memory.workload import low_precision_format
 from jobctl.planner.perf import dispatch_copies, dp_ring, estimate_step
 from jobctl.planner.resilience import checkpoint_bytes, hang_thresholds, plan_for_failures
@@ -141,6 +141,9 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
     best = res.best
     t = res.target
     memory = best.memory.to_dict()
+    if best.plan.pp > 1:  # the layers each stage holds (the most loaded one's are the memory's)
+        first, middle, last = stage_layers(w.model.layers, best.plan.pp, w.caps.pp_split_counts_ends)
+        memory["stage_layers"] = {"first": first, "middle": middle, "last": last, "mtp_on_last": w.mtp_layers}
     report = PlanReport(
         recipe=recipe_loaded.path, cluster=t.cluster, partition=t.partition, gpu=t.gpu.key, feasible=True,
         objective=objective, model=_model_info(w),

@@ -22,6 +22,19 @@ from jobctl.ui.terminal import (
 DISPATCHERS = {"hybridep": "HybridEP", "deepep": "DeepEP"}
 
 
+def _stage_layers(report: dict) -> str:
+    """"; layers 16/16/13 + MTP": a pipeline's layers on its first, middle and last stage where
+    they differ (a split no even one takes, stages one layer short) or the last holds MTP modules."""
+    held = (report.get("memory") or {}).get("stage_layers")
+    if not held:
+        return ""
+    first, middle, last, mtp = held["first"], held["middle"], held["last"], held.get("mtp_on_last") or 0
+    if first == middle == last and not mtp:
+        return ""
+    counts = f"{first}/{middle}/{last}" if report["plan"]["pp"] > 2 else f"{first}/{last}"
+    return f"; layers {counts}" + (" + MTP" if mtp else "")
+
+
 def memory_table(mem: dict, title: str):
     """Every term of a breakdown, GiB, with a bar against the usable memory."""
     from rich.table import Table
@@ -131,7 +144,8 @@ def _render_fit(report: dict, explain: bool) -> None:
     para(
         f"fits: {p['nodes']} node{'s' if p['nodes'] != 1 else ''} x {p['gpus_per_node']} {report['gpu']} = "
         f"{gpus} GPU{'s' if gpus != 1 else ''} · tp {p['tp']} · pp {p['pp']}"
-        + (f" (v {p['virtual_stages']})" if p.get("virtual_stages", 1) > 1 else "")
+        + (f" (v {p['virtual_stages']}{_stage_layers(report)})" if p.get("virtual_stages", 1) > 1
+           else f" ({_stage_layers(report)[2:]})" if _stage_layers(report) else "")
         + f" · dp {p['dp']} · cp {p['cp']}" + (f" · ep {p['ep']}" if p.get("ep", 1) > 1 else ""), style="green")
     para(
         f"{p['sharding']}" + (" · sequence parallel" if p["sequence_parallel"] else "")
