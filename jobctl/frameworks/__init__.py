@@ -22,7 +22,6 @@ from jobctl.frameworks.base import (
     fp8_param_gather,
     graphed_step,
     flex_backend,
-    hybridep_dispatch,
     loss_chunks,
     recompute_modules,
 )
@@ -56,5 +55,5 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
            "Rendered", "Selective", "StateRecipe", "canonical", "default_fp8_recipe", "ep_overlap", "file_path",
-           "fp8_param_gather", "get", "graphed_step", "flex_backend", "hybridep_dispatch", "loss_chunks",
+           "fp8_param_gather", "get", "graphed_step", "flex_backend", "loss_chunks",
            "recompute_modules"]

@@ -418,11 +418,6 @@ def flex_backend(w, plan) -> str | None:
     return None
 
 
-def hybridep_dispatch(w, plan) -> bool:
-    """The plan's experts are reached through HybridEP (flex_backend)."""
-    return flex_backend(w, plan) == "hybridep"
-
-
 def graphed_step(w, plan) -> bool:
     """The plan's forward and backward run as one CUDA graph (caps.cuda_graphs): torchtitan's
     default, unless the recipe turns it off (train.cuda_graphs: false); jobctl renders it off under

@@ -579,11 +579,10 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     eff = gemm_efficiency(tokens_rank * h / t, ceiling)
     chunk = s / (2 * c) if c > 1 else s
     att_eff = ATTENTION_EFFICIENCY * chunk / (chunk + ATTENTION_SATURATION_TOKENS)
-    if links.low_tflops:  # fp8/mxfp8/nvfp4 GEMMs at the format's rate; attention stays BF16
-        gemm_s = fwd_gemm * passes_gemm / (links.low_tflops * 1e12 * gemm_efficiency(tokens_rank * h / t,
-                                                                                    links.low_efficiency))
-    else:
-        gemm_s = fwd_gemm * passes_gemm / (peak * eff)
+    # fp8/mxfp8/nvfp4 GEMMs at the format's rate; attention stays BF16
+    gemm_rate = links.low_tflops * 1e12 * gemm_efficiency(tokens_rank * h / t, links.low_efficiency) \
+        if links.low_tflops else peak * eff
+    gemm_s = fwd_gemm * passes_gemm / gemm_rate
     layer_ep = 0.0
     if m.moe is not None:  # the routed experts (matrix_params has the rest: attention, router, shared experts)
         gemm_moe, layer_ep = _routed_experts(m, act_bytes, links, gpus_per_node, t, tokens_rank, passes_gemm, rc, ep,
@@ -594,8 +593,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
         x = m.mla
         up = 2 * tokens_rank * m.heads * (x.q_lora_rank * (x.qk_nope_head_dim + x.qk_rope_head_dim)
                                           + x.kv_lora_rank * (x.qk_nope_head_dim + x.v_head_dim)) / t
-        layer_compute += up / (links.low_tflops * 1e12 * gemm_efficiency(tokens_rank * h / t, links.low_efficiency)
-                               if links.low_tflops else peak * eff)
+        layer_compute += up / gemm_rate
     # memory-bound kernels run again in a recomputed forward (a third of their forward+backward)
     # (a mixture of experts: its dense layers' MLP and its shared experts here; the routed copies'
     # kernels in _routed_experts)

@@ -141,11 +141,12 @@ def _render_fit(report: dict, explain: bool) -> None:
     con = console()
     p = report["plan"]
     gpus = p["world_size"]
+    stages = _stage_layers(report)
     para(
         f"fits: {p['nodes']} node{'s' if p['nodes'] != 1 else ''} x {p['gpus_per_node']} {report['gpu']} = "
         f"{gpus} GPU{'s' if gpus != 1 else ''} · tp {p['tp']} · pp {p['pp']}"
-        + (f" (v {p['virtual_stages']}{_stage_layers(report)})" if p.get("virtual_stages", 1) > 1
-           else f" ({_stage_layers(report)[2:]})" if _stage_layers(report) else "")
+        + (f" (v {p['virtual_stages']}{stages})" if p.get("virtual_stages", 1) > 1
+           else f" ({stages[2:]})" if stages else "")
         + f" · dp {p['dp']} · cp {p['cp']}" + (f" · ep {p['ep']}" if p.get("ep", 1) > 1 else ""), style="green")
     para(
         f"{p['sharding']}" + (" · sequence parallel" if p["sequence_parallel"] else "")

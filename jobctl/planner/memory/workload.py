@@ -113,7 +113,7 @@ class Workload:
     compile: bool | str = False  # torch.compile of the model: True, False or "auto" (train.compile)
     cuda_graphs: bool | str = "auto"  # the step as one CUDA graph where the framework does it (train.cuda_graphs)
     ep_overlap: bool | str = "auto"  # "auto": the EP all-to-alls overlapped where the framework does it; False: not
-    moe_dispatcher: str = "alltoall"  # alltoall | hybridep (train.moe_dispatcher; frameworks.hybridep_dispatch)
+    moe_dispatcher: str = "alltoall"  # alltoall | hybridep | deepep (train.moe_dispatcher; frameworks.flex_backend)
     # GPUs one NVLink domain joins on the partition (a GB200 NVL72 rack: 72); 0: a node. Read by
     # the terms whose size depends on what crosses the network (HybridEP's inter-node slots)
     nvlink_gpus: int = 0
