@@ -734,3 +734,35 @@ def test_megatrons_selective_recompute_names_mlas_up_projection_and_the_experts_
         r = jobctl("plan", extra[0], "--cluster", "h100", *extra[1:], "--json")
         assert r.returncode == 3, (extra, r.stdout[-500:])
         assert any(message in x for x in json.loads(r.stdout)["reasons"]), (extra, r.stdout[-500:])
+
+
+def test_the_search_offers_the_named_modules_where_they_free_memory():
+    # Megatron-Bridge's DeepSeek-V3 runs on 256 GB200s (performance summary 25.11-26.08: TP1 PP4
+    # VP4 EP64, micro-batch 1, MXFP8) recompute `mla_up_proj` only (its perf recipe's
+    # recompute_modules). With that layout pinned and the recompute left to the search, the search
+    # must try it: no recompute fits only with the optimizer on the host, and full recompute reruns
+    # every layer.
+    from jobctl.planning import load_recipe, plan_on
+    pinned = ["train.precision=mxfp8", "parallelism.tp=1", "parallelism.pp=4", "parallelism.virtual_stages=4",
+              "parallelism.ep=64", "parallelism.cp=1", "parallelism.micro_batch_size=1"]
+    inv = load_inventory("gb200", ["partitions.0.nodes=64"])
+    got = {}
+    for extra in ([], ["parallelism.recompute=none"], ["parallelism.recompute=full"]):
+        d = plan_on(load_recipe("recipes/deepseek-v3.yaml", pinned + extra), inv, alternatives=0, summary=False,
+                    learn=False).to_dict()
+        got[extra[0] if extra else "search"] = d
+    # without recompute it fits only with the optimizer offloaded to the host
+    assert got["parallelism.recompute=none"]["plan"]["offload"] != "none"
+    chosen = got["search"]
+    assert chosen["feasible"] and chosen["plan"]["recompute"] == "selective"
+    args = chosen["framework"]["args"]
+    assert args[args.index("--recompute-modules") + 1] == "mla_up_proj"  # FP8-family: no moe_act
+    for other in ("parallelism.recompute=none", "parallelism.recompute=full"):
+        assert chosen["estimate"]["tokens_per_s"] > got[other]["estimate"]["tokens_per_s"], other
+    # a dense model under flash attention gets no selective step: Megatron's default module, the
+    # attention core, would only save the a·s² scores flash attention never keeps
+    from jobctl.planner.space import Constraints as SpaceConstraints, knob_options
+    dense = Workload(PRESETS["llama3.1-8b"], 4096, 256, framework="megatron")
+    deep = Workload(PRESETS["deepseek-v3"], 4096, 4096, framework="megatron")
+    assert not any(k[1] == "selective" for k in knob_options(dense, SpaceConstraints(), 8, 1, 8, 1))
+    assert any(k[1] == "selective" for k in knob_options(deep, SpaceConstraints(), 8, 1, 8, 1))
