@@ -352,3 +352,22 @@ def test_context_parallelism_when_nothing_else_is_left():
     assert s.rung == "parallelism"
     assert (s.plan.tp, s.plan.pp, s.plan.cp, s.plan.dp, s.plan.world_size) == (1, 1, 2, 1, 2)
     assert s.plan.grad_accum_steps == 1
+
+
+def test_a_mixture_of_experts_under_megatron_tries_its_named_modules_first():
+    # flash attention, but the experts' 16-bit SwiGLU product is Megatron's `moe_act` module
+    # (--recompute-modules moe_act): selective frees memory here, unlike the attention core alone,
+    # so the recompute rung offers it before recomputing whole layers
+    from jobctl.planner.ladder import _recompute_options
+    w = Workload(PRESETS["qwen3-30b-a3b"], 4096, GBS, framework="megatron")
+    one = plan(micro_batch_size=1, grad_accum_steps=8, sharding="zero1", ep=8)
+    first = next(_recompute_options(w, T, Constraints(), one))
+    assert (first.recompute, first.recompute_layers) == ("selective", 0)
+    # each routed copy's 2·f_e bytes of 16-bit SwiGLU product go, per layer: 8 of 128 experts of
+    # 768, 4096 tokens
+    from jobctl.planner.memory import layer_activation_terms
+    kept, recomputed = ({n: b for n, b, _ in layer_activation_terms(w, p, 1)} for p in (one, first))
+    assert kept["expert intermediates"] - recomputed["expert intermediates"] == pytest.approx(8 * 4096 * 2 * 768)
+    assert peak(w, T, first) < peak(w, T, one)
+    dense = next(_recompute_options(work(framework="megatron"), T, Constraints(), one))
+    assert dense.recompute == "full"  # Llama: nothing but the attention core to name

@@ -24,6 +24,7 @@ from jobctl.frameworks.base import (
     flex_backend,
     loss_chunks,
     recompute_modules,
+    selective_frees_memory,
 )
 
 REGISTRY: dict[str, Framework] = {
@@ -56,4 +57,4 @@ def get(name: str | Framework, supports: dict | None = None) -> Framework:
 __all__ = ["ALIASES", "JOB_FOLDER_TOKEN", "NAMES", "REGISTRY", "Capabilities", "Framework", "GradBuffer",
            "Rendered", "Selective", "StateRecipe", "canonical", "default_fp8_recipe", "ep_overlap", "file_path",
            "fp8_param_gather", "get", "graphed_step", "flex_backend", "loss_chunks",
-           "recompute_modules"]
+           "recompute_modules", "selective_frees_memory"]

@@ -405,6 +405,18 @@ def recompute_modules(w) -> tuple[str, ...]:
     return auto or ("core_attn",)
 
 
+def selective_frees_memory(w) -> bool:
+    """Whether "selective" recomputation holds less than none here, so that the search and the
+    ladder try it: under eager attention (the a·s² scores go), torchtitan's op-level SAC, or
+    Megatron's named modules beyond the attention core (recompute_modules: MLA's up-projection,
+    the experts' SwiGLU). The attention core alone frees nothing under flash attention, which
+    keeps no scores. w: a Workload (duck-typed)."""
+    if "selective" not in w.caps.recompute:
+        return False
+    return w.attention == "eager" or w.caps.selective is Selective.OP_SAC or \
+        bool(set(recompute_modules(w)) - {"core_attn"})
+
+
 def flex_backend(w, plan) -> str | None:
     """The DeepEP kernels the plan's experts are reached through, "hybridep" or "deepep", or None
     (NCCL's all-to-alls). Megatron-Core's --moe-token-dispatcher-type flex with

@@ -17,7 +17,8 @@ Rungs, in order (docs/architecture.md, decision 3); a step changes one rung:
 
 1. micro-batch: a smaller micro_batch_size with more gradient accumulation, same dp:
    the largest one among those at most half the current one.
-2. recompute: none -> selective (eager attention only: it drops the a·s² scores) ->
+2. recompute: none -> selective (where it frees memory: the a·s² scores of eager attention,
+   torchtitan's op-level SAC, Megatron's MLA up-projection or experts' SwiGLU) ->
    full recompute of a quarter, half, three quarters of a stage's layers (block
    recompute, Plan.recompute_layers) -> all of them (recompute_layers 0).
 3. sharding, then parallelism: none -> zero1 -> zero2 -> hsdp -> zero3, those the
@@ -50,7 +51,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 
-from jobctl.frameworks import Selective
+from jobctl.frameworks import selective_frees_memory
 from jobctl.model import OOMFigures
 from jobctl.planner.catalog import GIB
 from jobctl.planner.memory import (
@@ -324,13 +325,12 @@ def _microbatch_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Iter
 
 
 def _recompute_options(w: Workload, t: Target, c: Constraints, p: Plan) -> Iterator[Plan]:
-    """Selective (eager attention), then full recompute of a quarter, half, three quarters and
+    """Selective (where it frees memory), then full recompute of a quarter, half, three quarters and
     all of a stage's layers. Quarters rather than every layer count: each step lowers the
     activations by a useful amount, and a ladder crosses the range in at most four steps."""
     layers = stage_layers(w.model.layers, p.pp)[1]  # the most layers a stage holds
     caps = w.caps
-    if p.recompute == "none" and "selective" in caps.recompute and (
-            w.attention == "eager" or caps.selective is Selective.OP_SAC):
+    if p.recompute == "none" and selective_frees_memory(w):
         yield replace(p, recompute="selective", recompute_layers=0)
     if "full" not in caps.recompute or (p.recompute == "full" and not p.recompute_layers):
         return

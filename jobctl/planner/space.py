@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from jobctl.frameworks import Selective, recompute_modules
+from jobctl.frameworks import selective_frees_memory
 from jobctl.planner.catalog import GIB, GPUSpec
 from jobctl.planner.memory import MemoryBreakdown, Workload, estimate, even_split, front_loaded, stage_layers
 from jobctl.planner.perf import (
@@ -190,11 +190,9 @@ def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn:
         if nodes == 1 or "hsdp" not in shardings:
             shardings = [s for s in shardings if s != "hsdp"]
     recomputes = [c.recompute] if c.recompute else list(caps.recompute)
-    if not c.recompute and w.attention != "eager" and caps.selective is not Selective.OP_SAC \
-            and not set(recompute_modules(w)) - {"core_attn"}:
+    if not c.recompute and not selective_frees_memory(w):
         # Megatron's selective recompute of the attention core only saves the a·s² scores, which
-        # flash attention never keeps; MLA's up-projection and the experts' SwiGLU (the modules
-        # recompute_modules picks for such models) free real memory, and stay on offer
+        # flash attention never keeps
         recomputes = [r for r in recomputes if r != "selective"]
     offloads = [c.offload] if c.offload else list(caps.offload)
     out = []
