@@ -5,7 +5,8 @@ DeepSpeed 0.19.8 picks its CPU accelerator (gloo) on a machine without a GPU, so
 engine (deepspeed.initialize, ZeRO stage 1/2/3, bf16 with fp32 master weights, AdamW) trains a
 small Llama here with real tensors. Per (ranks, stage), each rank in its own process:
   1. builds jobctl_measure/torch_reference.py's Llama (2 layers, h 256, f 688, 8 heads, 2 KV
-     heads, vocab 1000) in bf16 and hands it to deepspeed.initialize;
+     heads, vocab 1000) in bf16 and hands it to deepspeed.initialize with the zero_optimization
+     block jobctl renders for the plan (overlap_comm on at stages 1 and 2 over 2 ranks);
   2. runs one step (forward, engine.backward, engine.step), then measures what stays resident:
      the bytes of every distinct tensor storage alive (a walk of the garbage collector's
      objects), i.e. what torch.cuda.memory_allocated would report on a GPU;
@@ -16,6 +17,7 @@ zero<stage> over the ranks, tensor terms only (no CUDA context, NCCL buffers, al
 
     python benchmarks/deepspeed_memory.py                 # ranks 1 and 2, stages 1-3 (~1 min)
     python benchmarks/deepspeed_memory.py --ranks 2 --stages 3 --json
+    python benchmarks/deepspeed_memory.py --ranks 2 --stages 2 --deepspeed-defaults  # overlap_comm off
 
 Needs the test extra (torch CPU build, deepspeed). The first run may compile DeepSpeed's
 shared-memory communication op (a minute).
@@ -81,7 +83,7 @@ def _live_mode(existing: set):
     return Live()
 
 
-def _worker(rank: int, ranks: int, stage: int, port: int, out):
+def _worker(rank: int, ranks: int, stage: int, port: int, out, zero: dict):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ranks),
                       LOCAL_RANK=str(rank))
     import logging
@@ -94,7 +96,7 @@ def _worker(rank: int, ranks: int, stage: int, port: int, out):
     torch.manual_seed(0)
     model = torch_reference.build_model(MODEL).to(torch.bfloat16)
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-              "zero_optimization": {"stage": stage},
+              "zero_optimization": zero,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     x = torch.randint(0, MODEL["vocab"], (MICRO, SEQ))
@@ -114,14 +116,20 @@ def _worker(rank: int, ranks: int, stage: int, port: int, out):
     out.put((rank, resident, resident + live.peak))
 
 
-def measure(ranks: int, stage: int) -> dict:
+def measure(ranks: int, stage: int, zero: dict | None = None) -> dict:
+    """Rank 0's resident and peak bytes; `zero`: the zero_optimization block (jobctl's rendering
+    when None)."""
+    if zero is None:
+        from jobctl.frameworks import deepspeed
+        w, plan = _workload_and_plan(ranks, stage)
+        zero = deepspeed.config(plan, w)["zero_optimization"]
     import torch.multiprocessing as mp
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, ranks, stage, port, q)) for r in range(ranks)]
+    procs = [ctx.Process(target=_worker, args=(r, ranks, stage, port, q, zero)) for r in range(ranks)]
     for p in procs:
         p.start()
     res = sorted(q.get(timeout=900) for _ in procs)
@@ -131,8 +139,8 @@ def measure(ranks: int, stage: int) -> dict:
     return {"resident": resident, "peak": peak}
 
 
-def modelled(ranks: int, stage: int) -> dict:
-    from jobctl.planner.memory import Workload, estimate_stage
+def _workload_and_plan(ranks: int, stage: int):
+    from jobctl.planner.memory import Workload
     from jobctl.planner.models import ModelSpec
     from jobctl.planner.plan import Plan
 
@@ -143,6 +151,13 @@ def modelled(ranks: int, stage: int) -> dict:
     plan = Plan(nodes=1, gpus_per_node=ranks, tp=1, pp=1, dp=ranks, cp=1, sharding=f"zero{stage}",
                 micro_batch_size=MICRO, grad_accum_steps=1, global_batch_size=MICRO * ranks, recompute="none",
                 offload="none", sequence_parallel=False)
+    return w, plan
+
+
+def modelled(ranks: int, stage: int) -> dict:
+    from jobctl.planner.memory import estimate_stage
+
+    w, plan = _workload_and_plan(ranks, stage)
     bd = estimate_stage(w, 80 << 30, plan, "only")
     return {"peak": bd.tensor_bytes, "terms": {t.name: t.bytes for t in bd.terms}}
 
@@ -151,12 +166,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], choices=(1, 2, 3))
+    ap.add_argument("--deepspeed-defaults", action="store_true",
+                    help="run zero_optimization as {stage} only (DeepSpeed's defaults) instead of jobctl's rendering")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
     for ranks in args.ranks:
         for stage in args.stages:
-            me, mo = measure(ranks, stage), modelled(ranks, stage)
+            me = measure(ranks, stage, {"stage": stage} if args.deepspeed_defaults else None)
+            mo = modelled(ranks, stage)
             rows.append({"ranks": ranks, "stage": stage, "measured": me, "modelled": mo,
                          "peak_diff": (mo["peak"] - me["peak"]) / me["peak"]})
     if args.json:  # one line, the last: DeepSpeed logs to stdout too

@@ -26,3 +26,15 @@ def test_zero_stages_peak_within_5_percent_of_deepspeed_itself():
     # start for stage 3
     assert by_stage[1]["resident"] < 50e6 < 1e9 < by_stage[1]["peak"]
     assert by_stage[3]["resident"] > 1e9
+    # jobctl renders overlap_comm at stages 1 and 2 over the 2 ranks (stage 3's default): the
+    # engine fills a second bucket while the first is reduced, 2 x 5e8 x 2 B in all
+    for stage in (1, 2):
+        assert 2e9 < by_stage[stage]["peak"] < 2e9 + 50e6, stage
+
+
+def test_overlap_comm_is_what_adds_the_second_bucket():
+    # the same 2 ranks at stage 2 with DeepSpeed's own defaults (overlap_comm off below stage 3):
+    # one bucket, 1 GB less than what jobctl's rendering (and its model of it) holds
+    rows = run("--ranks", "2", "--stages", "2", "--deepspeed-defaults")
+    assert 1e9 < rows[0]["measured"]["peak"] < 1e9 + 50e6
+    assert rows[0]["modelled"]["peak"] - rows[0]["measured"]["peak"] == pytest.approx(1e9, rel=0.05)

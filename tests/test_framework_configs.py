@@ -450,6 +450,12 @@ def test_deepspeed_accepts_what_jobctl_renders():
         assert (r["offload_param"] is not None) == (p["offload"] == "optimizer+params")
         if p["pp"] > 1:  # the pipeline engine refuses ZeRO-2/3
             assert r["stage"] <= 1
+        # the gradient reduction under the backward wherever ZeRO has a data-parallel group to
+        # reduce over (DeepSpeed turns it on by itself only at stage 3)
+        assert r["overlap_comm"] == (p["sharding"] != "none" and p["dp"] > 1), case["case"]
+        if r["overlap_comm"]:
+            assert any("overlap_comm" in x for x in case["framework"]["overlaps"]), case["case"]
+    assert any(c["plan"]["sharding"] in ("zero1", "zero2") and c["plan"]["dp"] > 1 for c in cases)
 
 
 def test_deepspeed_checker_refuses_an_inconsistent_batch():

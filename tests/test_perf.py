@@ -219,3 +219,27 @@ def test_time_to_train_and_gpu_hours():
     assert e.time_to_train_s == pytest.approx(1000 * e.step_time_s)
     assert e.gpu_hours == pytest.approx(e.time_to_train_s * 8 / 3600)
     assert e.tokens_per_s == pytest.approx(64 * 4096 / e.step_time_s)
+
+
+def test_deepspeeds_data_parallel_traffic_runs_as_its_engine_runs_it():
+    # deepspeed 0.19.8 (runtime/engine.py allreduce_gradients, runtime/zero/stage_1_and_2.py):
+    # ZeRO-2 reduce-scatters at every micro-batch (partition_gradients), ZeRO-1 once at the
+    # accumulation boundary, both under the backward with overlap_comm (jobctl renders it);
+    # without ZeRO the engine all-reduces after the backward. Llama 3.1 8B on 2 nodes of 8 H100s.
+    w = Workload(PRESETS["llama3.1-8b"], 4096, 256, framework="deepspeed")
+
+    def dp_comm(sharding, accum, framework="deepspeed"):
+        p = Plan(nodes=2, gpus_per_node=8, tp=1, pp=1, dp=16, cp=1, sharding=sharding, micro_batch_size=1,
+                 grad_accum_steps=accum, global_batch_size=16 * accum, recompute="none", offload="none",
+                 sequence_parallel=False)
+        ww = replace(w, global_batch_size=16 * accum) if framework == "deepspeed" else \
+            Workload(PRESETS["llama3.1-8b"], 4096, 16 * accum, framework=framework)
+        return estimate_step(ww, p, H100, 8).dp_comm_s
+
+    assert dp_comm("zero1", 8) == pytest.approx(dp_comm("zero1", 1))  # once a step
+    one, two, eight = (dp_comm("zero2", k) for k in (1, 2, 8))
+    per_micro_batch = two - one
+    assert per_micro_batch > 0 and eight - one == pytest.approx(7 * per_micro_batch)
+    # without ZeRO nothing hides the all-reduce; DDP's buckets (FSDP via accelerate, sharding
+    # none) overlap it with the backward
+    assert dp_comm("none", 1) > 5 * dp_comm("none", 1, framework="fsdp")

@@ -79,6 +79,9 @@ def test_deepspeed_trains_with_the_rendered_zero_stage(tmp_path, extensions, sha
     assert plan["sharding"] == sharding and config["zero_optimization"]["stage"] == stage
     assert (got["ranks"], got["dp"], got["pp"]) == ("2", "2", "1")
     assert int(got["zero_stage"]) == stage
+    # the engine reduces under the backward: jobctl turns overlap_comm on over the 2 ranks
+    # (DeepSpeed's default for stage 1 is off)
+    assert config["zero_optimization"]["overlap_comm"] is True and got["overlap_comm"] == "True"
     assert (int(got["micro_batch_size"]), int(got["grad_accum_steps"]), int(got["train_batch_size"])) == (
         plan["micro_batch_size"], plan["grad_accum_steps"], plan["global_batch_size"])
     # the optimizer and schedule DeepSpeed built from the rendered blocks, none passed by the script

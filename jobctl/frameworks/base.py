@@ -90,6 +90,13 @@ class Capabilities:
     state_recipe: StateRecipe = StateRecipe.ZERO
     reduce_bytes: int = 2  # bytes per gradient element in the data-parallel reduction
     grad_buffer: GradBuffer = GradBuffer.DDP_BUCKETS
+    # how the data-parallel traffic of ZeRO-1/2 and of plain replicas runs beside the compute
+    # (planner/perf.py _data_parallel): "overlapped" (DDP's buckets, Megatron's --overlap-grad-reduce
+    # and --overlap-param-gather: the reduce under the backward, the gather under the next forward)
+    # or "zero-engine" (DeepSpeed: without ZeRO the engine all-reduces after the backward; ZeRO-1/2
+    # reduce on a side stream under the backward with overlap_comm, ZeRO-2 at every micro-batch,
+    # and gather the updated weights inside optimizer.step)
+    dp_schedule: str = "overlapped"
     fused_kernels: bool = False  # fused norms and GQA-native attention (Megatron/TE, torchtitan) vs eager HF layers
     te_layernorm_mlp: bool = False  # Transformer Engine's LayerNormMLP (keeps 3 of the 4 SwiGLU tensors)
     # tensor-parallel collectives overlapped with the GEMMs when sequence parallel (Megatron's

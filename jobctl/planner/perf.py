@@ -817,7 +817,15 @@ def _data_parallel(w: Workload, plan: Plan, links: Links, gpus_per_node: int, st
                    buckets * ring_latency(gpus_per_node, plan.tp, n, allreduce=factor == 2))
     gather = _ring(n, trainable * param_b, dp_gbs, NETWORK_EFFICIENCY, 1,
                    buckets * ring_latency(gpus_per_node, plan.tp, n)) if plan.sharding != "none" else 0.0
-    return max(reduce * (1 - DP_OVERLAP), reduce - backward_last) + max(0.0, gather - stage_mb / 3)
+    hidden = max(reduce * (1 - DP_OVERLAP), reduce - backward_last)  # under the (last) backward
+    if w.caps.dp_schedule == "zero-engine":
+        # DeepSpeed (caps.dp_schedule): without ZeRO the engine all-reduces after the backward;
+        # ZeRO-1/2 reduce under it (overlap_comm, rendered), ZeRO-2 at every micro-batch, and both
+        # gather the updated weights inside optimizer.step, before the next forward starts
+        if plan.sharding == "none":
+            return reduce
+        return (micro if plan.sharding == "zero2" else 1) * hidden + gather
+    return hidden + max(0.0, gather - stage_mb / 3)
 
 
 def _optimizer_and_offload(w: Workload, plan: Plan, links: Links, trainable: float,

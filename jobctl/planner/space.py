@@ -184,9 +184,12 @@ def knob_options(w: Workload, c: Constraints, shard_group: int, nodes: int, gpn:
             shardings = ["none"] + [x for x in ("zero2", "zero1") if x in shardings][:1]
         else:
             # ZeRO-1/2 move the same bytes as DDP's all-reduce (a reduce-scatter plus an
-            # all-gather) and hold less: of none/zero1/zero2 only the most sharded is worth trying.
+            # all-gather) and hold less: of none/zero1/zero2 only the most sharded is worth trying;
+            # but DeepSpeed's ZeRO-2 reduces at every micro-batch (caps.dp_schedule), ZeRO-1 once
+            # a step: with gradient accumulation both are.
             plain = [x for x in ("zero2", "zero1", "none") if x in shardings]
-            shardings = plain[:1] + [x for x in shardings if x in ("hsdp", "zero3")]
+            keep = 2 if caps.dp_schedule == "zero-engine" else 1
+            shardings = plain[:keep] + [x for x in shardings if x in ("hsdp", "zero3")]
         if nodes == 1 or "hsdp" not in shardings:
             shardings = [s for s in shardings if s != "hsdp"]
     recomputes = [c.recompute] if c.recompute else list(caps.recompute)

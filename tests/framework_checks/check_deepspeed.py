@@ -22,7 +22,9 @@ def check(case):
     return {"ok": True, "train_batch_size": c.train_batch_size, "micro": c.train_micro_batch_size_per_gpu,
             "accum": c.gradient_accumulation_steps, "stage": int(c.zero_optimization_stage),
             "offload_optimizer": str(z.offload_optimizer.device) if z.offload_optimizer else None,
-            "offload_param": str(z.offload_param.device) if z.offload_param else None}
+            "offload_param": str(z.offload_param.device) if z.offload_param else None,
+            # after DeepSpeed's validator, which fills the stage's own default where the file is silent
+            "overlap_comm": bool(z.overlap_comm)}
 
 
 out = []

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"ds_train: ranks {dist.get_world_size()} dp {dp} pp {pp} micro_batch_size {mbs} "
               f"grad_accum_steps {accum} train_batch_size {engine.train_batch_size()} "
-              f"zero_stage {engine.zero_optimization_stage()} "
+              f"zero_stage {engine.zero_optimization_stage()} overlap_comm {engine.zero_overlap_comm()} "
               f"offload_optimizer {engine.zero_offload_optimizer() is not None and engine.zero_use_cpu_optimizer()} "
               f"optimizer {type(basic).__name__ if basic is not None else type(optimizer).__name__} "
               f"wrapped {type(optimizer).__name__} scheduler {type(scheduler).__name__}", flush=True)
