@@ -412,6 +412,18 @@ def recompute_modules(w) -> tuple[str, ...]:
     return auto or ("core_attn",)
 
 
+def data_parallel_overlaps(plan) -> tuple[str, ...]:
+    """What runs under the compute without a flag (the plan lists it; planner/perf.py
+    _data_parallel counts on it): FSDP2 issues each layer's all-gather on its own stream a layer
+    ahead (implicit prefetching) and its reduce-scatter under the backward; DDP all-reduces its
+    buckets as the backward fills them (torch distributed/fsdp/_fully_shard, nn/parallel/distributed.py)."""
+    if plan.dp * plan.cp <= 1:
+        return ()
+    if plan.sharding in ("zero3", "hsdp"):
+        return ("FSDP prefetch (all-gathers under the previous layer, reduce-scatters under the backward)",)
+    return ("grad reduce (DDP's buckets all-reduced under the backward)",)
+
+
 def selective_frees_memory(w) -> bool:
     """Whether "selective" recomputation holds less than none here, so that the search and the
     ladder try it: under eager attention (the a·s² scores go), torchtitan's op-level SAC, or

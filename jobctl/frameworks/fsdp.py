@@ -21,6 +21,7 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     common_problems,
+    data_parallel_overlaps,
     file_path,
     hf_training_args,
 )
@@ -236,7 +237,8 @@ def render(plan, w) -> Rendered:
         notes.append("CPU ranks: `accelerate launch` with use_cpu starts one process per node unless it runs under "
                      "mpirun (commands/launch.py simple_launcher); keep jobctl's torchrun, which starts them all")
     return Rendered(CAPS.name, args, {CONFIG_FILE: config_yaml(plan, w)}, environment(plan, w), tuple(notes),
-                    launch_args=launch_args)
+                    launch_args=launch_args, overlaps=data_parallel_overlaps(plan))
+
 
 
 FRAMEWORK = Framework(CAPS, problems, render, recipe_problems)

@@ -24,6 +24,7 @@ from jobctl.frameworks.base import (
     Selective,
     StateRecipe,
     common_problems,
+    data_parallel_overlaps,
     graphed_step,
     num,
     ratio,
@@ -397,8 +398,7 @@ def render(plan, w) -> Rendered:
     if "--compile.enable_async_tensor_parallel" in a:
         overlaps.append("async TP (--compile.enable_async_tensor_parallel: TP collectives pipelined with the "
                         "matmuls)")
-    if plan.sharding in ("zero3", "hsdp") and plan.dp * plan.cp > 1:
-        overlaps.append("FSDP prefetch (all-gathers under the previous layer, reduce-scatters under the backward)")
+    overlaps += data_parallel_overlaps(plan)
     return Rendered(CAPS.name, tuple(a), files, env, tuple(notes), last=(sub,), overlaps=tuple(overlaps))
 
 
