@@ -265,9 +265,10 @@ def _as_moe_settings(rel: dict) -> dict:
 def load_moe_rows(path) -> tuple[list[Row], list[tuple[str, str]]]:
     """The rows of published_moe_2025.yaml (benchmarks/data/ in the jobctl repository) that
     jobctl can plan (its MoE presets, under Megatron-Core, with the recipe's settings attached),
-    each with its half, and (id, why) for the rest. Selective recompute of named modules
-    (Megatron-Bridge's mla_up_proj, moe_act, layernorm...) is modelled as none: jobctl's
-    selective is the attention core's; `assumed` says which rows had it."""
+    each with its half, and (id, why) for the rest. Selective recompute of named modules is
+    modelled as the row names them where jobctl models the module (Megatron's
+    caps.recompute_modules: core_attn, mla_up_proj, moe_act, mlp, shared_experts); the others
+    (layernorm, moe) as none, and `assumed` says which rows had them."""
     from jobctl.planner.memory import stage_layers
     from jobctl.planner.models import PRESETS
 

@@ -78,6 +78,9 @@ MATRIX = {
         ("deepseek-v3", "h100", ["parallelism.pp=16"]),
         # selective: MLA's up-projections and the experts' SwiGLU (--recompute-modules)
         ("deepseek-v3", "h100", ["parallelism.recompute=selective"]),
+        # ... and named: the dense layers' MLP and the shared experts too
+        ("deepseek-v3", "h100", ["parallelism.recompute=selective",
+                                 "train.recompute_modules=[mla_up_proj,mlp,shared_experts]"]),
         ("mixtral-8x7b", "h100", ["parallelism.recompute=selective"]),
         # the flex dispatcher on HybridEP across two nodes, as Megatron-Bridge's H100 Qwen3-30B runs it
         ("qwen3-30b-a3b", "h100", ["train.moe_dispatcher=hybridep", "parallelism.ep=16", "parallelism.tp=1",
@@ -166,8 +169,10 @@ def test_megatron_accepts_what_jobctl_renders():
         assert r["recompute"] == {"none": None, "selective": "selective", "full": "full"}[p["recompute"]]
         if p["recompute"] == "selective":  # by hand: what each model has that is cheap to rebuild
             model = PRESETS.get(case["case"][0])
-            expected = {"deepseek-v3": ["mla_up_proj", "moe_act"], "mixtral-8x7b": ["moe_act"]}.get(
-                case["case"][0], ["core_attn"])
+            named = [o.split("=", 1)[1] for o in case["case"][2] if o.startswith("train.recompute_modules=")]
+            expected = named[0].strip("[]").split(",") if named else \
+                {"deepseek-v3": ["mla_up_proj", "moe_act"], "mixtral-8x7b": ["moe_act"]}.get(case["case"][0],
+                                                                                          ["core_attn"])
             assert r["recompute_modules"] == expected, case["case"]
         if p["recompute"] == "full":  # the first N layers of each model chunk (block), or all (uniform)
             per_chunk = p["recompute_layers"] // p["virtual_stages"]

@@ -766,3 +766,45 @@ def test_the_search_offers_the_named_modules_where_they_free_memory():
     deep = Workload(PRESETS["deepseek-v3"], 4096, 4096, framework="megatron")
     assert not any(k[1] == "selective" for k in knob_options(dense, SpaceConstraints(), 8, 1, 8, 1))
     assert any(k[1] == "selective" for k in knob_options(deep, SpaceConstraints(), 8, 1, 8, 1))
+
+
+def test_megatrons_mlp_and_shared_experts_modules():
+    # megatron-core 0.16 transformer_layer.py: "mlp" checkpoints a dense layer's MLP whole (its
+    # RMSNorm fused into fc1 with Transformer Engine: TELayerNormColumnParallelLinear), keeping
+    # only the residual stream's tensor the norm reads; MoE layers are skipped. shared_experts.py:
+    # "shared_experts" checkpoints the shared MLP. By hand, BF16, tp 1, one 4096-token micro-batch.
+    s = 4096
+    llama = PRESETS["llama3.1-8b"]
+    w = Workload(llama, s, 256, framework="megatron", recompute_modules=("mlp",))
+    kept = {n: b for n, b, _ in layer_activation_terms(replace(w, recompute_modules=()), plan(), 1)}
+    rebuilt = {n: b for n, b, _ in layer_activation_terms(w, plan(recompute="selective"), 1)}
+    h, f = llama.hidden, llama.ffn_hidden
+    assert kept["mlp input"] == pytest.approx(2 * s * h) and rebuilt["mlp input"] == 0
+    # TE's LayerNormMLP keeps fc1's gate and up and the SwiGLU output: 3 · 2·sf
+    assert kept["mlp intermediates"] == pytest.approx(3 * 2 * s * f) and rebuilt["mlp intermediates"] == 0
+    # DeepSeek-V3: 3 dense layers of 61 (18,432 wide), one shared expert of 2048 on the 58 others
+    m = PRESETS["deepseek-v3"]
+    w = Workload(m, s, 4096, framework="megatron", precision="fp8")  # auto: mla_up_proj only
+    named = replace(w, recompute_modules=("mla_up_proj", "mlp", "shared_experts"))
+    auto, both = ({n: b for n, b, _ in layer_activation_terms(x, plan(recompute="selective"), 1)} for x in (w, named))
+    assert auto["dense mlp intermediates"] > 0 and both["dense mlp intermediates"] == 0
+    assert auto["shared expert intermediates"] > 0 and both["shared expert intermediates"] == 0
+    # the mlp input goes on the dense layers only: the MoE layers' router and experts read theirs
+    assert both["mlp input"] == pytest.approx(auto["mlp input"] * 58 / 61)
+    # the step pays the dense MLPs' and the shared experts' forward again: a little slower, far
+    # from full recompute
+    t = h100()
+    p = plan(nodes=16, tp=8, pp=4, dp=4, ep=32, grad_accum_steps=1024, global_batch_size=4096, virtual_stages=2,
+             sequence_parallel=True)
+    lw = Workload(llama, s, 4096, framework="megatron")
+    none, mlp, full = (estimate_step(x, replace(p, ep=1, recompute=r), t.links, 8).step_time_s
+                       for x, r in ((lw, "none"), (replace(lw, recompute_modules=("mlp",)), "selective"),
+                                    (lw, "full")))
+    assert none < mlp < full
+    # refused where nothing would be recomputed: every Qwen3 layer routes; Llama has no shared expert
+    for recipe, modules, message in (("recipes/qwen3-30b-a3b.yaml", "[mlp]", "every layer of"),
+                                     ("recipes/llama70b.yaml", "[shared_experts]", "does not have")):
+        r = jobctl("plan", recipe, "--cluster", "h100", "parallelism.recompute=selective",
+                   f"train.recompute_modules={modules}", "--json")
+        assert r.returncode == 3, r.stdout[-500:]
+        assert any(message in x for x in json.loads(r.stdout)["reasons"]), r.stdout[-500:]

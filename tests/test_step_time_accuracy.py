@@ -207,7 +207,10 @@ def test_the_moe_rows_quote_their_source_and_attach_their_settings():
     assert len(deepseek) >= 12 and {r.plan.pp for r in deepseek} >= {4, 8, 16}
     assert rows["mbridge-2511-deepseek-v3-gb200-bf16-256"].workload.mtp_layers == 0
     assert rows["mbridge-2604-deepseek-v3-b200-mxfp8-256"].workload.mtp_layers == 1
-    assert all(r.plan.recompute == "selective" and r.workload.recompute_modules == ("mla_up_proj",) for r in deepseek)
+    assert all(r.plan.recompute == "selective" and r.workload.recompute_modules[0] == "mla_up_proj" for r in deepseek)
+    # two rows name the dense layers' MLP besides (each row's recompute_modules, as published)
+    assert rows["mbridge-260401-deepseek-v3-b200-mxfp8-256"].workload.recompute_modules == ("mla_up_proj", "mlp")
+    assert sum(r.workload.recompute_modules == ("mla_up_proj",) for r in deepseek) == len(deepseek) - 2
     halves = sorted(r.half for r in deepseek)
     assert halves == ["check"] * (len(deepseek) // 2) + ["fit"] * (len(deepseek) - len(deepseek) // 2)
     assert not any("deepseek-v3" in rid and "layers over pp" in why for rid, why in reasons.items())

@@ -178,15 +178,17 @@ class Train(_Strict):
     moe_dispatcher: Literal["alltoall", "hybridep", "deepep"] = "alltoall"
     # what parallelism.recompute: selective recomputes under Megatron (--recompute-modules): auto
     # (MLA's up-projection and the experts' SwiGLU where the model has them, else the attention
-    # core), or a list of core_attn, mla_up_proj, moe_act
-    recompute_modules: Literal["auto"] | list[Literal["core_attn", "mla_up_proj", "moe_act"]] = "auto"
+    # core), or a list of core_attn, mla_up_proj, moe_act, mlp (the dense layers' MLP),
+    # shared_experts (a mixture of experts' shared MLP)
+    recompute_modules: Literal["auto"] | list[Literal["core_attn", "mla_up_proj", "moe_act", "mlp",
+                                                      "shared_experts"]] = "auto"
 
     @field_validator("recompute_modules")
     @classmethod
     def _some_modules(cls, v):
         if v != "auto" and not v:
-            raise ValueError("an empty list recomputes nothing: name modules (core_attn, mla_up_proj, moe_act), or "
-                             "use auto, or parallelism.recompute: none")
+            raise ValueError("an empty list recomputes nothing: name modules (core_attn, mla_up_proj, moe_act, mlp, "
+                             "shared_experts), or use auto, or parallelism.recompute: none")
         return v
     # a trillion steps, a quintillion tokens: more is a typo, and a 400-digit number made the
     # time-to-train arithmetic overflow (OverflowError)

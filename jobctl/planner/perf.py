@@ -603,6 +603,18 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     if "moe_act" in modules:  # the routed copies' SwiGLU forward again (a third of its bytes, as above)
         x = m.moe
         membound += m.moe_layers / m.layers * x.top_k * tokens_rank / t * MEMBOUND_BYTES_F * x.expert_ffn / 3
+    # the dense layers' MLP (mlp) and the shared experts (shared_experts) forward again: their
+    # GEMMs and a third of their memory-bound bytes
+    mats = 3 if m.family == "llama" else 2  # gate, up, down (SwiGLU) or fc1, fc2
+    dense = (1 - m.moe_layers / m.layers if m.moe is not None else 1.0) if "mlp" in modules else 0.0
+    if dense:
+        layer_compute += dense * 2 * mats * h * f / t * tokens_rank / gemm_rate
+        membound += dense * tokens_rank / t * MEMBOUND_BYTES_F * f / 3
+    if "shared_experts" in modules and m.moe is not None and m.moe.shared_experts:
+        fs = m.moe.shared_experts * (m.moe.shared_ffn or m.moe.expert_ffn)
+        routed_share = m.moe_layers / m.layers
+        layer_compute += routed_share * 2 * mats * h * fs / t * tokens_rank / gemm_rate
+        membound += routed_share * tokens_rank / t * MEMBOUND_BYTES_F * fs / 3
     if compiled:  # inductor fuses the norms, RoPE, SwiGLU and residual adds: fewer round trips to HBM
         membound *= COMPILE_MEMBOUND_SHARE
     if attention == "eager":
@@ -626,7 +638,7 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     # Tensor parallelism: 2 collectives forward, 2 backward (+2 when the forward is recomputed),
     # each an all-reduce (or reduce-scatter + all-gather with SP: the same bytes).
     msg = act_bytes * tokens_rank * h
-    n_coll = 4 + 2 * rc
+    n_coll = 4 + 2 * rc + 2 * dense  # a recomputed MLP gathers its input and reduces its output again
     tp_gbs = links.intra_node_gbs if t <= gpus_per_node else links.inter_node_gbs
     layer_tp = n_coll * _ring(t, msg, tp_gbs, INTRA_NODE_EFFICIENCY if t <= gpus_per_node else NETWORK_EFFICIENCY, 2,
                               _latency(tp_gbs, links))

@@ -234,6 +234,12 @@ def _recompute_module_problems(w: Workload, c: Constraints) -> list[str]:
     if "moe_act" in named and m.moe is None:
         out.append(f"train.recompute_modules: moe_act recomputes the routed experts' activation; {m.name} has no "
                    "experts (transformer_config.py: only with grouped expert GEMMs)")
+    if "mlp" in named and m.moe is not None and m.moe_layers == m.layers:
+        out.append(f"train.recompute_modules: mlp recomputes the dense layers' MLP; every layer of {m.name} routes "
+                   "(transformer_layer.py skips MoE layers): use moe_act or shared_experts")
+    if "shared_experts" in named and (m.moe is None or not m.moe.shared_experts):
+        out.append(f"train.recompute_modules: shared_experts recomputes a mixture of experts' shared MLP, which "
+                   f"{m.name} does not have")
     if "moe_act" in named and w.precision == "fp8" and w.fp8_recipe == "delayed":
         out.append("train.recompute_modules: moe_act under fp8 delayed scaling is refused by megatron-core "
                    "('Delayed scaling does not support moe_act and layernorm recompute for fp8'): use "

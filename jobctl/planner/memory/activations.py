@@ -4,6 +4,7 @@ tensor/sequence/context parallelism, and the pipeline's micro-batches in flight 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -175,13 +176,20 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
                       f"2·sb·a·{dv} /t"))
     else:
         terms.append(("attention output", e * sbh / t, "attention output, shared with o_proj's input: 2·sbh /t"))
+    # Megatron's --recompute-modules mlp: the dense layers' MLP (its RMSNorm fused into fc1 with
+    # Transformer Engine) checkpointed whole, keeping only its input, the residual stream's tensor
+    # the norm inputs count (transformer_layer.py recompute_mlp); MoE layers are left as they are
+    dense_share = 1 - (m.moe_layers / m.layers if m.moe is not None else 0)
+    mlp_rc = dense_share if "mlp" in d.modules and w.caps.te_layernorm_mlp else 0.0
+    rc_note = f" (the dense layers' {mlp_rc:.3g} rebuilt in backward: --recompute-modules mlp)" if mlp_rc else ""
     if q8:  # the attention keeps its 16-bit output; the projection its quantised input besides
         terms.append(("proj input", q8 * sbh / t, f"the output projection's {qn} input: sbh /t"))
-        terms.append(("mlp input", q8 * sbh / mm_rep, f"RMSNorm output kept by fc1 as {qn}: sbh" + gathered))
+        terms.append(("mlp input", (1 - mlp_rc) * q8 * sbh / mm_rep, f"RMSNorm output kept by fc1 as {qn}: sbh"
+                      + gathered + rc_note))
         if w.model.moe is not None:
             return terms + _moe_terms(w, d, 2 * e + q8, q8)
-        terms.append(("mlp intermediates", (2 * e + q8) * s * b * f / t,
-                      f"fc1 output (gate, up) 2 · 2·sbf for the SwiGLU backward, fc2's {qn} input sbf /t"))
+        terms.append(("mlp intermediates", (1 - mlp_rc) * (2 * e + q8) * s * b * f / t,
+                      f"fc1 output (gate, up) 2 · 2·sbf for the SwiGLU backward, fc2's {qn} input sbf /t" + rc_note))
         return terms
     x = w.model.moe
     if x is not None and w.caps.moe_fp32_copies and not x.shared_experts:
@@ -195,7 +203,8 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
         terms.append(("mlp input", sbh / mm_rep, "compiled Float8 under TP: the all-gathered RMSNorm output kept as "
                       "its FP8 cast: sbh" + gathered))
     elif compiled != "float8":
-        terms.append(("mlp input", e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered))
+        terms.append(("mlp input", (1 - mlp_rc) * e * sbh / mm_rep, "RMSNorm output kept by gate/up: 2·sbh" + gathered
+                      + rc_note))
     if x is not None:
         if compiled == "moe":  # the routed experts' SiLU output is recomputed, as the dense MLP's
             share = m.moe_layers / m.layers
@@ -209,8 +218,8 @@ def _llama_layer_terms(w: Workload, d: _Dims) -> list[tuple[str, float, str]]:
     if w.caps.te_layernorm_mlp:
         # TransformerEngine's LayerNormMLP saves fc1's output (gate and up, 2 · 2·sbf) and the
         # SwiGLU output (2·sbf), recomputing SiLU in backward (layernorm_mlp.py, save_for_backward).
-        terms.append(("mlp intermediates", 3 * e * s * b * f / t,
-                      "TE LayerNormMLP: fc1 output (gate, up) and SwiGLU output: 3 · 2·sbf /t"))
+        terms.append(("mlp intermediates", (1 - mlp_rc) * 3 * e * s * b * f / t,
+                      "TE LayerNormMLP: fc1 output (gate, up) and SwiGLU output: 3 · 2·sbf /t" + rc_note))
     elif compiled == "16-bit":
         terms.append(("mlp intermediates", 3 * e * s * b * f / t, "SwiGLU gate, up and product: 3 · 2·sbf /t "
                       "(compiled: SiLU recomputed from the gate in backward)"))
@@ -309,11 +318,17 @@ def _moe_terms(w: Workload, d: _Dims, per_f: float, q8: float | None = None,
         per_f = 3 * e
     if x.shared_experts:
         fs = x.shared_experts * (x.shared_ffn or x.expert_ffn)
-        out.append(("shared expert intermediates", share * per_f * s * b * fs / t, f"the shared experts' MLP on every "
-                    f"token: {per_f:g}·sb·{fs} /t x {share:.3g} of the layers"))
+        if "shared_experts" in d.modules:  # checkpointed whole, keeping the MoE norm's output (shared_experts.py)
+            out.append(("shared expert intermediates", 0.0, "rebuilt in backward (--recompute-modules shared_experts)"))
+        else:
+            out.append(("shared expert intermediates", share * per_f * s * b * fs / t, f"the shared experts' MLP on "
+                        f"every token: {per_f:g}·sb·{fs} /t x {share:.3g} of the layers"))
     if share < 1:
-        out.append(("dense mlp intermediates", (1 - share) * per_f * s * b * d.f / t, f"the dense layers' MLP: "
-                    f"{per_f:g}·sbf /t x {1 - share:.3g} of the layers"))
+        if "mlp" in d.modules:
+            out.append(("dense mlp intermediates", 0.0, "rebuilt in backward (--recompute-modules mlp)"))
+        else:
+            out.append(("dense mlp intermediates", (1 - share) * per_f * s * b * d.f / t, f"the dense layers' MLP: "
+                        f"{per_f:g}·sbf /t x {1 - share:.3g} of the layers"))
     return out
 
 
@@ -490,6 +505,13 @@ def _activation_items(w: Workload, tp: int, cp: int, sp: bool, recompute: str, r
         working_set = layer_activation_bytes(w, plan, b)
     elif recompute == "selective" and w.caps.selective is Selective.OP_SAC:
         working_set = _layer_bytes(w, tp, cp, sp, "none", b)
+    elif recompute == "selective" and set(recompute_modules(w)) - {"core_attn"}:
+        # Megatron's named modules (mla_up_proj, moe_act, mlp, shared_experts) rebuild what they
+        # dropped just before that part's backward, beside all the layer keeps; the parts' backwards
+        # run one after another, so the largest one counts
+        whole = _layer_bytes(w, tp, cp, sp, "none", b)
+        working_set = max(whole - _layer_bytes(replace(w, recompute_modules=(name,)), tp, cp, sp, "selective", b)
+                          for name in recompute_modules(w) if name != "core_attn")
     if working_set and stage not in ("last", "only"):
         add("recompute working set", working_set, "activations", lambda:
             "one layer's activations rematerialised during its backward")
