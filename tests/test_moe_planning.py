@@ -725,6 +725,11 @@ def test_megatrons_selective_recompute_names_mlas_up_projection_and_the_experts_
     args = json.loads(r.stdout)["framework"]["args"]
     i = args.index("--recompute-modules")
     assert args[i + 1] == "mla_up_proj" and args[i + 2].startswith("--")  # that one module only
+    # the plan says what its selective recomputes, in --json and in words
+    assert json.loads(r.stdout)["train"]["recompute_modules"] == ["mla_up_proj"]
+    r = jobctl("plan", "recipes/deepseek-v3.yaml", "--cluster", "h100", "parallelism.recompute=selective",
+               "train.recompute_modules=[mla_up_proj]")
+    assert "recompute selective (mla_up_proj)" in r.stdout, r.stdout[:600]
     for extra, message in ((["recipes/llama8b.yaml", "framework=megatron", "train.recompute_modules=[mla_up_proj]"],
                             "does not have"),
                            (["recipes/deepseek-v3.yaml", "framework=torchtitan", "train.recompute_modules=[moe_act]"],

@@ -150,7 +150,10 @@ def fit_report(recipe_loaded, w, res, cons, objective, explain, alternatives, wh
         train={"seq_len": w.seq_len, "global_batch_size": w.global_batch_size, "optimizer": w.optimizer,
                "precision": w.precision, "method": w.method, "framework": w.framework.name, "attention": w.attention,
                "grad_reduce": w.grad_reduce_dtype,
-               **({"moe_dispatcher": w.moe_dispatcher} if w.model.moe is not None else {})},
+               **({"moe_dispatcher": w.moe_dispatcher} if w.model.moe is not None else {}),
+               # what "selective" recomputes where the framework names modules (Megatron's --recompute-modules)
+               **({"recompute_modules": list(frameworks.recompute_modules(w))}
+                  if best.plan.recompute == "selective" and w.caps.recompute_modules else {})},
         plan=best.plan.to_dict(), framework=None, memory=memory,
         estimate=best.estimate.to_dict() if best.estimate else None,
         alternatives=[_candidate(c, w, t) for c in res.ranked[1:1 + alternatives]],
