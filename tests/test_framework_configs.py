@@ -78,6 +78,9 @@ MATRIX = {
         ("deepseek-v3", "h100", ["parallelism.pp=16"]),
         # selective: MLA's up-projections and the experts' SwiGLU (--recompute-modules)
         ("deepseek-v3", "h100", ["parallelism.recompute=selective"]),
+        # gpt-oss: learnable sinks, biases on every linear, a 128-token window on alternate layers,
+        # clamped GEGLU (Megatron-Bridge's gpt-oss bridge)
+        ("qwen3-30b-a3b", "h100", ["model=gpt-oss-120b"]),
         # ... and named: the dense layers' MLP and the shared experts too
         ("deepseek-v3", "h100", ["parallelism.recompute=selective",
                                  "train.recompute_modules=[mla_up_proj,mlp,shared_experts]"]),
@@ -187,7 +190,20 @@ def test_megatron_accepts_what_jobctl_renders():
         assert (r["fp8"], r["fp8_recipe"], r["fp4"], r["fp4_recipe"]) == expected, case["case"]
         # a mixture of experts: its experts split ep ways (expert tensor parallelism 1), the layers
         # that route as the model's own (DeepSeek-V3: its first 3 dense), MLA where the model has it
-        model = PRESETS.get(case["case"][0])  # the MoE recipes are named after their model
+        # the MoE recipes are named after their model, unless the case names another
+        model = PRESETS.get(dict(o.split("=", 1) for o in case["case"][2] if o.startswith("model=")).get(
+            "model", case["case"][0]))
+        if model is not None:
+            # gpt-oss as Megatron-Bridge's bridge builds it (models/gpt_oss/gpt_oss_bridge.py @067f987df0):
+            # learnable softmax (sinks), window (sliding_window - 1, 0) skipped every 2nd layer,
+            # biases on every linear and on Q, K, V, quick_gelu GLU with offset 1.0 and clamp 7.0;
+            # the others: vanilla softmax, no window, no biases, SwiGLU
+            oss = model.name == "gpt-oss-120b"
+            assert (r["softmax_type"], r["window_size"], r["window_attn_skip_freq"]) == (
+                ("learnable", [127, 0], 2) if oss else ("vanilla", None, None)), case["case"]
+            assert (r["add_bias_linear"], r["add_qkv_bias"]) == (oss, oss), case["case"]
+            assert (r["activation"], r["glu_linear_offset"], r["activation_func_clamp_value"]) == (
+                ("quick_gelu", 1.0, 7.0) if oss else ("silu", 0.0, None)), case["case"]
         if model is not None and model.moe is not None:
             assert (r["num_moe_experts"], r["ep"], r["etp"]) == (model.moe.experts, p["ep"], 1)
             freq = r["moe_layer_freq"]
@@ -312,6 +328,11 @@ WRONG_MEGATRON = [
     # Megatron-LM's parser: the fused loss's implementations are native and te
     ("--cross-entropy-fusion-impl", lambda a: _with_value(a, "--cross-entropy-fusion-impl", "triton"),
      "invalid choice 'triton'"),
+    # gpt-oss's GLU offset with SwiGLU in place of quick GELU (TransformerConfig), and a softmax
+    # type its parser does not have
+    ("--quick-geglu", lambda a: [x if x != "--quick-geglu" else "--swiglu" for x in a],
+     "glu_linear_offset is non-zero, activation function must be quick_gelu"),
+    ("--softmax-type", lambda a: _with_value(a, "--softmax-type", "sink"), "invalid choice 'sink'"),
 ]
 
 

@@ -813,3 +813,26 @@ def test_megatrons_mlp_and_shared_experts_modules():
                    f"train.recompute_modules={modules}", "--json")
         assert r.returncode == 3, r.stdout[-500:]
         assert any(message in x for x in json.loads(r.stdout)["reasons"]), r.stdout[-500:]
+
+
+def test_gpt_oss_plans_under_megatron_with_its_windows_and_sinks():
+    # gpt-oss-120b (its config: sliding_window 128 on alternate layers, sinks, biases): planned for
+    # Megatron, which renders them (the flags are checked by megatron-core in
+    # test_framework_configs.py); refused where the framework would build another model
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "model=gpt-oss-120b", "--json")
+    assert r.returncode == 0, r.stdout[-800:]
+    args = json.loads(r.stdout)["framework"]["args"]
+    for flag, value in (("--softmax-type", "learnable"), ("--window-size", "127,0"), ("--window-attn-skip-freq", "2"),
+                        ("--attention-backend", "auto")):
+        assert str(args[args.index(flag) + 1]) == value, flag
+    assert "--add-qkv-bias" in args and "--disable-bias-linear" not in args and "--quick-geglu" in args
+    r = jobctl("plan", "recipes/qwen3-30b-a3b.yaml", "--cluster", "h100", "model=gpt-oss-120b", "framework=torchtitan",
+               "--json")
+    assert r.returncode == 3 and any("renders for megatron only" in x for x in json.loads(r.stdout)["reasons"])
+    # a query attends to at most 128 keys on the windowed half of the layers: by hand at 4096
+    # tokens, half the layers causal (s/2 keys on average), half sum_i min(i+1, 128) = 128·4096 - 128²/2
+    from jobctl.planner.perf import attention_share
+    m = PRESETS["gpt-oss-120b"]
+    windowed = (128 * 4096 - 128 * 128 / 2) / (4096 * 4096 / 2)
+    assert attention_share(m, 4096) == pytest.approx(0.5 + 0.5 * windowed)
+    assert attention_share(PRESETS["qwen3-30b-a3b"], 4096) == 1.0 and attention_share(m, 128) == 1.0

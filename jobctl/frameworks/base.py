@@ -166,6 +166,9 @@ class Capabilities:
     # modelled; DeepSeek's multi-head latent attention (mla)
     moe: bool = False
     mla: bool = False
+    # gpt-oss's attention sinks, biases on every linear, sliding-window layers and clamped GEGLU
+    # (Megatron: --softmax-type learnable, --add-qkv-bias, --window-size, --quick-geglu)
+    gpt_oss: bool = False
     # the routed experts' work is launched expert by expert from the host at each micro-batch,
     # after a device-to-host sync of the token counts that keeps the host from running ahead
     # (Megatron-Core 0.16.1 moe/experts.py TEGroupedMLP.forward: tokens_per_expert.tolist(), the

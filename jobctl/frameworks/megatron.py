@@ -63,6 +63,7 @@ CAPS = Capabilities(
     te_cross_entropy=True,
     moe=True,
     mla=True,
+    gpt_oss=True,
     ep_overlap=True,
     moe_dispatchers=("alltoall", "hybridep", "deepep"),
     moe_expert_launches=True,
@@ -263,15 +264,33 @@ def _model_flags(w) -> list:
         a += ["--group-query-attention", "--num-query-groups", m.kv_heads]
     a += ["--seq-length", w.seq_len, "--max-position-embeddings", max(w.seq_len, m.max_seq_len or 0)]
     if m.family == "llama":
-        a += ["--position-embedding-type", "rope", "--rotary-base", num(m.rope_theta),
-              "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear"]
+        a += ["--position-embedding-type", "rope", "--rotary-base", num(m.rope_theta), "--normalization", "RMSNorm"]
+        a += _activation_flags(m)
+        # biases: none, or (gpt-oss) on every linear, Q, K and V included (add_bias_linear is
+        # Megatron's default; problems() refuses a model biased elsewhere only)
+        a += ["--add-qkv-bias"] if m.attention_bias else ["--disable-bias-linear"]
         if m.rope_scaling:  # Llama 3.1's (megatron/core/models/common/embeddings/rope_utils.py)
             a += ["--use-rope-scaling", "--rope-scaling-factor", num(m.rope_scaling)]
         if not m.tied_embeddings:
             a.append("--untie-embeddings-and-output-weights")
+    if m.attention_sinks:  # a learned logit per head beside the keys (dot_product_attention.py softmax_type)
+        a += ["--softmax-type", "learnable"]
+    if m.sliding_window:  # Megatron-Bridge's gpt-oss bridge: window (W - 1, 0), full attention every N-th layer
+        a += ["--window-size", f"{m.sliding_window - 1},0"]
+        if m.window_full_every:
+            a += ["--window-attn-skip-freq", m.window_full_every]
     if w.mtp_layers:  # built on the last stage (multi_token_prediction.py), loss weight 0.1 by default
         a += ["--mtp-num-layers", w.mtp_layers]
     return a + ["--norm-epsilon", num(m.norm_eps)]
+
+
+def _activation_flags(m) -> list:
+    """The gated MLP's activation: SwiGLU, or gpt-oss's clamped GEGLU as Megatron-Bridge's gpt-oss
+    bridge sets it (quick_gelu with gated_linear_unit, glu_linear_offset 1.0,
+    activation_func_clamp_value 7.0: models/gpt_oss/gpt_oss_bridge.py @067f987df0)."""
+    if m.activation == "clamped-geglu":
+        return ["--quick-geglu", "--glu-linear-offset", "1.0", "--activation-func-clamp-value", "7.0"]
+    return ["--swiglu"]
 
 
 def _moe_flags(plan, w) -> list:
@@ -471,7 +490,9 @@ def _training_flags(w) -> list:
     if w.optimizer == "sgd":
         a += ["--sgd-momentum", 0.0]
     if w.attention == "flash":
-        a += ["--attention-backend", "flash"]
+        # learnable sinks (gpt-oss): Transformer Engine (>= 2.8) picks a kernel that takes them,
+        # cuDNN's fused attention, as Megatron-Bridge's gpt-oss perf recipes let it ("auto")
+        a += ["--attention-backend", "auto" if w.model.attention_sinks else "flash"]
     if w.fused_cross_entropy:  # Megatron-Core's own fused loss (fusions/fused_cross_entropy.py),
         # or Transformer Engine's (language_module.py compute_language_model_loss: te_parallel_cross_entropy)
         a += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl",

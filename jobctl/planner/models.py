@@ -40,6 +40,13 @@ class ModelSpec:
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (Qwen3)
     attention_bias: bool = False  # biases on Q, K, V and the output projection (gpt-oss)
     attention_sinks: bool = False  # a learned sink logit per head (gpt-oss)
+    # sliding-window attention: a window of this many tokens on every layer but each
+    # window_full_every-th, which attends to the whole sequence (gpt-oss: 128 on alternate layers)
+    sliding_window: int = 0
+    window_full_every: int = 0
+    # the gated MLP's activation: "swiglu" (SiLU), or "clamped-geglu" (gpt-oss: quick GELU on the
+    # gate, the linear half offset by 1, both clamped at 7)
+    activation: str = "swiglu"
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3), not in params()
 
     @property
@@ -192,10 +199,13 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec("mixtral-8x7b", "llama", 32, 4096, 14336, 32, 8, 32000, moe=MoE(8, 2, 14336), rope_theta=1e6),
         ModelSpec("mixtral-8x22b", "llama", 56, 6144, 16384, 48, 8, 32000, moe=MoE(8, 2, 16384), rope_theta=1e6),
         # gpt-oss-120b: GptOssConfig defaults (= openai/gpt-oss-120b): head_dim 64, biases on the
-        # attention, router and experts, a sink per head; 128 experts of 2880, top 4.
+        # attention, router and experts, a sink per head; 128 experts of 2880, top 4; a 128-token
+        # window on alternate layers (layer_types: sliding first); RoPE base 150,000 (its YaRN
+        # scaling, factor 32 over 4,096, is not rendered: RoPE unscaled, as DeepSeek-V3's)
         ModelSpec("gpt-oss-120b", "llama", 36, 2880, 2880, 64, 8, 201088,
                   moe=MoE(128, 4, 2880, router_bias=True, expert_bias=True), explicit_head_dim=64,
-                  attention_bias=True, attention_sinks=True),
+                  attention_bias=True, attention_sinks=True, sliding_window=128, window_full_every=2,
+                  activation="clamped-geglu", rope_theta=150000.0),
         # Llama 4 Maverick (meta-llama/Llama-4-Maverick-17B-128E text model): MoE on the odd layers
         # (interleave_moe_layer_step 2), 128 experts of 8192 + 1 shared, top 1; dense layers 16384.
         ModelSpec("llama4-maverick", "llama", 48, 5120, 16384, 40, 8, 202048,

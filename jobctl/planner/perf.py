@@ -240,6 +240,17 @@ class StepEstimate:
         return out
 
 
+def attention_share(m, s: float) -> float:
+    """The share of causal attention's score and value work a layer does, averaged over the
+    layers: 1 without a window; a sliding window of W tokens (gpt-oss: 128 on alternate layers)
+    has each query attend to at most W keys, sum_i min(i + 1, W) ≈ s·W - W²/2 of causal's s²/2."""
+    if not m.sliding_window or s <= m.sliding_window:
+        return 1.0
+    windowed = 1 - 1 / m.window_full_every if m.window_full_every else 1.0
+    r = m.sliding_window / s
+    return 1 - windowed + windowed * (2 * r - r * r)
+
+
 def model_flops_per_token(w: Workload) -> float:
     """Model FLOPs per token, forward + backward, without recomputation (the MFU numerator).
 
@@ -251,7 +262,7 @@ def model_flops_per_token(w: Workload) -> float:
     # a mixture of experts: each token through top_k of the routed experts (active parameters)
     routed = m.moe.top_k / m.moe.experts * m.routed_params_per_layer if m.moe is not None else 0.0
     matmul_params = m.layers * (m.layer_params() + routed) + m.vocab * m.hidden
-    return 6 * matmul_params + 6 * m.layers * m.hidden * w.seq_len
+    return 6 * matmul_params + 6 * m.layers * m.hidden * w.seq_len * attention_share(m, w.seq_len)
 
 
 def gemm_efficiency(tile_elems: float, ceiling: float = 0.0) -> float:
@@ -564,7 +575,8 @@ def _layer_costs(m, s: int, act_bytes: int, attention: str, op_sac: tuple | None
     # Per layer, per micro-batch, on one rank.
     matrix_params = m.layer_params() - (2 * h if m.family == "llama" else 4 * h)
     fwd_gemm = 2 * matrix_params / t * tokens_rank
-    fwd_attn = 2 * b * (s / c) * s * h / t  # causal: half of 4·b·s²·h, split over t and c
+    # causal: half of 4·b·s²·h, split over t and c (less under a sliding window)
+    fwd_attn = 2 * b * (s / c) * s * h / t * attention_share(m, s)
     passes_gemm = 3 + rc
     # selective reruns the attention core, unless the framework names other modules instead
     passes_attn = 3 + (1 if recompute == "selective" and (not modules or "core_attn" in modules) else rc)

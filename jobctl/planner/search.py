@@ -205,9 +205,15 @@ def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     odd = [n for n, on in (("attention sinks", m.attention_sinks), ("attention biases", m.attention_bias),
                            ("expert biases", m.moe is not None and m.moe.expert_bias),
                            ("a router bias", m.moe is not None and m.moe.router_bias)) if on]
-    if odd:
-        out.append(f"{m.name} has {', '.join(odd)}, which jobctl does not render for {caps.name} yet: its plan "
-                   f"would build another model (size its states: `jobctl memory --model {m.name}`)")
+    if odd and not caps.gpt_oss:
+        has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.gpt_oss)
+        out.append(f"{m.name} has {', '.join(odd)}, which jobctl renders for {has} only, not {caps.name}: its plan "
+                   f"would build another model (use framework: {has}; or size its states: `jobctl memory --model "
+                   f"{m.name}`)")
+    elif odd and m.attention_bias != (m.moe is not None and m.moe.expert_bias and m.moe.router_bias):
+        # Megatron's add_bias_linear biases every linear (attention, MLP or experts, router) or none
+        out.append(f"{m.name} has {', '.join(odd)}: {caps.name} biases every linear layer (gpt-oss) or none "
+                   "(add_bias_linear), not some of them")
     if w.method != "full":
         out.append(f"train.method={w.method}: adapters on a mixture of experts are not modelled (use method: full)")
     if c.ep is not None and m.moe is not None and m.moe.experts % c.ep:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore")
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator  # noqa: E402
+from megatron.core.fusions.fused_bias_geglu import quick_gelu  # noqa: E402  (arguments.py imports this one)
 from megatron.core.transformer.enums import LayerType  # noqa: E402
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout  # noqa: E402
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: E402
@@ -101,7 +103,22 @@ def check(case):
     if "num_experts" in ns:
         kw["num_moe_experts"] = ns["num_experts"]
     kw["num_query_groups"] = ns.get("num_query_groups")
+    # core_transformer_config_from_args: the activation and its bias fusion (the arguments'
+    # defaults: bias_swiglu_fusion and bias_gelu_fusion on)
     kw["gated_linear_unit"] = bool(ns.get("swiglu"))
+    if ns.get("swiglu"):
+        kw["activation_func"] = F.silu
+        kw["bias_activation_fusion"] = ns.get("bias_swiglu_fusion", True)
+    else:
+        kw["bias_activation_fusion"] = ns.get("bias_gelu_fusion", True)
+    if ns.get("quick_geglu"):  # gated quick_gelu
+        kw["gated_linear_unit"] = True
+        kw["activation_func"] = quick_gelu
+    for dest in ("glu_linear_offset", "activation_func_clamp_value"):  # their arguments' type=float
+        if dest in kw:
+            kw[dest] = float(kw[dest])
+    if "window_size" in kw:  # arguments.py tuple_type: "127,0" -> (127, 0)
+        kw["window_size"] = tuple(int(i) for i in str(kw["window_size"]).strip("()").split(","))
     kw["virtual_pipeline_model_parallel_size"] = vpp
     if ns.get("bf16"):
         kw["params_dtype"] = torch.bfloat16
@@ -139,6 +156,11 @@ def check(case):
             "num_moe_experts": cfg.num_moe_experts, "ep": cfg.expert_model_parallel_size,
             "etp": cfg.expert_tensor_parallel_size, "moe_layer_freq": cfg.moe_layer_freq,
             "mla": isinstance(cfg, MLATransformerConfig), "qk_layernorm": cfg.qk_layernorm,
+            "softmax_type": cfg.softmax_type, "window_size": cfg.window_size,
+            "window_attn_skip_freq": cfg.window_attn_skip_freq, "add_bias_linear": cfg.add_bias_linear,
+            "add_qkv_bias": cfg.add_qkv_bias, "glu_linear_offset": cfg.glu_linear_offset,
+            "activation_func_clamp_value": cfg.activation_func_clamp_value,
+            "activation": cfg.activation_func.__name__,
             "moe_router_load_balancing_type": cfg.moe_router_load_balancing_type,
             "moe_router_groups": [cfg.moe_router_num_groups, cfg.moe_router_group_topk],
             "fp8": cfg.fp8, "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)) if cfg.fp8 else None,
