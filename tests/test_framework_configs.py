@@ -582,7 +582,7 @@ def test_hf_trainer_check_refuses_a_learning_rate_that_disagrees():
 MEGATRON_NEEDS = ("--lr", "--tokenizer-type", "--train-iters")
 
 
-@pytest.mark.parametrize("recipe", ["llama70b", "llama405b"])
+@pytest.mark.parametrize("recipe", ["llama70b", "llama405b", "gpt-oss-120b"])
 def test_shipped_megatron_recipes_need_only_their_data(recipe, tmp_path):
     """The whole command a shipped Megatron recipe runs (jobctl submit --dry-run, node 0, after the
     script name) goes through Megatron's option table and megatron-core's checks, and carries

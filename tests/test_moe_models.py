@@ -28,6 +28,8 @@ PUBLISHED = [
      "parameters out of 141B"),
     ("gpt-oss-120b", 116.83e9, 5.13e9, 0.01e9, False, "gpt-oss model card (OpenAI, 2025), Table 1: 116.83B total, "
      "5.13B active parameters per token (the embedding not counted as active)"),
+    ("gpt-oss-20b", 20.91e9, 3.61e9, 0.01e9, False, "gpt-oss model card (OpenAI, 2025), Table 1: 20.91B total, "
+     "3.61B active parameters per token (the embedding not counted as active)"),
     ("llama4-maverick", 400e9, 17e9, 1e9, True, "Meta, 'The Llama 4 herd' (2025): 17B active parameters, 128 experts, "
      "400B total parameters"),
 ]

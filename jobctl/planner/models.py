@@ -206,6 +206,11 @@ PRESETS: dict[str, ModelSpec] = {
                   moe=MoE(128, 4, 2880, router_bias=True, expert_bias=True), explicit_head_dim=64,
                   attention_bias=True, attention_sinks=True, sliding_window=128, window_full_every=2,
                   activation="clamped-geglu", rope_theta=150000.0),
+        # gpt-oss-20b (openai/gpt-oss-20b's config.json): the same layer, 24 of them, 32 experts
+        ModelSpec("gpt-oss-20b", "llama", 24, 2880, 2880, 64, 8, 201088,
+                  moe=MoE(32, 4, 2880, router_bias=True, expert_bias=True), explicit_head_dim=64,
+                  attention_bias=True, attention_sinks=True, sliding_window=128, window_full_every=2,
+                  activation="clamped-geglu", rope_theta=150000.0),
         # Llama 4 Maverick (meta-llama/Llama-4-Maverick-17B-128E text model): MoE on the odd layers
         # (interleave_moe_layer_step 2), 128 experts of 8192 + 1 shared, top 1; dense layers 16384.
         ModelSpec("llama4-maverick", "llama", 48, 5120, 16384, 40, 8, 202048,
