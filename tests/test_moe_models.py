@@ -134,3 +134,43 @@ def test_the_memory_calculator_sizes_a_moe_models_states_and_sends_its_activatio
     assert weights["bytes"] == 2 * n  # every expert on every GPU, 16-bit
     r = jobctl("memory", "--model", "deepseek-v3", "--seq-len", "4096")
     assert r.returncode == 2 and "expert parallelism" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_recipe_describes_a_gpt_oss_like_layer(tmp_path):
+    # sinks, biases on every linear, a window on alternate layers and the clamped GEGLU, described
+    # in the recipe: rendered for Megatron as for the gpt-oss presets
+    recipe = tmp_path / "tiny-oss.yaml"
+    body = """name: tiny-oss
+model:
+  name: tiny-oss
+  family: llama
+  activation: clamped-geglu
+  layers: 4
+  hidden: 256
+  ffn_hidden: 256
+  heads: 4
+  kv_heads: 2
+  vocab: 1000
+  moe: {experts: 8, top_k: 2, expert_ffn_hidden: 256, router_bias: true, expert_bias: true}
+  attention: {head_dim: 64, bias: true, sinks: true, sliding_window: 32, full_every: 2}
+train: {seq_len: 256, global_batch_size: 8}
+framework: megatron
+"""
+    recipe.write_text(body)
+    r = jobctl("plan", str(recipe), "--cluster", "h100", "--json")
+    assert r.returncode == 0, r.stdout[-600:]
+    args = json.loads(r.stdout)["framework"]["args"]
+    assert [str(args[args.index(f) + 1]) for f in ("--window-size", "--window-attn-skip-freq", "--softmax-type")] == \
+        ["31,0", "2", "learnable"]
+    assert "--quick-geglu" in args and "--add-qkv-bias" in args
+    # biased attention without biased experts: Megatron biases every linear or none
+    recipe.write_text(body.replace("router_bias: true, expert_bias: true", "router_bias: false"))
+    r = jobctl("plan", str(recipe), "--cluster", "h100", "--json")
+    assert r.returncode == 3 and any("biases every linear layer" in x for x in json.loads(r.stdout)["reasons"])
+    # a window's companion without the window, and a window on MLA: recipe errors, no traceback
+    for old, new, message in (("sliding_window: 32, ", "", "set sliding_window too"),
+                              ("head_dim: 64,", "kind: mla, kv_lora_rank: 32, qk_rope_head_dim: 16, "
+                               "qk_nope_head_dim: 32, v_head_dim: 32,", "sliding_window is for kind gqa")):
+        recipe.write_text(body.replace(old, new))
+        r = jobctl("plan", str(recipe), "--cluster", "h100")
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-600:]

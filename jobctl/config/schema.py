@@ -87,6 +87,10 @@ class AttentionArch(_Strict):
     qk_norm: bool = False
     bias: bool = False
     sinks: bool = False
+    sliding_window: int = Field(default=0, ge=0, le=16 * MAX_DIM, description="gqa: a window of this many tokens "
+                                "(gpt-oss: 128); 0: none")
+    full_every: int = Field(default=0, ge=0, le=10_000, description="with a window: every n-th layer attends to the "
+                            "whole sequence (gpt-oss: 2); 0: every layer windowed")
     q_lora_rank: int = Field(default=0, ge=0, le=MAX_DIM, description="mla: 0 = a full query projection")
     kv_lora_rank: int = Field(default=0, ge=0, le=MAX_DIM)
     qk_rope_head_dim: int = Field(default=0, ge=0, le=MAX_DIM)
@@ -98,6 +102,10 @@ class AttentionArch(_Strict):
         if self.kind == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim and self.qk_nope_head_dim
                                        and self.v_head_dim):
             raise ValueError("kind mla needs kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+        if self.kind == "mla" and self.sliding_window:
+            raise ValueError("sliding_window is for kind gqa (no MLA model in jobctl's presets has one)")
+        if self.full_every and not self.sliding_window:
+            raise ValueError("full_every says which layers are not windowed: set sliding_window too, or drop it")
         return self
 
 
@@ -121,6 +129,8 @@ class ModelArch(_Strict):
     moe: MoEArch | None = None
     attention: AttentionArch | None = None
     mtp_layers: int = Field(default=0, ge=0, le=64, description="multi-token-prediction modules (DeepSeek-V3)")
+    activation: Literal["swiglu", "clamped-geglu"] = Field(
+        default="swiglu", description="llama: the gated MLP's activation (gpt-oss: clamped-geglu)")
 
     @model_validator(mode="after")
     def _shapes(self):

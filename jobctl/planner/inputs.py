@@ -37,7 +37,9 @@ def model_spec(model) -> ModelSpec:
         dropout=model.dropout, rope_theta=model.rope_theta, rope_scaling=model.rope_scaling, norm_eps=model.norm_eps,
         moe=moe, mla=mla, explicit_head_dim=(a.head_dim or 0) if a is not None else 0,
         qk_norm=bool(a and a.qk_norm), attention_bias=bool(a and a.bias), attention_sinks=bool(a and a.sinks),
-        mtp_layers=model.mtp_layers,
+        sliding_window=a.sliding_window if a is not None else 0,
+        window_full_every=a.full_every if a is not None else 0,
+        activation=model.activation, mtp_layers=model.mtp_layers,
     )
 
 

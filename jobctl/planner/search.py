@@ -112,6 +112,7 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         out.append(f"train.grad_reduce=bf16 is Megatron's --grad-reduce-in-bf16: jobctl renders and models it for "
                    f"megatron only, not {caps.name} (remove it, or use framework: megatron)")
     out += _moe_problems(w, t, c)
+    out += _layer_variant_problems(w)
     if w.cuda_graphs is True and not caps.cuda_graphs:
         out.append(f"train.cuda_graphs=true: jobctl renders and models a CUDA-graphed step for torchtitan only, not "
                    f"{caps.name} (use auto or false)")
@@ -177,6 +178,31 @@ def pinned_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     return out
 
 
+def _layer_variant_problems(w: Workload) -> list[str]:
+    """gpt-oss's layer (sinks, biases, windows, clamped GEGLU), dense or not, where the framework
+    cannot render it, or biased in a way it cannot express."""
+    m, caps = w.model, w.caps
+    odd = [n for n, on in (("attention sinks", m.attention_sinks), ("attention biases", m.attention_bias),
+                           ("expert biases", m.moe is not None and m.moe.expert_bias),
+                           ("a router bias", m.moe is not None and m.moe.router_bias),
+                           ("a sliding window", bool(m.sliding_window)),
+                           ("a clamped GEGLU", m.activation != "swiglu")) if on]
+    if not odd:
+        return []
+    if not caps.gpt_oss:
+        has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.gpt_oss)
+        return [f"{m.name} has {', '.join(odd)}, which jobctl renders for {has} only, not {caps.name}: its plan "
+                f"would build another model (use framework: {has}; or size its states: `jobctl memory --model "
+                f"{m.name}`)"]
+    # Megatron's add_bias_linear biases every linear (attention, MLP or experts, router) or none;
+    # a dense MLP's biases jobctl does not count (the gpt-oss layer is a mixture of experts)
+    biased = (m.attention_bias, m.moe is not None and m.moe.expert_bias, m.moe is not None and m.moe.router_bias)
+    if any(biased) and not all(biased):
+        return [f"{m.name} has {', '.join(odd)}: {caps.name} biases every linear layer (attention, experts and "
+                "router, as gpt-oss) or none (add_bias_linear), not some of them"]
+    return []
+
+
 def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
     """What of a mixture of experts (or MLA) the framework cannot run or jobctl cannot plan yet."""
     m, caps, out = w.model, w.caps, []
@@ -202,18 +228,6 @@ def _moe_problems(w: Workload, t: Target, c: Constraints) -> list[str]:
         out.append(f"{m.name} has multi-head latent attention, which jobctl models and renders for {has} only, not "
                    f"{caps.name}: use framework: {has}")
         return out
-    odd = [n for n, on in (("attention sinks", m.attention_sinks), ("attention biases", m.attention_bias),
-                           ("expert biases", m.moe is not None and m.moe.expert_bias),
-                           ("a router bias", m.moe is not None and m.moe.router_bias)) if on]
-    if odd and not caps.gpt_oss:
-        has = ", ".join(n for n, f in frameworks.REGISTRY.items() if f.caps.gpt_oss)
-        out.append(f"{m.name} has {', '.join(odd)}, which jobctl renders for {has} only, not {caps.name}: its plan "
-                   f"would build another model (use framework: {has}; or size its states: `jobctl memory --model "
-                   f"{m.name}`)")
-    elif odd and m.attention_bias != (m.moe is not None and m.moe.expert_bias and m.moe.router_bias):
-        # Megatron's add_bias_linear biases every linear (attention, MLP or experts, router) or none
-        out.append(f"{m.name} has {', '.join(odd)}: {caps.name} biases every linear layer (gpt-oss) or none "
-                   "(add_bias_linear), not some of them")
     if w.method != "full":
         out.append(f"train.method={w.method}: adapters on a mixture of experts are not modelled (use method: full)")
     if c.ep is not None and m.moe is not None and m.moe.experts % c.ep:
