@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from jobctl.frameworks.base import LOW_PRECISIONS  # noqa: E402
 from jobctl.planner import perf  # noqa: E402
 from jobctl.planner.catalog import GIB, lookup_gpu  # noqa: E402
 from jobctl.planner.memory import estimate  # noqa: E402
@@ -44,17 +45,25 @@ def _generation(row) -> str:
     return perf.generation(row.gpu)
 
 
-def _set(rows, generation: str, value: float) -> None:
+def _group(row) -> tuple[str, bool]:
+    """The constant a row's experts take: its GPU generation, and whether they run a low-precision
+    recipe (MOE_GEMM_EFFICIENCY) or 16-bit (MOE_GEMM_EFFICIENCY_16BIT)."""
+    return _generation(row), row.workload.precision in LOW_PRECISIONS
+
+
+def _set(rows, group: tuple[str, bool], value: float) -> None:
     for r in rows:
-        if _generation(r) == generation:
+        if _group(r) == group:
             r.links = dataclasses.replace(r.links, moe_efficiency=value)
     perf.clear_caches()
 
 
 def fit(rows) -> tuple[float, dict]:
     """MOE_HOST_S_PER_EXPERT (one for all GPUs: host time) and, for each value of it,
-    MOE_GEMM_EFFICIENCY per generation, minimising the fit half's mean |error| (the check half is
-    not looked at); the constants and the rows' links are put back afterwards."""
+    MOE_GEMM_EFFICIENCY per generation, for low-precision and for 16-bit experts apart
+    (MOE_GEMM_EFFICIENCY_16BIT: gpt-oss's and one DeepSeek-V3 run's BF16 experts), minimising the
+    fit half's mean |error| (the check half is not looked at); the constants and the rows' links
+    are put back afterwards."""
     from step_time_accuracy import _restored
 
     kept = perf.MOE_HOST_S_PER_EXPERT
@@ -64,16 +73,16 @@ def fit(rows) -> tuple[float, dict]:
             for host in HOST_GRID:
                 perf.MOE_HOST_S_PER_EXPERT = host
                 out, errors = {}, []
-                for gen in sorted({_generation(r) for r in rows}):
-                    members = [r for r in rows if r.half == "fit" and _generation(r) == gen]
+                for group in sorted({_group(r) for r in rows}):
+                    members = [r for r in rows if r.half == "fit" and _group(r) == group]
                     if not members:
                         continue
                     scores = []
                     for v in GRID:
-                        _set(members, gen, v)
+                        _set(members, group, v)
                         scores.append((statistics.mean(abs(r.error) for r in members), v))
-                    out[gen] = min(scores)
-                    errors += [out[gen][0]] * len(members)
+                    out[group] = (*min(scores), len(members))
+                    errors += [out[group][0]] * len(members)
                 if best is None or statistics.mean(errors) < best[0]:
                     best = (statistics.mean(errors), host, out)
     finally:
@@ -140,8 +149,10 @@ def main() -> int:
                   f"{sum(x <= 1.001 for x in known)} of {len(known)}")
     if args.fit:
         host, got = fit(rows)
-        print(f"\nfit half: MOE_HOST_S_PER_EXPERT {host * 1e3:.3f} ms; MOE_GEMM_EFFICIENCY per generation: " +
-              ", ".join(f"{g} {v} (mean |error| {e:.1%})" for g, (e, v) in got.items()))
+        print(f"\nfit half: MOE_HOST_S_PER_EXPERT {host * 1e3:.3f} ms; per generation, MOE_GEMM_EFFICIENCY "
+              "(low-precision experts) and MOE_GEMM_EFFICIENCY_16BIT: " +
+              ", ".join(f"{g} {'low' if low else '16-bit'} {v} (mean |error| {e:.1%}, {n} rows)"
+                        for (g, low), (e, v, n) in got.items()))
     return 0
 
 

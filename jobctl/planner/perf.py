@@ -147,11 +147,11 @@ LATENCY_INTER_NODE_S = 35e-6
 # order and back (a read and a write of h each way, 16-bit: 8·h forward), about twice that in
 # backward.
 MOE_GEMM_EFFICIENCY = {"hopper": 0.16, "blackwell": 0.48}
-# ... all those rows ran FP8 or MXFP8 experts: with 16-bit experts no published MoE row says what
-# the share is, and each generation keeps the value the same rows gave before HybridEP's dispatch
-# was modelled (Hopper 0.38, its catch-all then including the all-to-alls HybridEP saves), so that
-# a refit on low-precision rows does not move 16-bit plans
-MOE_GEMM_EFFICIENCY_16BIT = {"hopper": 0.38, "blackwell": 0.48}
+# ... those rows ran FP8 or MXFP8 experts. 16-bit experts have their own, fitted (issue 29) on the
+# fit half's BF16 MoE rows once gpt-oss was rendered: Blackwell on 5 (gpt-oss-120b on 64 B200 and
+# GB200, DeepSeek-V3 on 256 GB200), Hopper on 2 (gpt-oss-120b on 64 H100); until then each
+# generation had kept the value its FP8 rows gave before HybridEP was modelled (0.38, 0.48)
+MOE_GEMM_EFFICIENCY_16BIT = {"hopper": 0.32, "blackwell": 0.28}
 MOE_PERMUTE_BYTES_H = 24
 # ... and where the framework launches the routed experts' work expert by expert from the host
 # (caps.moe_expert_launches: Megatron-Core's Transformer Engine GroupedLinear), host seconds
