@@ -267,7 +267,7 @@ def _model_flags(w) -> list:
         a += ["--position-embedding-type", "rope", "--rotary-base", num(m.rope_theta), "--normalization", "RMSNorm"]
         a += _activation_flags(m)
         # biases: none, or (gpt-oss) on every linear, Q, K and V included (add_bias_linear is
-        # Megatron's default; problems() refuses a model biased elsewhere only)
+        # Megatron's default; the search refuses a model biased on some linears only)
         a += ["--add-qkv-bias"] if m.attention_bias else ["--disable-bias-linear"]
         if m.rope_scaling:  # Llama 3.1's (megatron/core/models/common/embeddings/rope_utils.py)
             a += ["--use-rope-scaling", "--rope-scaling-factor", num(m.rope_scaling)]

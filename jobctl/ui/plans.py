@@ -155,8 +155,8 @@ def _render_fit(report: dict, explain: bool) -> None:
            in DISPATCHERS and p.get("ep", 1) > 1 else "")
         + f" · recompute {p['recompute']}"
         + (f" ({p['recompute_layers']}/stage)" if p.get("recompute_layers") else "")
-        + (f" ({', '.join(sanitize(str(x)) for x in mods)})" if (mods := (report.get("train") or {}).get("recompute_modules"))
-           else "")
+        + (f" ({', '.join(sanitize(str(x)) for x in mods)})"
+           if (mods := (report.get("train") or {}).get("recompute_modules")) else "")
         + f" · offload {p['offload']}", style="green")
     overlaps = (report.get("framework") or {}).get("overlaps")
     if overlaps:  # at a glance their names; --explain (and --json) with the flags that turn them on
