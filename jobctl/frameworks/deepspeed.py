@@ -101,16 +101,17 @@ def problems(plan, w) -> list[str]:
     return out
 
 
-def overlap_comm(plan) -> bool:
-    """Whether the plan turns on zero_optimization.overlap_comm: with ZeRO and a data-parallel
-    group to reduce over (stage 3's default; stages 1 and 2 default to off, and an expert turns it
-    on: the reduction hides under the backward for a second 5e8-element bucket)."""
-    return plan.sharding != "none" and plan.dp > 1
+def overlap_comm(sharding: str, data_parallel: bool) -> bool:
+    """Whether jobctl turns on zero_optimization.overlap_comm: with ZeRO and a data-parallel group
+    to reduce over (stage 3's default; stages 1 and 2 default to off, and an expert turns it on:
+    the reduction hides under the backward for a second 5e8-element bucket, which the memory
+    model counts: planner/memory/buffers.py)."""
+    return sharding != "none" and data_parallel
 
 
 def config(plan, w) -> dict:
     zero: dict = {"stage": STAGE[plan.sharding]}
-    if overlap_comm(plan):
+    if overlap_comm(plan.sharding, plan.dp > 1):
         zero["overlap_comm"] = True
     if plan.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -209,7 +210,7 @@ def render(plan, w) -> Rendered:
         notes.append(f"pp={plan.pp}: build the model as deepspeed.pipe.PipelineModule(num_stages=JOBCTL_PP) in a "
                      "script of your own; HF Trainer does not drive DeepSpeed's pipeline engine (no hf_args)")
     overlaps = []
-    if overlap_comm(plan):
+    if overlap_comm(plan.sharding, plan.dp > 1):
         overlaps.append("grad reduce (zero_optimization.overlap_comm: on a side stream under the backward"
                         + ("; ZeRO-3's prefetch gathers the next layers' weights under the compute)"
                            if plan.sharding == "zero3" else ")"))

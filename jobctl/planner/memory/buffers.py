@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from jobctl.frameworks import GradBuffer, loss_chunks
+from jobctl.frameworks import GradBuffer, deepspeed, loss_chunks
 from jobctl.planner.memory.stages import _stage_params_cached, framework_vocab
 from jobctl.planner.moe import routed_params
 from jobctl.planner.memory.states import state_bytes
@@ -101,10 +101,10 @@ def _framework_buffer_items(w: Workload, tp: int, pp: int, stage: str, sharding:
         # reduce_bucket_size elements whatever the model's size: at every backward for stages 1
         # and 2 (stage_1_and_2.py setup_buckets), once at start for stage 3 (stage3.py); measured
         # on CPU with DeepSpeed's own engine (benchmarks/deepspeed_memory.py): 1.0e9 bytes in bf16
-        # for a 1.9M-parameter model, at 1 and 2 ranks. With overlap_comm (which jobctl renders at
-        # stages 1 and 2 over a data-parallel group: frameworks/deepspeed.py overlap_comm) a second
-        # one is filled while the first is reduced: +1.0e9 bytes measured the same way
-        buckets = 2 if sharding in ("zero1", "zero2") and data_parallel else 1
+        # for a 1.9M-parameter model, at 1 and 2 ranks. With overlap_comm, which jobctl renders,
+        # stages 1 and 2 fill a second one while the first is reduced: +1.0e9 bytes measured the
+        # same way (stage 3's buckets are its own)
+        buckets = 2 if sharding in ("zero1", "zero2") and deepspeed.overlap_comm(sharding, data_parallel) else 1
         add("reduce bucket", buckets * DEEPSPEED_REDUCE_BUCKET_ELEMS * compute_b, "buffers", lambda:
             f"DeepSpeed reduce_bucket_size: 5e8 elements x {compute_b} B, allocated whatever the model's size"
             + (", twice (overlap_comm: one filled while the other is reduced)" if buckets == 2 else ""))
